@@ -1,0 +1,5 @@
+import sys
+
+from trainmath.cli import main
+
+sys.exit(main())
