@@ -1,0 +1,54 @@
+"""Model structure: ``config.json`` → ``ModelSpec`` (single device, no parallelism)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainmath.errors import TrainmathError
+from trainmath.model.config import ConfigView
+from trainmath.model.spec import ModelSpec
+
+# model_types that are another type's config under a different name: (reads as, note for the user)
+ALIASES = {
+    "kimi_k2": ("deepseek_v3", "kimi_k2 is DeepSeek-V3's architecture (DeepseekV3ForCausalLM)"),
+    "llama4_text": ("llama4_text", ""),
+}
+
+
+def supported_model_types() -> list[str]:
+    from trainmath.model.families import BUILDERS
+
+    return sorted(set(BUILDERS) | set(ALIASES) | {"llama4"})
+
+
+def spec_from_config(data: dict[str, Any], *, name: str, source: str) -> ModelSpec:
+    """Build the ``ModelSpec`` of a Hugging Face config dict; one ``TrainmathError`` lists every problem."""
+    from trainmath.model.families import BUILDERS
+
+    model_type = data.get("model_type")
+    notes: list[str] = []
+    if model_type == "llama4":  # the multimodal wrapper: count its text model
+        text = data.get("text_config")
+        if not isinstance(text, dict):
+            raise TrainmathError(f"{source}: model_type llama4 needs a text_config object")
+        data = {**text, "architectures": data.get("architectures"), "model_type": "llama4_text",
+                "tie_word_embeddings": text.get("tie_word_embeddings", data.get("tie_word_embeddings", False))}
+        model_type = "llama4_text"
+        notes.append("llama4: the text model (Llama4ForCausalLM) is counted; the vision tower and projector are not")
+    if not isinstance(model_type, str):
+        raise TrainmathError(f"{source} has no model_type; supported: {', '.join(supported_model_types())}")
+    read_as = model_type
+    if model_type in ALIASES:
+        read_as, note = ALIASES[model_type]
+        if note:
+            notes.append(note)
+    if read_as not in BUILDERS:
+        raise TrainmathError(
+            f"{source}: model_type {model_type!r} is not supported; supported: {', '.join(supported_model_types())}")
+    cfg = ConfigView(data, model_type=read_as, source=source)
+    spec = BUILDERS[read_as](cfg, name)
+    if notes or model_type != read_as:
+        from dataclasses import replace
+
+        spec = replace(spec, model_type=model_type, notes=tuple(notes) + spec.notes)
+    return spec

@@ -1,0 +1,53 @@
+"""Pieces every family shares: the model-level tensors, head_dim, layer types, validation of heads."""
+
+from __future__ import annotations
+
+from trainmath.model.blocks import norm
+from trainmath.model.config import ConfigView
+from trainmath.model.spec import TensorSpec
+
+
+def head_dim(cfg: ConfigView, d: int, heads: int) -> int:
+    """``head_dim`` from the config when set; else hidden_size / heads, as transformers derives it."""
+    explicit = cfg.get("head_dim", None)
+    if explicit is not None:
+        return cfg.int("head_dim")
+    cfg.require(d % heads == 0, f"hidden_size ({d}) must be divisible by num_attention_heads ({heads}) when "
+                                f"head_dim is not set")
+    return max(1, d // heads)
+
+
+def kv_heads(cfg: ConfigView, heads: int, key: str = "num_key_value_heads") -> int:
+    """KV heads (default: as many as query heads), checked to divide the query heads."""
+    kv = cfg.int(key) if cfg.get(key, None) is not None else heads
+    cfg.require(heads % kv == 0, f"{key} ({kv}) must divide num_attention_heads ({heads})")
+    return kv
+
+
+def embeddings(vocab: int, d: int, name: str = "model.embed_tokens.weight") -> tuple[TensorSpec, ...]:
+    """Token embedding: |V|·d (seed: the first term of d(2|V|+1))."""
+    return (TensorSpec(name=name, shape=(vocab, d), component="embed_tokens", kind="embedding", shard="vocab"),)
+
+
+def head(vocab: int, d: int, tied: bool, *, final_norm: str = "model.norm", norm_bias: bool = False,
+         name: str = "lm_head.weight") -> tuple[TensorSpec, ...]:
+    """Final norm (d, or 2d for LayerNorm) and the LM head |V|·d (0 new parameters when tied)."""
+    return norm(final_norm, d, bias=norm_bias) + (
+        TensorSpec(name=name, shape=(vocab, d), component="lm_head", shard="vocab", tied=tied),)
+
+
+def layer_types(cfg: ConfigView, n: int, default: list[str]) -> list[str]:
+    """The config's ``layer_types`` when given (checked for length), else the family's derivation."""
+    given = cfg.data.get("layer_types")
+    if given is None:
+        return default
+    if not isinstance(given, list) or len(given) != n:
+        cfg.invalid.append(f"layer_types must list one type per layer ({n}), got "
+                           f"{len(given) if isinstance(given, list) else given!r}")
+        return default
+    return list(given)
+
+
+def window_for(kind: str, window: int | None) -> int | None:
+    """The attention window of a layer type: the sliding window for sliding/chunked layers, else None."""
+    return window if kind in ("sliding_attention", "chunked_attention") else None
