@@ -1,0 +1,107 @@
+"""Where a model's config comes from: a file, a directory, the bundled catalog, or the Hugging Face Hub.
+
+This is an impure edge (it reads files and, for Hub ids, the network); the calculator itself only ever sees the
+resulting dict. ``MODEL`` may be:
+
+- a path to a ``config.json`` (any file name), or a directory holding ``config.json``;
+- a catalog name: a Hub repo id (``Qwen/Qwen3-32B``) or, case-insensitively, its name without the organisation
+  (``qwen3-32b``); ``trainmath models`` lists them;
+- any other Hub repo id ``org/name``: its ``config.json`` is fetched with ``huggingface_hub`` when online.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from trainmath.errors import TrainmathError
+from trainmath.model.config import parse_config_text
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSource:
+    name: str
+    """Display name: the repo id for catalog/Hub models, else the path."""
+    config: dict[str, Any]
+    origin: str
+    """Where the config was read from: a path, ``catalog:<file>`` with its _source, or ``hub:<repo id>``."""
+    provenance: str = ""
+
+
+@cache
+def catalog_index() -> dict[str, str]:
+    """Hub repo id → file name of the bundled config."""
+    data = json.loads(files("trainmath.catalog").joinpath("index.json").read_text())
+    return data["models"]
+
+
+def catalog_entry(repo_id: str) -> ModelSource:
+    fname = catalog_index()[repo_id]
+    config = parse_config_text(files("trainmath.catalog").joinpath(fname).read_text(), f"catalog {fname}")
+    return ModelSource(name=repo_id, config=config, origin=f"catalog:{fname}", provenance=str(config.get("_source", "")))
+
+
+def find_in_catalog(model: str) -> str | None:
+    """The catalog repo id ``model`` names (exact id, or case-insensitive name without organisation)."""
+    index = catalog_index()
+    if model in index:
+        return model
+    low = model.lower()
+    for repo_id in index:
+        if repo_id.lower() == low or repo_id.split("/", 1)[1].lower() == low:
+            return repo_id
+    return None
+
+
+def resolve(model: str) -> ModelSource:
+    """Find the config ``model`` names; one ``TrainmathError`` saying what to pass instead when none is found."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        cfg = path / "config.json"
+        if not cfg.is_file():
+            raise TrainmathError(f"directory {model} holds no config.json")
+        path = cfg
+    if path.is_file():
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise TrainmathError(f"cannot read {model}: {e}") from None
+        return ModelSource(name=str(model), config=parse_config_text(text, str(model)), origin=str(path))
+    repo_id = find_in_catalog(model)
+    if repo_id is not None:
+        return catalog_entry(repo_id)
+    if model.count("/") == 1 and not model.startswith((".", "/")) and not model.endswith(".json"):
+        return _from_hub(model)
+    raise TrainmathError(f"{model!r} is not a file, a directory with config.json, a catalog model "
+                         f"(see `trainmath models`) or a Hub repo id (org/name)")
+
+
+def _from_hub(repo_id: str) -> ModelSource:
+    """Fetch ``config.json`` of a Hub repo with huggingface_hub (imported here: the Hub is optional)."""
+    hint = (f"{repo_id!r} is not in the offline catalog and the Hugging Face Hub could not be reached; "
+            f"download its config.json and pass the file's path instead")
+    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+        raise TrainmathError(hint + " (HF_HUB_OFFLINE is set)")
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise TrainmathError(f"{hint} (or install huggingface_hub: pip install 'trainmath[hub]')") from None
+    try:
+        local = hf_hub_download(repo_id, "config.json", etag_timeout=5)
+    except Exception as e:  # network errors, 404, gated repos: all become one line
+        raise TrainmathError(f"{hint} ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    return ModelSource(name=repo_id, config=parse_config_text(Path(local).read_text(), repo_id),
+                       origin=f"hub:{repo_id}")
+
+
+def load_spec(model: str):
+    """``resolve`` + ``spec_from_config``: the ``ModelSpec`` of whatever ``model`` names."""
+    from trainmath.model import spec_from_config
+
+    src = resolve(model)
+    return spec_from_config(src.config, name=src.name, source=src.name)
