@@ -231,3 +231,30 @@ class ModelSpec:
         for i, layer in enumerate(self.layers):
             groups.setdefault(layer, []).append(i)
         return list(groups.items())
+
+
+def named_tensors(spec: ModelSpec, *, include_tied: bool = False, include_extras: bool = False):
+    """Every tensor of the model with its full checkpoint name and shape, experts and layers expanded:
+    yields ``(name, shape, TensorSpec)``. Tied tensors (a tied lm_head) are skipped unless asked for; tensors
+    the transformers model does not build (``spec.extras``) are added only with ``include_extras``."""
+    for t in spec.pre:
+        if include_tied or not t.tied:
+            yield t.name, t.shape, t
+    for i, layer in enumerate(spec.layers):
+        prefix = spec.layer_prefix.format(i=i)
+        for t in layer.tensors:
+            if t.experts:
+                for e in range(t.experts):
+                    yield prefix + t.name.format(e=e), t.shape, t
+            else:
+                yield prefix + t.name, t.shape, t
+    for t in spec.post:
+        if include_tied or not t.tied:
+            yield t.name, t.shape, t
+    if include_extras:
+        for extra in spec.extras:
+            for i in extra.layer_indices or (None,):
+                for t in extra.tensors:
+                    base = t.name if i is None else spec.layer_prefix.format(i=i) + t.name
+                    for e in range(t.experts or 1):
+                        yield (base.format(e=e) if t.experts else base), t.shape, t
