@@ -44,7 +44,8 @@ class TensorSpec:
     """
 
     name: str
-    """Checkpoint name relative to its layer (``self_attn.q_proj.weight``); ``{e}`` stands for the expert index."""
+    """Checkpoint name relative to its layer (``self_attn.q_proj.weight``); ``{e}`` stands for the expert index.
+    A routed-expert tensor without ``{e}`` is stored fused, as one (experts, *shape) tensor (Llama 4, gpt-oss)."""
     shape: tuple[int, ...]
     """Shape as stored in the checkpoint (Linear weights are (out_features, in_features))."""
     component: str
@@ -243,7 +244,9 @@ def named_tensors(spec: ModelSpec, *, include_tied: bool = False, include_extras
     for i, layer in enumerate(spec.layers):
         prefix = spec.layer_prefix.format(i=i)
         for t in layer.tensors:
-            if t.experts:
+            if t.experts and "{e}" not in t.name:  # experts stored fused as one (n, ...) tensor
+                yield prefix + t.name, (t.experts, *t.shape), t
+            elif t.experts:
                 for e in range(t.experts):
                     yield prefix + t.name.format(e=e), t.shape, t
             else:
