@@ -1,0 +1,77 @@
+"""``trainmath params MODEL``: the exact parameter ledger of a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "params",
+        help="exact parameter counts per component, per layer type, and activated per token",
+        description="Exact parameter counts of a model from its config.json: total, per component, per layer "
+                    "type, activated per token (MoE) and non-embedding. MODEL is a config.json path, a directory "
+                    "holding one, a catalog name (see `trainmath models`) or a Hub repo id.",
+    )
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
+    p.add_argument("--explain", action="store_true",
+                   help="print the formula in the seed's notation (N, |V|, d, d_ff, h_d, h, h_kv, n, k) with values")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainmath.params import count_params
+    from trainmath.sources import load_spec
+
+    spec = load_spec(args.model)
+    report = count_params(spec)
+    if args.json:
+        out = report.to_dict()
+        if args.explain:
+            from trainmath.explain import explain
+
+            out["explain"] = explain(spec, report)
+        print(json.dumps(out, indent=1))
+        return 0
+    print(render(spec, report, explain=args.explain))
+    return 0
+
+
+def render(spec, report, *, explain: bool = False) -> str:
+    from trainmath.render import human_count, table
+
+    total = report.total_params
+    lines = [f"{report.model}  ({report.model_type}, {spec.architecture}, {spec.num_layers} layers)", ""]
+    rows = []
+    for comp in report.components.children:
+        if comp.value == 0 and not comp.note:
+            continue
+        share = f"{100 * comp.value / total:.1f}%" if total else "-"
+        rows.append([comp.name, f"{comp.value:,}", human_count(comp.value), share, comp.note])
+        for mod in comp.children:
+            if len(comp.children) > 1:
+                rows.append([f"  {mod.name}", f"{mod.value:,}", human_count(mod.value), "", ""])
+    rows.append(["total", f"{total:,}", human_count(total), "100.0%", ""])
+    lines.append(table(["component", "params", "", "share", ""], rows, align="lrrrl"))
+    lines.append("")
+    lt_rows = [[lt.label, lt.layers, f"{lt.params_per_layer:,}", f"{lt.activated_per_layer:,}", f"{lt.params:,}"]
+               for lt in report.layer_types]
+    lines.append(table(["layer type", "layers", "params/layer", "activated/layer", "params"], lt_rows))
+    lines.append("")
+    lines.append(f"total params          {total:>20,}  ({human_count(total)})")
+    lines.append(f"activated per token   {report.activated_params:>20,}  ({human_count(report.activated_params)})")
+    lines.append(f"non-embedding params  {report.non_embedding_params:>20,}  "
+                 f"({human_count(report.non_embedding_params)})")
+    for extra in report.extras:
+        lines.append(f"not counted: {extra.label}: {extra.params:,} ({extra.why})")
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    lines.append("conventions: " + "; ".join(report.conventions))
+    if explain:
+        from trainmath.explain import explain as explain_lines
+
+        lines.append("")
+        lines.extend(explain_lines(spec, report))
+    return "\n".join(lines)
