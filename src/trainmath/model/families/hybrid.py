@@ -46,10 +46,9 @@ def _qwen3_next(cfg: ConfigView, name: str) -> ModelSpec:
     n_exp, k, f = cfg.int("num_experts", minimum=0), cfg.int("num_experts_per_tok"), cfg.int("moe_intermediate_size")
     cfg.require(k <= max(n_exp, 1), f"num_experts_per_tok ({k}) must not exceed num_experts ({n_exp})")
     f_shared = cfg.int("shared_expert_intermediate_size", minimum=0)
-    shared = ()
-    if f_shared:
-        shared = (blocks.gated_mlp(d=d, d_ff=f_shared, prefix="mlp.shared_expert", component="shared_experts")
-                  + blocks.linear("mlp.shared_expert_gate", 1, d, "shared_experts", "replicated"))
+    # transformers always builds the shared expert and its gate, even at width 0
+    shared = (blocks.gated_mlp(d=d, d_ff=f_shared, prefix="mlp.shared_expert", component="shared_experts")
+              + blocks.linear("mlp.shared_expert_gate", 1, d, "shared_experts", "replicated"))
     moe = blocks.moe_block(
         d=d, dims=MoEDims(experts=n_exp, top_k=k, expert_intermediate=f, shared_intermediate=f_shared),
         expert_tensors=blocks.gated_mlp(d=d, d_ff=f, prefix="mlp.experts.{e}", component="experts", experts=n_exp),
@@ -143,14 +142,17 @@ def _nemotron_h(cfg: ConfigView, name: str) -> ModelSpec:
     norm = blocks.norm_block(("norm", d))
     by_type = {t: LayerSpec(label=t if t != "linear_attention" else "mamba", blocks=(blocks_by_type[t], norm))
                for t in dict.fromkeys(types) if t in blocks_by_type}
-    tied = cfg.bool("tie_word_embeddings")
+    notes = ["nemotron_h: checkpoint names use NVIDIA's 'backbone.' prefix (transformers renames it 'model.')"]
+    tied = False  # NemotronHForCausalLM declares no tied weights: lm_head is its own tensor
+    if cfg.bool("tie_word_embeddings"):
+        notes.append("nemotron_h: tie_word_embeddings is set, but transformers never ties lm_head for this family")
     cfg.check()
     return ModelSpec(
         name=name, model_type="nemotron_h", architecture=_arch(cfg), vocab_size=vocab, hidden_size=d,
         max_position_embeddings=cfg.int("max_position_embeddings"), layer_prefix="backbone.layers.{i}.",
         pre=embeddings(vocab, d, "backbone.embeddings.weight"), layers=tuple(by_type[t] for t in types),
         post=head(vocab, d, tied, final_norm="backbone.norm_f"), tie_word_embeddings=tied,
-        notes=("nemotron_h: checkpoint names use NVIDIA's 'backbone.' prefix (transformers renames it 'model.')",),
+        notes=tuple(notes),
         symbols=dict(N=len(types), V=vocab, d=d, h=h, h_kv=hkv, h_d=hd, d_ff=d_ff),
     )
 

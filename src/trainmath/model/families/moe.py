@@ -63,10 +63,10 @@ def moe_layer_block(cfg: ConfigView, mt: str, d: int) -> blocks.Block:
     shared: tuple[TensorSpec, ...] = ()
     f_shared = 0
     if mt == "qwen2_moe":
+        # transformers always builds the shared expert and its gate, even at width 0
         f_shared = cfg.int("shared_expert_intermediate_size", minimum=0)
-        if f_shared:
-            shared = blocks.gated_mlp(d=d, d_ff=f_shared, prefix="mlp.shared_expert", component="shared_experts")
-            shared += blocks.linear("mlp.shared_expert_gate", 1, d, "shared_experts", "replicated")
+        shared = blocks.gated_mlp(d=d, d_ff=f_shared, prefix="mlp.shared_expert", component="shared_experts")
+        shared += blocks.linear("mlp.shared_expert_gate", 1, d, "shared_experts", "replicated")
     return blocks.moe_block(d=d, dims=MoEDims(experts=n, top_k=k, expert_intermediate=f,
                                               shared_intermediate=f_shared),
                             expert_tensors=experts, router=router, shared=shared)
