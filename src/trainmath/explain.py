@@ -13,7 +13,7 @@ from trainmath.model.spec import AttentionDims, Block, MLADims, MLPDims, ModelSp
 from trainmath.params import ParamReport, layer_activated, tensor_params
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Term:
     what: str
     formula: str

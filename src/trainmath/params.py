@@ -17,7 +17,7 @@ from trainmath.model.spec import COMPONENTS, EMBEDDING_COMPONENTS, ExtraTensors,
 from trainmath.tree import Node
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class LayerTypeCount:
     label: str
     layers: int
@@ -29,7 +29,7 @@ class LayerTypeCount:
         return self.layers * self.params_per_layer
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class ParamReport:
     """The parameter ledger's totals. ``components`` is a tree: component → module (e.g. attention → q_proj)."""
 

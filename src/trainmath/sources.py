@@ -15,19 +15,20 @@ import json
 import os
 from dataclasses import dataclass
 from functools import cache
-from importlib.resources import files
 from pathlib import Path
-from typing import Any
 
 from trainmath.errors import TrainmathError
 from trainmath.model.config import parse_config_text
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+CATALOG_DIR = Path(__file__).parent / "catalog"
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSource:
     name: str
     """Display name: the repo id for catalog/Hub models, else the path."""
-    config: dict[str, Any]
+    config: dict[str, object]
     origin: str
     """Where the config was read from: a path, ``catalog:<file>`` with its _source, or ``hub:<repo id>``."""
     provenance: str = ""
@@ -36,13 +37,13 @@ class ModelSource:
 @cache
 def catalog_index() -> dict[str, str]:
     """Hub repo id → file name of the bundled config."""
-    data = json.loads(files("trainmath.catalog").joinpath("index.json").read_text())
+    data = json.loads((CATALOG_DIR / "index.json").read_text())
     return data["models"]
 
 
 def catalog_entry(repo_id: str) -> ModelSource:
     fname = catalog_index()[repo_id]
-    config = parse_config_text(files("trainmath.catalog").joinpath(fname).read_text(), f"catalog {fname}")
+    config = parse_config_text((CATALOG_DIR / fname).read_text(), f"catalog {fname}")
     return ModelSource(name=repo_id, config=config, origin=f"catalog:{fname}", provenance=str(config.get("_source", "")))
 
 

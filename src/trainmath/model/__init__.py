@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from trainmath.errors import TrainmathError
 from trainmath.model.config import ConfigView
@@ -21,7 +20,7 @@ def supported_model_types() -> list[str]:
     return sorted(set(BUILDERS) | set(ALIASES) | {"llama4"})
 
 
-def spec_from_config(data: dict[str, Any], *, name: str, source: str) -> ModelSpec:
+def spec_from_config(data: dict[str, object], *, name: str, source: str) -> ModelSpec:
     """Build the ``ModelSpec`` of a Hugging Face config dict; one ``TrainmathError`` lists every problem."""
     from trainmath.model.families import BUILDERS
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from functools import cache
-from importlib.resources import files
-from typing import Any
 
 from trainmath.errors import TrainmathError
 
@@ -21,13 +20,14 @@ _MISSING = object()
 
 
 @cache
-def transformers_defaults() -> dict[str, dict[str, Any]]:
+def transformers_defaults() -> dict[str, dict[str, object]]:
     """model_type → {key: default} as transformers' config classes define them (see ``defaults.json``)."""
-    text = files("trainmath.model").joinpath("defaults.json").read_text()
+    # A plain path, not importlib.resources: that import alone costs ~5 ms of the CLI's start-up.
+    text = (Path(__file__).parent / "defaults.json").read_text()
     return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
 
 
-def parse_config_text(text: str, source: str) -> dict[str, Any]:
+def parse_config_text(text: str, source: str) -> dict[str, object]:
     """Parse config JSON; ``Infinity``/``NaN`` literals (as published for Nemotron-H) are accepted as floats."""
     try:
         data = json.loads(text, parse_constant=lambda c: {"Infinity": math.inf, "-Infinity": -math.inf}.get(c, math.nan))
@@ -45,7 +45,7 @@ class ConfigView:
     ``TrainmathError`` naming every missing or invalid key with the value found.
     """
 
-    def __init__(self, data: dict[str, Any], *, model_type: str, source: str):
+    def __init__(self, data: dict[str, object], *, model_type: str, source: str):
         self.data = data
         self.model_type = model_type
         self.source = source
@@ -53,11 +53,13 @@ class ConfigView:
         self.missing: list[str] = []
         self.invalid: list[str] = []
 
-    def get(self, key: str, default: Any = _MISSING) -> Any:
+    def get(self, key: str, default: object = _MISSING) -> object:
         """The config's value, else transformers' default, else ``default``; records a missing key otherwise."""
         if key in self.data and self.data[key] is not None:
             return self.data[key]
-        if key in self.data:  # an explicit null means "not set" for optional keys (q_lora_rank: null)
+        if key in self.data:  # an explicit null means "not set": fine for optional keys (q_lora_rank: null)
+            if default is _MISSING:
+                self.missing.append(f"{key} (null)")
             return None if default is _MISSING else default
         if key in self.defaults:
             return self.defaults[key]
@@ -69,7 +71,7 @@ class ConfigView:
     def has(self, key: str) -> bool:
         return key in self.data or key in self.defaults
 
-    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1, maximum: int = 2**40) -> int:
+    def int(self, key: str, default: object = _MISSING, *, minimum: int = 1, maximum: int = 2**40) -> int:
         """A positive (or ≥ minimum) integer that fits a real model; records a problem and returns 1 otherwise."""
         value = self.get(key, default)
         if value is None:
@@ -88,7 +90,7 @@ class ConfigView:
         value = self.get(key, None)
         return None if value is None else self.int(key, minimum=minimum)
 
-    def bool(self, key: str, default: Any = _MISSING) -> bool:
+    def bool(self, key: str, default: object = _MISSING) -> bool:
         value = self.get(key, default)
         if not isinstance(value, bool):
             if value is None:

@@ -33,7 +33,7 @@ EMBEDDING_COMPONENTS = ("embed_tokens", "pos_embed", "lm_head")
 SHARDS = ("column", "row", "vocab", "replicated", "head")
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class TensorSpec:
     """One parameter tensor, or one per routed expert.
 
@@ -75,7 +75,7 @@ class TensorSpec:
         return self.experts or 1
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class AttentionDims:
     """Multi-head attention with grouped K/V heads (MHA when kv_heads == heads, MQA when 1)."""
 
@@ -91,7 +91,7 @@ class AttentionDims:
     """Learned per-head attention sinks (gpt-oss)."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class MLADims:
     """Multi-head latent attention (DeepSeek-V2 §2.1): K/V are compressed to a kv_lora_rank latent plus a shared
     rotary key; queries optionally through a q_lora_rank bottleneck."""
@@ -108,7 +108,7 @@ class MLADims:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class LinearAttentionDims:
     """Gated DeltaNet (Yang et al. 2024), as in Qwen3-Next: a recurrent state of k_dim × v_dim per head."""
 
@@ -119,7 +119,7 @@ class LinearAttentionDims:
     conv_kernel: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class MambaDims:
     """Mamba-2 mixer (Dao & Gu 2024), as in Nemotron-H: SSM state of heads × head_dim × state_size."""
 
@@ -132,7 +132,7 @@ class MambaDims:
     """heads × head_dim: the width of the SSM input x."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class MLPDims:
     """A feed-forward network: gated (SwiGLU/GeGLU, three matrices) or plain (two matrices)."""
 
@@ -141,7 +141,7 @@ class MLPDims:
     gated: bool
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class MoEDims:
     """A mixture-of-experts feed-forward: ``experts`` routed experts of which ``top_k`` run per token, plus
     ``shared_experts`` always-on experts of ``shared_intermediate`` width each (total)."""
@@ -158,7 +158,7 @@ MixerDims = AttentionDims | MLADims | LinearAttentionDims | MambaDims
 FFNDims = MLPDims | MoEDims
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Block:
     """A module of a layer (its attention, its MLP, a norm), with its tensors and dimensions."""
 
@@ -168,7 +168,7 @@ class Block:
     dims: MixerDims | FFNDims | None = None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class LayerSpec:
     """One decoder layer. Equal layers are the same object, so counting is per distinct layer type."""
 
@@ -181,7 +181,7 @@ class LayerSpec:
         return tuple(t for b in self.blocks for t in b.tensors)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class ExtraTensors:
     """Tensors a checkpoint carries that the transformers model does not build (DeepSeek-V3's multi-token
     prediction layer, MoE router correction-bias buffers). Reported beside the total, never added to it."""
@@ -198,7 +198,7 @@ class ExtraTensors:
         return per * max(1, len(self.layer_indices))
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A decoder-only language model as built on one device."""
 
