@@ -1,0 +1,128 @@
+"""How a training job is laid out over GPUs: data, tensor, pipeline, context and expert parallel degrees, and
+the ZeRO stage.
+
+The world is ``dp · tp · pp · cp`` ranks (Megatron-Core's ``RankGenerator`` order tp-cp-ep-dp-pp). Expert
+parallelism does not multiply the world: the ``ep`` ranks holding different experts are drawn from the
+data-parallel × context-parallel ranks of one tensor-parallel slice, so ``ep`` must divide ``dp · cp`` and each
+routed expert is still split ``tp`` ways (Megatron-Core's default ``expert_tensor_parallel_size = tp``; "MoE
+parallel folding" with a smaller expert TP is not modelled). Expert parameters are then replicated over
+``dp · cp / ep`` ranks (the *expert data-parallel* group), which is what ZeRO shards them over.
+
+Validation follows Megatron-Core's rules: tp divides the attention heads and the KV heads (Megatron requires
+``num_query_groups % tp == 0``; vLLM-style KV-head replication is not modelled), pp ≤ layers, ep divides the
+routed experts. ``validate_layout`` raises one ``TrainmathError`` that lists every problem with its values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmath.errors import TrainmathError
+from trainmath.model.spec import AttentionDims, LinearAttentionDims, MambaDims, MLADims, ModelSpec, MoEDims
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelLayout:
+    """Parallel degrees of one training job (all ≥ 1) and the ZeRO stage."""
+
+    dp: int = 1
+    """Data-parallel degree (replicas of the model, before ZeRO sharding)."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row splitting within a layer)."""
+    pp: int = 1
+    """Pipeline-parallel degree (layers split into this many stages)."""
+    cp: int = 1
+    """Context-parallel degree (the sequence split across ranks for attention; weights replicated)."""
+    ep: int = 1
+    """Expert-parallel degree (routed experts split across ranks of the dp·cp group)."""
+    sp: bool = False
+    """Megatron sequence parallelism: activations outside attention/MLP split by tp (needs tp > 1 to matter)."""
+    zero: int = 0
+    """ZeRO stage 0-3 over the data-parallel group: 1 shards optimizer states and master weights, 2 also
+    gradients, 3 also weights (Rajbhandari et al. 2020, §5)."""
+    world_size: int | None = None
+    """The number of GPUs, when given: must equal dp·tp·pp·cp."""
+
+    @property
+    def ranks(self) -> int:
+        """dp·tp·pp·cp: the GPUs this layout needs."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def zero_degree(self) -> int:
+        """Ranks that ZeRO shards dense (non-expert) state over: dp·cp (Megatron's distributed optimizer shards
+        over the data-parallel group with context parallel folded in)."""
+        return self.dp * self.cp
+
+    @property
+    def expert_zero_degree(self) -> int:
+        """Ranks that ZeRO shards routed-expert state over: the expert data-parallel group, dp·cp / ep."""
+        return max(1, self.dp * self.cp // self.ep)
+
+    def describe(self) -> str:
+        return (f"dp={self.dp} tp={self.tp} pp={self.pp} cp={self.cp} ep={self.ep} sp={self.sp} "
+                f"zero={self.zero}")
+
+
+def layout_problems(layout: ParallelLayout, spec: ModelSpec | None = None) -> list[str]:
+    """Every reason ``layout`` is impossible (for ``spec`` when given), each quoting the values; empty if fine."""
+    bad: list[str] = []
+    for name in ("dp", "tp", "pp", "cp", "ep"):
+        v = getattr(layout, name)
+        if not isinstance(v, int) or v < 1:
+            bad.append(f"{name} must be a positive integer, got {v!r}")
+    if layout.zero not in (0, 1, 2, 3):
+        bad.append(f"zero stage must be 0, 1, 2 or 3, got {layout.zero!r}")
+    if bad:  # the products below need positive integers
+        return bad
+    if layout.world_size is not None and layout.world_size != layout.ranks:
+        bad.append(f"world size ({layout.world_size}) must equal dp·tp·pp·cp = {layout.dp}·{layout.tp}·"
+                   f"{layout.pp}·{layout.cp} = {layout.ranks}")
+    if (layout.dp * layout.cp) % layout.ep:
+        bad.append(f"ep ({layout.ep}) must divide dp·cp ({layout.dp}·{layout.cp} = {layout.dp * layout.cp}): "
+                   f"expert-parallel ranks are drawn from the data/context-parallel group")
+    if spec is None:
+        return bad
+    if layout.pp > spec.num_layers:
+        bad.append(f"pp ({layout.pp}) must not exceed the number of layers ({spec.num_layers})")
+    tp = layout.tp
+    seen: set[str] = set()
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond and msg not in seen:
+            seen.add(msg)
+            bad.append(msg)
+
+    experts = set()
+    for layer in spec.layers:
+        for b in layer.blocks:
+            d = b.dims
+            if isinstance(d, AttentionDims):
+                need(d.heads % tp == 0, f"tp ({tp}) must divide attention heads ({d.heads})")
+                need(d.kv_heads % tp == 0, f"tp ({tp}) must divide KV heads ({d.kv_heads}); "
+                                           f"KV-head replication is not modelled")
+            elif isinstance(d, MLADims):
+                need(d.heads % tp == 0, f"tp ({tp}) must divide attention heads ({d.heads})")
+            elif isinstance(d, LinearAttentionDims):
+                need(d.key_heads % tp == 0, f"tp ({tp}) must divide linear-attention key heads ({d.key_heads})")
+                need(d.value_heads % tp == 0,
+                     f"tp ({tp}) must divide linear-attention value heads ({d.value_heads})")
+            elif isinstance(d, MambaDims):
+                need(d.heads % tp == 0, f"tp ({tp}) must divide Mamba heads ({d.heads})")
+                need(d.groups % tp == 0, f"tp ({tp}) must divide Mamba groups ({d.groups})")
+            elif isinstance(d, MoEDims):
+                experts.add(d.experts)
+    for n in sorted(experts):
+        need(n % layout.ep == 0, f"ep ({layout.ep}) must divide the routed experts ({n})")
+    if layout.ep > 1 and not experts:
+        bad.append(f"ep ({layout.ep}) > 1 but {spec.name} has no routed experts")
+    return bad
+
+
+def validate_layout(layout: ParallelLayout, spec: ModelSpec | None = None) -> ParallelLayout:
+    """``layout`` unchanged, or one ``TrainmathError`` naming every problem with its values."""
+    bad = layout_problems(layout, spec)
+    if bad:
+        where = f" for {spec.name}" if spec is not None else ""
+        raise TrainmathError(f"impossible layout ({layout.describe()}){where}: " + "; ".join(bad))
+    return layout

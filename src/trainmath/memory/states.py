@@ -1,0 +1,107 @@
+"""Model states per rank: weights, gradients, fp32 master weights and optimizer states, after ZeRO sharding.
+
+ZeRO (Rajbhandari et al. 2020, §5) stage 1 shards optimizer states (and the fp32 master weights, which are part
+of them in mixed precision) over the data-parallel group, stage 2 also gradients, stage 3 also weights. The
+sharding is modelled as PyTorch FSDP2 does it, per parameter on dim 0: a rank holds ``ceil_div(dim0, N)`` rows
+of each tensor (padded), so per-tensor optimizer formulas (Adafactor's row/column factors, 8-bit blocks) apply
+to the shard. DeepSpeed/Megatron shard one flat buffer instead; the totals differ by padding only.
+
+Each tensor is one allocation of the CUDA caching allocator, which rounds every block up to 512 bytes
+(``kMinBlockSize`` in ``c10/cuda/CUDACachingAllocator.cpp``); ``torch.cuda.memory_allocated`` reports the rounded
+sizes, so every per-tensor figure here is rounded the same way (``granularity=1`` turns it off).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmath.layout import ParallelLayout
+from trainmath.memory.optimizers import BNB_QMAP_BYTES, state_tensors, step_temporary_bytes
+from trainmath.memory.precision import Precision
+from trainmath.placement import Placement, RankTensor, ceil_div
+
+ALLOC_GRANULARITY = 512
+
+
+def alloc_bytes(nbytes: int, granularity: int = ALLOC_GRANULARITY) -> int:
+    """Bytes the caching allocator reserves for a tensor of ``nbytes`` (0 stays 0)."""
+    return ceil_div(nbytes, granularity) * granularity if nbytes else 0
+
+
+def zero_shard_shape(shape: tuple[int, ...], degree: int) -> tuple[int, ...]:
+    """A tensor's shape on one of ``degree`` ZeRO ranks: dim 0 split with ceil_div (FSDP2's ``Shard(0)``)."""
+    if degree == 1 or not shape:
+        return shape
+    return (ceil_div(shape[0], degree), *shape[1:])
+
+
+def _degree(t: RankTensor, layout: ParallelLayout) -> int:
+    return layout.expert_zero_degree if t.expert else layout.zero_degree
+
+
+def held_shape(t: RankTensor, layout: ParallelLayout, min_stage: int) -> tuple[int, ...]:
+    """Shape a rank holds of ``t`` for a state that ZeRO shards from stage ``min_stage`` on."""
+    return zero_shard_shape(t.shape, _degree(t, layout)) if layout.zero >= min_stage else t.shape
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelStates:
+    """Bytes of the persistent training state one rank holds (allocator-rounded per tensor)."""
+
+    weights_bytes: int
+    gradients_bytes: int
+    master_weights_bytes: int
+    optimizer_states_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.gradients_bytes + self.master_weights_bytes + self.optimizer_states_bytes
+
+
+def model_states(placement: Placement, layout: ParallelLayout, prec: Precision, optimizer: str, *,
+                 impl: str = "foreach", granularity: int = ALLOC_GRANULARITY, block_size: int = 256
+                 ) -> ModelStates:
+    """Weights (sharded at ZeRO-3), gradients (ZeRO-2), master weights and optimizer states (ZeRO-1) of one rank.
+    Optimizer states count what the GPU holds: non-fused torch optimizers keep their ``step`` scalar on the CPU."""
+    w = g = m = s = 0
+    any_8bit = False
+    for t in placement.tensors:
+        w += t.copies * alloc_bytes(_numel(held_shape(t, layout, 3)) * prec.weight_bytes, granularity)
+        g += t.copies * alloc_bytes(_numel(held_shape(t, layout, 2)) * prec.grad_bytes, granularity)
+        shard = held_shape(t, layout, 1)
+        m += t.copies * alloc_bytes(_numel(shard) * prec.master_bytes, granularity)
+        for st in state_tensors(optimizer, shard, state_bytes=prec.state_bytes, impl=impl, block_size=block_size):
+            if st.on_device:
+                s += t.copies * alloc_bytes(st.nbytes, granularity)
+            any_8bit |= st.elem_bytes == 1
+    if any_8bit:
+        s += 2 * alloc_bytes(BNB_QMAP_BYTES // 2, granularity)
+    return ModelStates(weights_bytes=w, gradients_bytes=g, master_weights_bytes=m, optimizer_states_bytes=s)
+
+
+def optimizer_shard_shapes(placement: Placement, layout: ParallelLayout) -> list[tuple[int, ...]]:
+    """The shapes the optimizer updates on this rank (ZeRO-1 shards), one per tensor copy."""
+    return [held_shape(t, layout, 1) for t in placement.tensors for _ in range(t.copies)]
+
+
+def optimizer_temporaries_bytes(placement: Placement, layout: ParallelLayout, prec: Precision, optimizer: str,
+                                *, impl: str = "foreach") -> int:
+    """Peak bytes the optimizer step allocates beyond its state (see ``optimizers.step_temporary_bytes``)."""
+    return step_temporary_bytes(optimizer, optimizer_shard_shapes(placement, layout), state_bytes=prec.state_bytes,
+                                impl=impl)
+
+
+def fp32_grad_copies_bytes(placement: Placement, layout: ParallelLayout, prec: Precision) -> int:
+    """fp32 copies of the gradient shard made for an fp32-master optimizer step when gradients are kept in lower
+    precision: Megatron's ``DistributedOptimizer._copy_model_grads_to_main_grads`` sets
+    ``main_param.grad = model_grad.float()`` for the rank's shard. 0 without master weights."""
+    if not prec.master_bytes or prec.grad_bytes >= 4:
+        return 0
+    return sum(_numel(s) * 4 for s in optimizer_shard_shapes(placement, layout))
