@@ -1,0 +1,137 @@
+"""``trainmath infer MODEL --batch B --context C``: weights, KV cache and total memory for serving, and what fits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from decimal import Decimal, InvalidOperation
+
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
+          "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(text: str) -> int:
+    """'4096', '2GiB', '1.5GB' → exact integer bytes (GiB = 2**30, GB = 1e9), rounded down."""
+    s = text.strip().lower().replace(" ", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num):]
+    try:
+        value = Decimal(num) * _UNITS[unit]
+    except (InvalidOperation, KeyError):
+        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 4096, 2GiB, 1.5GB)") from None
+    return int(value)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "infer",
+        help="inference memory: weights (bf16/fp8/int8/int4), KV cache after a prefill, and what fits a GPU",
+        description="Memory to serve a model on one tensor-parallel rank: weights in a serving format (with "
+                    "quantisation scales), the cache after a prefill of CONTEXT tokens for BATCH sequences "
+                    "(K/V, MLA latent, sliding windows, linear-attention and Mamba states), and with --gpu the "
+                    "free memory and the largest batch / context that fit. Conventions are printed with the result.",
+    )
+    p.add_argument("model", metavar="MODEL", help="config.json path, directory, catalog name or Hub id")
+    p.add_argument("--batch", type=int, required=True, help="sequences in the cache")
+    p.add_argument("--context", type=int, required=True, help="tokens per sequence held (prompt + generated)")
+    p.add_argument("--dtype", default="bf16", help="weights: fp32, bf16, fp16, fp8, int8, int4 (default bf16)")
+    p.add_argument("--kv-dtype", default="bf16", help="K/V cache: fp32, bf16, fp16, fp8, int8 (default bf16)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; figures are per rank (default 1)")
+    p.add_argument("--gpu", help="GPU preset (h100, h200, a100, a100-40gb, b200, l40s, 4090, mi300x)")
+    p.add_argument("--mem-util", type=int, default=90, metavar="PERCENT",
+                   help="share of GPU memory usable (default 90, vLLM's gpu_memory_utilization)")
+    p.add_argument("--workspace", type=parse_bytes, default=0, metavar="BYTES",
+                   help="activation workspace per rank added to the total, e.g. 2GiB (default 0)")
+    q = p.add_argument_group("quantisation conventions")
+    q.add_argument("--group-size", type=int, default=128, help="int4 group / fp8 block size (default 128)")
+    q.add_argument("--scale-dtype", default=None,
+                   help="scale format (default: int8 fp32 per row, int4 fp16 per group, fp8 fp32 per block)")
+    q.add_argument("--zero-point", action="store_true", help="int4: add a packed 4-bit zero point per group")
+    q.add_argument("--keep-dtype", default="bf16",
+                   help="format of tensors left unquantised: embeddings, lm_head, routers, norms (default bf16)")
+    c = p.add_argument_group("cache conventions")
+    c.add_argument("--mla-cache", choices=("latent", "expanded"), default="latent",
+                   help="MLA: cache the latent (default, as transformers 5 and vLLM) or per-head K/V")
+    c.add_argument("--sliding-tokens", choices=("window-1", "window"), default="window-1",
+                   help="tokens a sliding layer keeps (default window-1, as transformers' DynamicCache)")
+    c.add_argument("--conv-tokens", choices=("kernel", "kernel-1"), default="kernel",
+                   help="columns of a conv state (default kernel, as transformers)")
+    c.add_argument("--state-dtype", default="fp32", help="recurrent/SSM state format (default fp32)")
+    c.add_argument("--conv-dtype", default="bf16", help="conv state format (default bf16)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainmath.infer import CacheFormat, InferenceSetup, WeightFormat, infer_memory
+    from trainmath.infer.dtypes import KV_DTYPES, dtype_name
+    from trainmath.sources import load_spec
+
+    floats = ("fp32", "bf16", "fp16")
+    setup = InferenceSetup(
+        batch=args.batch, context=args.context, tp=args.tp, workspace_bytes=args.workspace,
+        weights=WeightFormat(
+            dtype=dtype_name(args.dtype, what="weight dtype"), keep_dtype=dtype_name(args.keep_dtype, floats),
+            group_size=args.group_size, zero_point=args.zero_point,
+            scale_dtype=dtype_name(args.scale_dtype, floats, "scale dtype") if args.scale_dtype else None),
+        cache=CacheFormat(
+            kv_dtype=dtype_name(args.kv_dtype, KV_DTYPES, "kv dtype"), mla_cache=args.mla_cache,
+            sliding_tokens=args.sliding_tokens, conv_tokens=args.conv_tokens,
+            state_dtype=dtype_name(args.state_dtype, floats, "state dtype"),
+            conv_dtype=dtype_name(args.conv_dtype, floats, "conv dtype")),
+    )
+    gpu = None
+    if args.gpu:
+        from trainmath.hardware import gpu as find_gpu
+
+        gpu = find_gpu(args.gpu)
+    spec = load_spec(args.model)
+    report = infer_memory(spec, setup, gpu=gpu, mem_util_percent=args.mem_util)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        print(render(report))
+    return 0
+
+
+def render(report) -> str:
+    from trainmath.render import human_bytes, table
+
+    s = report.setup
+    per = f"per rank, tp={s.tp}" if s.tp > 1 else "one device"
+    lines = [f"{report.model}: batch {s.batch} x context {s.context:,}, weights {s.weights.dtype}, "
+             f"kv {s.cache.kv_dtype} ({per})", ""]
+    rows = []
+    for comp in report.weights.children:
+        rows.append([f"weights/{comp.name}", f"{comp.value:,}", human_bytes(comp.value), comp.note])
+        for part in comp.children:
+            rows.append([f"  {part.name}", f"{part.value:,}", human_bytes(part.value), ""])
+    for group in report.kv_cache.children:
+        rows.append([f"kv_cache/{group.name}", f"{group.value:,}", human_bytes(group.value), group.note])
+        for part in group.children:
+            rows.append([f"  {part.name}", f"{part.value:,}", human_bytes(part.value), ""])
+    if s.workspace_bytes:
+        rows.append(["workspace", f"{s.workspace_bytes:,}", human_bytes(s.workspace_bytes), "given"])
+    lines.append(table(["memory", "bytes", "GiB", ""], rows, align="lrrl"))
+    lines.append("")
+    for label, value in (("weights_bytes", report.weights_bytes), ("kv_cache_bytes", report.kv_cache_bytes),
+                         ("total_bytes", report.total_bytes)):
+        lines.append(f"{label:<16}{value:>22,}  ({human_bytes(value)}, {human_bytes(value, 'GB')})")
+    lines.append(f"kv cache per token (full-attention/MLA layers, per sequence): {report.kv_bytes_per_token:,} bytes")
+    f = report.fit
+    if f is not None:
+        lines.append("")
+        lines.append(f"{f.gpu}: {human_bytes(f.memory_bytes)} x {f.mem_util_percent}% = {f.usable_bytes:,} bytes "
+                     f"usable; free {f.free_bytes:,} bytes ({human_bytes(f.free_bytes)})"
+                     + ("" if f.fits else "  -- DOES NOT FIT"))
+        lines.append(f"largest batch at context {s.context:,}: {f.max_batch:,}")
+        if f.max_context is None:
+            ctx = "unbounded (no layer's cache grows with the context)"
+        else:
+            ctx = f"{f.max_context:,}"
+            if f.max_context > f.max_position_embeddings:
+                ctx += f" (beyond max_position_embeddings {f.max_position_embeddings:,})"
+        lines.append(f"largest context at batch {s.batch}: {ctx}")
+    lines.append("")
+    lines.append("conventions: " + "; ".join(report.conventions))
+    return "\n".join(lines)

@@ -1,0 +1,177 @@
+"""Inference memory on one tensor-parallel rank: weights + cache (+ an explicit workspace), and what fits a GPU.
+
+total = weights (serving format, TP shard) + cache after a prefill of ``context`` tokens for ``batch`` sequences
++ ``workspace_bytes`` (activations and scratch of the forward pass: an explicit input, 0 by default, because it
+depends on the engine's chunked-prefill and CUDA-graph settings, not on the model).
+
+Fitting a GPU: usable = ⌊memory_bytes · mem_util_percent / 100⌋ (default 90: vLLM's ``gpu_memory_utilization``
+0.9, which leaves room for the CUDA context, NCCL buffers and fragmentation); free = usable − total. The largest
+batch at the given context is exact because the cache is linear in the batch: ⌊(usable − weights − workspace) /
+cache(batch=1)⌋. The largest context at the given batch is an exact integer search over the monotone cache size
+(unbounded when no layer's cache grows with the context: only sliding-window and recurrent layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainmath.errors import TrainmathError
+from trainmath.hardware import GPU
+from trainmath.infer.dtypes import WeightFormat
+from trainmath.infer.kv import CacheFormat, cache_tree, grows_with_context, kv_bytes_per_token
+from trainmath.infer.weights import validate_tp, weights_tree
+from trainmath.model.spec import ModelSpec
+from trainmath.tree import Node
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InferenceSetup:
+    batch: int
+    """Sequences held in the cache at once."""
+    context: int
+    """Tokens per sequence held after the prefill (prompt + generated so far)."""
+    weights: WeightFormat = field(default_factory=WeightFormat)
+    cache: CacheFormat = field(default_factory=CacheFormat)
+    tp: int = 1
+    """Tensor-parallel degree: every figure is per rank."""
+    workspace_bytes: int = 0
+    """Activation workspace and scratch per rank, added to the total as given."""
+
+    def __post_init__(self) -> None:
+        bad = [f"{k} ({v})" for k, v in (("batch", self.batch), ("context", self.context)) if v <= 0]
+        if bad:
+            raise TrainmathError(f"{' and '.join(bad)} must be positive")
+        if self.workspace_bytes < 0:
+            raise TrainmathError(f"workspace bytes must not be negative, got {self.workspace_bytes}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fit:
+    """How a setup fits one GPU (per rank)."""
+
+    gpu: str
+    memory_bytes: int
+    mem_util_percent: int
+    usable_bytes: int
+    free_bytes: int
+    """usable − total; negative when the setup does not fit."""
+    max_batch: int
+    """Largest batch at the given context that fits (0: not even one sequence)."""
+    max_context: int | None
+    """Largest context at the given batch that fits (0: none; None: unbounded, no cache grows with context)."""
+    max_position_embeddings: int
+
+    @property
+    def fits(self) -> bool:
+        return self.free_bytes >= 0
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu, "memory_bytes": self.memory_bytes, "mem_util_percent": self.mem_util_percent,
+                "usable_bytes": self.usable_bytes, "free_bytes": self.free_bytes, "fits": self.fits,
+                "max_batch": self.max_batch, "max_context": self.max_context,
+                "max_context_exceeds_max_position_embeddings":
+                    None if self.max_context is None else self.max_context > self.max_position_embeddings}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InferenceReport:
+    model: str
+    setup: InferenceSetup
+    weights: Node
+    kv_cache: Node
+    total: Node
+    kv_bytes_per_token: int
+    """Cache bytes each further token adds per sequence once sliding windows are full (full attention + MLA)."""
+    fit: Fit | None
+    conventions: tuple[str, ...]
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.weights.value
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.kv_cache.value
+
+    @property
+    def total_bytes(self) -> int:
+        return self.total.value
+
+    def to_dict(self) -> dict:
+        s = self.setup
+        return {
+            "model": self.model, "batch": s.batch, "context": s.context, "tp": s.tp,
+            "dtype": s.weights.dtype, "kv_dtype": s.cache.kv_dtype,
+            "weights_bytes": self.weights_bytes, "kv_cache_bytes": self.kv_cache_bytes,
+            "workspace_bytes": s.workspace_bytes, "total_bytes": self.total_bytes,
+            "kv_cache_bytes_per_token": self.kv_bytes_per_token,
+            "kv_cache_bytes_per_sequence": self.kv_cache_bytes // s.batch,
+            "weights": self.weights.to_dict(), "kv_cache": self.kv_cache.to_dict(),
+            "fit": self.fit.to_dict() if self.fit else None,
+            "per": "tensor-parallel rank" if s.tp > 1 else "device",
+            "conventions": list(self.conventions),
+        }
+
+
+def _cache(spec: ModelSpec, setup: InferenceSetup, *, batch: int, context: int) -> Node:
+    return cache_tree(spec, batch=batch, context=context, fmt=setup.cache, tp=setup.tp)
+
+
+def max_batch(spec: ModelSpec, setup: InferenceSetup, *, room_bytes: int) -> int:
+    """Largest batch whose cache at ``setup.context`` fits in ``room_bytes`` (cache is linear in the batch)."""
+    per_seq = _cache(spec, setup, batch=1, context=setup.context).value
+    if room_bytes < 0:
+        return 0
+    return room_bytes // per_seq if per_seq else 1 << 62
+
+
+def max_context(spec: ModelSpec, setup: InferenceSetup, *, room_bytes: int) -> int | None:
+    """Largest context whose cache at ``setup.batch`` fits in ``room_bytes``: exact search over a cache size that
+    never decreases with the context. None when no layer's cache grows with the context."""
+    def size(c: int) -> int:
+        return _cache(spec, setup, batch=setup.batch, context=c).value
+
+    if room_bytes < 0 or size(1) > room_bytes:
+        return 0
+    if not grows_with_context(spec, setup.cache):
+        return None
+    lo, hi = 1, 2
+    while size(hi) <= room_bytes:  # size(lo) fits, size(hi) does not
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if size(mid) <= room_bytes else (lo, mid)
+    return lo
+
+
+def infer_memory(spec: ModelSpec, setup: InferenceSetup, *, gpu: GPU | None = None,
+                 mem_util_percent: int = 90) -> InferenceReport:
+    """Weights, cache and total bytes on one TP rank, and how they fit ``gpu`` when given."""
+    validate_tp(spec, setup.tp)
+    if not 0 < mem_util_percent <= 100:
+        raise TrainmathError(f"memory utilisation must be in 1..100 percent, got {mem_util_percent}")
+    weights = weights_tree(spec, fmt=setup.weights, tp=setup.tp)
+    cache = _cache(spec, setup, batch=setup.batch, context=setup.context)
+    parts = [weights, cache]
+    if setup.workspace_bytes:
+        parts.append(Node(name="workspace", value=setup.workspace_bytes, unit="bytes"))
+    total = Node.of("total", parts, "bytes")
+    fit = None
+    if gpu is not None:
+        usable = gpu.memory_bytes * mem_util_percent // 100
+        room = usable - weights.value - setup.workspace_bytes
+        fit = Fit(gpu=gpu.name, memory_bytes=gpu.memory_bytes, mem_util_percent=mem_util_percent,
+                  usable_bytes=usable, free_bytes=usable - total.value,
+                  max_batch=max_batch(spec, setup, room_bytes=room),
+                  max_context=max_context(spec, setup, room_bytes=room),
+                  max_position_embeddings=spec.max_position_embeddings)
+    conventions = (
+        "per tensor-parallel rank" if setup.tp > 1 else "one device (tp = 1)",
+        setup.weights.convention(),
+        *setup.cache.conventions(),
+        f"workspace: {setup.workspace_bytes:,} bytes given (activations are not estimated here)",
+        *((f"usable = memory x {mem_util_percent}% (vLLM gpu_memory_utilization default 90%)",) if gpu else ()),
+    )
+    return InferenceReport(model=spec.name, setup=setup, weights=weights, kv_cache=cache, total=total,
+                           kv_bytes_per_token=kv_bytes_per_token(spec, fmt=setup.cache, tp=setup.tp), fit=fit,
+                           conventions=conventions)

@@ -1,0 +1,134 @@
+"""Weight bytes on one tensor-parallel rank, in a serving format (bf16, fp8, int8, int4 with their scales).
+
+Each tensor's sharding hint (``TensorSpec.shard``) says which axis TP splits: ``column`` the output features,
+``row`` the input features, ``vocab`` the vocabulary rows, ``head`` the per-head axis; ``replicated`` tensors
+(norms, routers, MLA's down-projections, row-parallel biases) are whole on every rank. The axis rule is
+Megatron's (and ``trainmath.placement``'s). Two refinements serving engines make, modelled here:
+
+- K/V heads fewer than tp: each rank holds one K/V head, replicated on tp/h_kv ranks (vLLM ``QKVParallelLinear``),
+  so k_proj/v_proj rows per rank are h_d, not h_kv·h_d/tp;
+- the vocabulary split is ``ceil_div(V, tp)`` rows (vLLM pads to a multiple of 64·tp, not modelled).
+
+Any other split that tp does not divide is an error naming the tensor. Quantised bytes of a sharded weight are
+those of its shard: each rank keeps the scales of its own rows/groups (``ceil_div`` at a ragged edge).
+"""
+
+from __future__ import annotations
+
+from trainmath.errors import TrainmathError
+from trainmath.infer.dtypes import WeightFormat, ceil_div, quantised_weight_bytes, tensor_bytes
+from trainmath.infer.kv import heads_per_rank, kv_heads_per_rank
+from trainmath.model.spec import COMPONENTS, AttentionDims, Block, ModelSpec, TensorSpec
+from trainmath.tree import Node
+
+# Components whose linear weights stay at keep_dtype when the rest is quantised.
+KEPT_COMPONENTS = ("embed_tokens", "pos_embed", "lm_head", "router")
+
+
+def tp_axis(t: TensorSpec) -> int | None:
+    """The axis of one stored copy that TP splits, or None when replicated (Megatron's column/row rule)."""
+    if t.shard == "replicated":
+        return None
+    if len(t.shape) == 1 or t.shard in ("vocab", "head"):
+        return 0
+    if t.shard == "column":
+        return 1 if t.transposed else 0
+    return 0 if t.transposed else len(t.shape) - 1
+
+
+def _split(t: TensorSpec, size: int, block: Block | None, tp: int) -> int:
+    """The size of the split axis on one rank."""
+    if t.shard == "vocab":
+        return ceil_div(size, tp)
+    d = block.dims if block is not None else None
+    if isinstance(d, AttentionDims) and d.kv_heads < tp:
+        kv_local, hd = kv_heads_per_rank(d.kv_heads, tp), d.head_dim
+        q_local = heads_per_rank(d.heads, tp, "num_attention_heads")
+        if size == d.kv_heads * hd:  # k_proj / v_proj rows (or biases, or a full k_norm)
+            return kv_local * hd
+        if size == (d.heads + 2 * d.kv_heads) * hd:  # fused qkv_proj
+            return (q_local + 2 * kv_local) * hd
+        if t.shard == "head" and size == d.kv_heads:  # per-head k_norm
+            return kv_local
+    if size % tp:
+        raise TrainmathError(f"tensor parallel size {tp} must divide axis {tp_axis(t)} ({size}) of {t.name} "
+                             f"{t.shape}")
+    return size // tp
+
+
+def rank_shape(t: TensorSpec, block: Block | None, tp: int) -> tuple[int, ...]:
+    """One copy's shape on a TP rank."""
+    axis = tp_axis(t)
+    if axis is None or tp == 1:
+        return t.shape
+    return tuple(_split(t, s, block, tp) if i == axis else s for i, s in enumerate(t.shape))
+
+
+def is_quantised(t: TensorSpec, fmt: WeightFormat) -> bool:
+    """Whether ``fmt`` quantises this tensor: decoder ``linear`` weights only (module docstring of dtypes)."""
+    return fmt.quantised and t.kind == "linear" and len(t.shape) == 2 and t.component not in KEPT_COMPONENTS
+
+
+def tensor_rank_bytes(t: TensorSpec, block: Block | None, fmt: WeightFormat, tp: int) -> tuple[int, int]:
+    """(data, scale) bytes of all copies of one tensor on one TP rank."""
+    shape = rank_shape(t, block, tp)
+    if is_quantised(t, fmt):
+        out_f, in_f = (shape[1], shape[0]) if t.transposed else shape
+        data, scales = quantised_weight_bytes(out_f, in_f, fmt)
+        return data * t.copies, scales * t.copies
+    numel = 1
+    for s in shape:
+        numel *= s
+    return tensor_bytes(numel, fmt.kept_bits) * t.copies, 0
+
+
+def validate_tp(spec: ModelSpec, tp: int) -> None:
+    """tp must divide the attention heads; K/V heads must be a multiple or a divisor of tp; GDN and Mamba heads
+    and groups must be divisible. One error quoting the values."""
+    if tp <= 0:
+        raise TrainmathError(f"tensor parallel size must be positive, got {tp}")
+    for layer, _ in spec.layer_groups():
+        for b in layer.blocks:
+            d = b.dims
+            if b.kind == "attention":
+                heads_per_rank(d.heads, tp, "num_attention_heads")
+                kv_heads_per_rank(d.kv_heads, tp)
+            elif b.kind == "mla":
+                heads_per_rank(d.heads, tp, "num_attention_heads")
+            elif b.kind == "linear_attention":
+                heads_per_rank(d.key_heads, tp, "linear_num_key_heads")
+                heads_per_rank(d.value_heads, tp, "linear_num_value_heads")
+            elif b.kind == "mamba":
+                heads_per_rank(d.heads, tp, "mamba_num_heads")
+                heads_per_rank(d.groups, tp, "n_groups")
+
+
+def weights_tree(spec: ModelSpec, *, fmt: WeightFormat, tp: int) -> Node:
+    """Weight bytes on one TP rank, per component; a quantised component splits into ``data`` and ``scales``.
+    Tied tensors (a tied lm_head) add nothing; tensors transformers does not build (``spec.extras``) are left out."""
+    data = dict.fromkeys(COMPONENTS, 0)
+    scales = dict.fromkeys(COMPONENTS, 0)
+
+    def add(t: TensorSpec, block: Block | None, times: int) -> None:
+        if t.tied:
+            return
+        d, s = tensor_rank_bytes(t, block, fmt, tp)
+        data[t.component] += d * times
+        scales[t.component] += s * times
+
+    for t in spec.pre + spec.post:
+        add(t, None, 1)
+    for layer, idx in spec.layer_groups():
+        for b in layer.blocks:
+            for t in b.tensors:
+                add(t, b, len(idx))
+    children = []
+    for c in COMPONENTS:
+        if not data[c] and not scales[c]:
+            continue
+        if scales[c]:
+            children.append(Node.of(c, [Node(name="data", value=data[c], unit="bytes"),
+                                        Node(name="scales", value=scales[c], unit="bytes")], "bytes"))
+        else:
+            children.append(Node(name=c, value=data[c], unit="bytes"))
+    return Node.of("weights", children, "bytes")
