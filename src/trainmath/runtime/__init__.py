@@ -1,0 +1,5 @@
+"""torch.distributed runtime: launcher, the seed's primitives, ring algorithms, benchmark, correctness check.
+
+Imports torch (the ``runtime`` extra). The cost model these measurements are compared with is the pure
+:mod:`trainmath.comm`.
+"""
