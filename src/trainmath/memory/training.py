@@ -83,6 +83,9 @@ class StageMemory:
     phases: dict
     """phase → its total bytes."""
     breakdown: Node
+    """What is live at this stage's peak."""
+    by_phase: dict
+    """phase → what is live then (the same terms; ``breakdown`` is the larger)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +115,7 @@ class MemoryReport:
             "phase": self.stages[self.stage].phase,
             "breakdown": self.breakdown.flat(),
             "breakdown_tree": self.breakdown.to_dict(),
+            "breakdown_by_phase": {p: t.flat() for p, t in self.stages[self.stage].by_phase.items()},
             "stages": [{"stage": m.stage, "layers": [m.layers.start, m.layers.stop], "in_flight": m.in_flight,
                         "phase": m.phase, "peak_bytes": m.breakdown.value, "phases": m.phases}
                        for m in self.stages],
@@ -265,19 +269,24 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     phases = {"backward_start": base + sum(val(v) for v in backward.values()),
               "optimizer_step": base + sum(step.values())}
     phase = max(phases, key=lambda p: (phases[p], p == "backward_start"))
-    live = backward if phase == "backward_start" else step
+    trees = {p: _phase_tree(p, stage, persistent, backward if p == "backward_start" else step)
+             for p in phases}
+    return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=phase, phases=phases,
+                       breakdown=trees[phase], by_phase=trees)
+
+
+def _phase_tree(phase: str, stage: int, persistent: dict, live: dict) -> Node:
+    """Every term of ``TERMS`` as live in ``phase`` (0, with a note, when not live then)."""
     kids = []
     for name in TERMS:
         v = persistent.get(name, live.get(name))
         if v is None:
-            kids.append(Node(name=name, value=0, unit="bytes", note=f"not live at the peak ({phase})"))
+            kids.append(Node(name=name, value=0, unit="bytes", note=f"not live in {phase}"))
         elif isinstance(v, Node):
             kids.append(v)
         else:
             kids.append(Node(name=name, value=v, unit="bytes"))
-    breakdown = Node.of("peak_bytes", kids, "bytes", note=f"stage {stage}, {phase}")
-    return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=phase, phases=phases,
-                       breakdown=breakdown)
+    return Node.of("peak_bytes", kids, "bytes", note=f"stage {stage}, {phase}")
 
 
 def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout = ParallelLayout(), *,
