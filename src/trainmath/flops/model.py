@@ -1,0 +1,178 @@
+"""Training FLOPs of a model per step, per sequence and per token, as a tree that sums per GEMM.
+
+A step is one forward and one backward pass over ``batch`` sequences of ``seq`` tokens, plus the forward that
+activation recomputation repeats:
+
+- forward: every GEMM of ``trainmath.flops.gemm`` over every layer, plus the LM head over every token;
+- backward: 2× the forward of every GEMM (input and weight gradients, or both operands for attention);
+  the embedding lookup has no GEMM in either direction;
+- recompute (``recompute``): ``none``; ``selective`` re-runs the attention core (Q·Kᵀ and P·V) forward, the part
+  Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.2) recompute;
+  ``full`` re-runs the forward of every decoder layer (not the LM head), as Megatron-LM's full checkpointing does.
+
+Everything scales with ``batch`` exactly, so per-sequence figures are exact integers; per-token figures are
+floats (the attention term grows with ``seq``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmath.errors import TrainmathError
+from trainmath.flops.gemm import CAUSAL, Gemm, block_gemms, core_note, linear_gemms
+from trainmath.model.spec import Block, ModelSpec
+from trainmath.tree import Node
+
+RECOMPUTE = ("none", "selective", "full")
+
+# Components in output order: the parameter ledger's, with the attention core between attention and the FFN.
+COMPONENT_ORDER = ("embed_tokens", "pos_embed", "attention", "attention_core", "linear_attention", "mamba",
+                   "mlp_dense", "router", "experts", "shared_experts", "lm_head")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerGemms:
+    """The forward GEMMs of one layer type over the whole step, and the layers of that type."""
+
+    label: str
+    layers: tuple[int, ...]
+    gemms: tuple[Gemm, ...]
+
+    @property
+    def flops_per_layer(self) -> int:
+        return sum(g.flops for g in self.gemms)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FlopsReport:
+    """Forward, backward and recompute FLOPs of one training step; each is a component → module tree."""
+
+    model: str
+    batch: int
+    seq: int
+    causal: str
+    recompute: str
+    forward: Node
+    backward: Node
+    recomputed: Node
+    training: Node
+    """forward + backward + recompute: the step's total, with those three as children."""
+    layer_types: tuple[LayerGemms, ...]
+    head: tuple[Gemm, ...]
+    notes: tuple[str, ...]
+    conventions: tuple[str, ...]
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    @property
+    def training_flops(self) -> int:
+        return self.training.value
+
+    def per_sequence(self, node: Node) -> int:
+        """A step figure per sequence: exact, since every term is linear in the batch."""
+        return node.value // self.batch
+
+    def to_dict(self) -> dict:
+        def fig(node: Node) -> dict:
+            return {"per_step": node.value, "per_sequence": self.per_sequence(node),
+                    "per_token": node.value / self.tokens}
+
+        return {
+            "model": self.model, "batch": self.batch, "seq": self.seq, "tokens": self.tokens,
+            "causal": self.causal, "recompute": self.recompute,
+            "forward_flops": self.forward.value, "backward_flops": self.backward.value,
+            "recompute_flops": self.recomputed.value, "training_flops": self.training.value,
+            "forward": fig(self.forward), "backward": fig(self.backward), "recompute": fig(self.recomputed),
+            "training": fig(self.training),
+            "forward_components": self.forward.flat(),
+            "tree": self.training.to_dict(),
+            "layer_types": [{"label": lt.label, "layers": len(lt.layers), "forward_flops_per_layer":
+                             lt.flops_per_layer, "gemms": [_gemm_dict(g) for g in lt.gemms]}
+                            for lt in self.layer_types],
+            "head_gemms": [_gemm_dict(g) for g in self.head],
+            "notes": list(self.notes), "conventions": list(self.conventions),
+        }
+
+
+def _gemm_dict(g: Gemm) -> dict:
+    return {"name": g.name, "component": g.component, "m": g.m, "k": g.k, "n": g.n, "count": g.count,
+            "forward_flops": g.flops}
+
+
+def _tree(name: str, per_module: dict[str, dict[str, int]], notes: dict[str, str]) -> Node:
+    comps = []
+    for c in COMPONENT_ORDER:
+        mods = per_module.get(c, {})
+        kids = tuple(Node(name=m, value=v, unit="flops") for m, v in mods.items())
+        comps.append(Node.of(c, kids, "flops", note=notes.get(c, "")))
+    return Node.of(name, comps, "flops")
+
+
+def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "executed",
+                recompute: str = "none") -> FlopsReport:
+    """GEMM FLOPs of one training step of ``batch`` sequences of ``seq`` tokens (see the module docstring)."""
+    problems = []
+    if not isinstance(batch, int) or batch < 1:
+        problems.append(f"batch must be a positive integer; got {batch!r}")
+    if not isinstance(seq, int) or seq < 1:
+        problems.append(f"seq must be a positive integer; got {seq!r}")
+    if causal not in CAUSAL:
+        problems.append(f"causal must be one of {', '.join(CAUSAL)}; got {causal!r}")
+    if recompute not in RECOMPUTE:
+        problems.append(f"recompute must be one of {', '.join(RECOMPUTE)}; got {recompute!r}")
+    if problems:
+        raise TrainmathError("; ".join(problems))
+
+    tokens = batch * seq
+    fwd: dict[str, dict[str, int]] = {}
+    rec: dict[str, dict[str, int]] = {}
+    notes: dict[str, str] = {}
+    report_notes: list[str] = []
+
+    def add(into: dict, g: Gemm, times: int) -> None:
+        mods = into.setdefault(g.component, {})
+        mods[g.name] = mods.get(g.name, 0) + g.flops * times
+
+    layer_types = []
+    for layer, idx in spec.layer_groups():
+        gemms: list[Gemm] = []
+        for b in layer.blocks:
+            gemms += block_gemms(b, batch=batch, seq=seq, causal=causal)
+            if core_note(b.kind) and core_note(b.kind) not in report_notes:
+                report_notes.append(core_note(b.kind))
+                notes["linear_attention" if b.kind == "linear_attention" else "mamba"] = "core not counted"
+        layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms)))
+        for g in gemms:
+            add(fwd, g, len(idx))
+            if recompute == "full" or (recompute == "selective" and g.component == "attention_core"):
+                add(rec, g, len(idx))
+
+    head = linear_gemms(Block(kind="head", tensors=tuple(t for t in spec.post if t.kind == "linear")), tokens)
+    for g in head:
+        add(fwd, g, 1)
+    if spec.tie_word_embeddings:
+        notes["lm_head"] = "tied to embed_tokens: the matmul still runs"
+    notes["embed_tokens"] = "row lookup: no GEMM"
+
+    forward = _tree("forward", fwd, notes)
+    backward = _tree("backward", {c: {m: 2 * v for m, v in mods.items()} for c, mods in fwd.items()}, notes)
+    recomputed = _tree("recompute", rec, {})
+    training = Node.of("training", [forward, backward, recomputed], "flops",
+                       note=f"{batch} × {seq} tokens, causal={causal}, recompute={recompute}")
+    conventions = (
+        "GEMMs only (2·m·k·n each), as torch.utils.flop_counter counts; norms, activations, softmax, rotary, "
+        "bias adds excluded",
+        "backward = 2 × forward per GEMM (input and weight gradients); embedding lookups 0",
+        f"attention causal={causal}: " + ("every s × s product as eager attention executes it (masked and "
+                                          "sliding-window entries included)" if causal == "executed"
+                                          else "only attended query-key pairs Σ min(i + 1, window)"),
+        "MoE: top_k routed experts per token (the active experts), router and shared experts on every token",
+        f"recompute={recompute}: " + {"none": "no recomputation",
+                                      "selective": "attention core forward again (Korthikanti et al. 2022)",
+                                      "full": "forward of every decoder layer again (LM head not)"}[recompute],
+    )
+    return FlopsReport(model=spec.name, batch=batch, seq=seq, causal=causal, recompute=recompute, forward=forward,
+                       backward=backward, recomputed=recomputed, training=training, layer_types=tuple(layer_types),
+                       head=tuple(head), notes=tuple(report_notes) + spec.notes, conventions=conventions)
