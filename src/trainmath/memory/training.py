@@ -134,6 +134,10 @@ def _call(fn, *args, **kwargs):
     return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
 
 
+def _mentions(node: Node, word: str) -> bool:
+    return any(word in n.name for _, n in node.walk())
+
+
 def _scaled(node: Node, k: int, name: str | None = None, note: str = "") -> Node:
     kids = tuple(_scaled(c, k) for c in node.children)
     return Node(name=name or node.name, value=node.value * k, unit=node.unit, children=kids,
@@ -238,13 +242,20 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         in_flight = min(in_flight, setup.micro_batches)
     ms = st.model_states(pl, layout, prec, setup.optimizer, impl=setup.optimizer_impl,
                          granularity=setup.granularity)
-    act = _call(am.activation_bytes, spec, micro_batch=setup.micro_batch, seq=setup.seq, profile=setup.profile,
+    # The activation model's "eager" profile is transformers with attn_implementation="eager" (s² scores saved).
+    profile = "eager" if setup.attention == "eager" and setup.profile == "hf" else setup.profile
+    act = _call(am.activation_bytes, spec, micro_batch=setup.micro_batch, seq=setup.seq, profile=profile,
                 recompute=setup.recompute, attention=setup.attention, compute_dtype_bytes=prec.compute_bytes,
-                tp=layout.tp, sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers))
+                param_dtype_bytes=prec.weight_bytes, tp=layout.tp, sp=layout.sp, cp=layout.cp, pp=1,
+                layers=list(pl.layers))
+    copies = weight_copies_bytes(pl, prec, in_flight)
+    if copies and prec.name == "amp-bf16" and _mentions(act, "weight"):
+        copies = 0  # the activation model already counts autocast's weight casts as saved tensors
     act = _scaled(act, in_flight, "activations_bytes",
                   note=f"{in_flight} micro-batch(es) in flight × {act.value:,} bytes")
     if last:
-        logits = _call(am.logits_bytes, spec, setup.micro_batch, setup.seq, profile=setup.profile,
+        logits = _call(am.logits_bytes, spec, setup.micro_batch, setup.seq, profile=profile,
+                       param_dtype_bytes=prec.weight_bytes,
                        compute_dtype_bytes=prec.compute_bytes, tp=layout.tp, sp=layout.sp, cp=layout.cp)
         logits = _scaled(logits, 1, "logits_bytes")
         up, ce = loss_transients(spec, setup, layout)
@@ -256,7 +267,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                   "master_weights_bytes": ms.master_weights_bytes,
                   "optimizer_states_bytes": ms.optimizer_states_bytes, "framework_overhead_bytes": overhead}
     backward = {"activations_bytes": act, "logits_bytes": logits, "logits_fp32_bytes": up,
-                "cross_entropy_grad_bytes": ce, "weight_copies_bytes": weight_copies_bytes(pl, prec, in_flight),
+                "cross_entropy_grad_bytes": ce, "weight_copies_bytes": copies,
                 "zero3_gather_bytes": gather, "zero3_grad_reduce_bytes": reduce}
     step = {"optimizer_step_temporaries_bytes": st.optimizer_temporaries_bytes(pl, layout, prec, setup.optimizer,
                                                                                impl=setup.optimizer_impl),
