@@ -227,6 +227,9 @@ def _activation_model(activation_model):
         from trainmath.memory import activations
     except ModuleNotFoundError as e:  # pragma: no cover - until the activation model lands
         raise TrainmathError("the activation model (trainmath.memory.activations) is not available") from e
+    if not (hasattr(activations, "activation_bytes") and hasattr(activations, "logits_bytes")):
+        raise TrainmathError("the activation model (trainmath.memory.activations) has no activation_bytes / "
+                             "logits_bytes yet")
     return activations
 
 
@@ -249,7 +252,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                 param_dtype_bytes=prec.weight_bytes, tp=layout.tp, sp=layout.sp, cp=layout.cp, pp=1,
                 layers=list(pl.layers))
     copies = weight_copies_bytes(pl, prec, in_flight)
-    if copies and prec.name == "amp-bf16" and _mentions(act, "weight"):
+    if copies and prec.name == "amp-bf16" and _mentions(act, "weight"):  # (the LM head's cast is in logits)
         copies = 0  # the activation model already counts autocast's weight casts as saved tensors
     act = _scaled(act, in_flight, "activations_bytes",
                   note=f"{in_flight} micro-batch(es) in flight × {act.value:,} bytes")
@@ -259,6 +262,11 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                        compute_dtype_bytes=prec.compute_bytes, tp=layout.tp, sp=layout.sp, cp=layout.cp)
         logits = _scaled(logits, 1, "logits_bytes")
         up, ce = loss_transients(spec, setup, layout)
+        # The activation model's logits tree may already hold the fp32 log-probabilities and, as a transient, the
+        # fp32 upcast (freed before backward starts): count only what backward adds beyond them.
+        if _mentions(logits, "log_softmax"):
+            up = 0
+        ce = max(0, ce - sum(n.value for _, n in logits.walk() if not n.children and "logits_fp32" in n.name))
     else:
         logits, up, ce = Node(name="logits_bytes", value=0, unit="bytes", note="not on this stage"), 0, 0
     gather, reduce = zero3_buffers(pl, layout, prec)
