@@ -145,6 +145,8 @@ def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
     except (UnicodeDecodeError, ValueError) as e:
         raise _bad(path, f"not a JSON index ({str(e).splitlines()[0][:100]})") from None
     wm = data.get("weight_map") if isinstance(data, dict) else None
+    if wm is None and isinstance(data, dict) and "model_type" in data:
+        raise _bad(path, "this is a model config, not a safetensors index; pass it with --config")
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         raise _bad(path, "not a safetensors index: no weight_map object of tensor name → file name")
     total = (data.get("metadata") or {}).get("total_size")
@@ -178,7 +180,7 @@ def _from_index(path: Path) -> Checkpoint:
         _merge(found, tensors)
         problems += probs
     for name, s in wm.items():
-        if name not in found or found[name].file != s:
+        if name not in found or found[name].file != Path(s).name:
             where = found[name].file if name in found else "no shard"
             problems.append(f"index maps {name} to {s}, but it is in {where}")
     problems += [f"{name} is in {found[name].file} but not in the index" for name in found if name not in wm]
@@ -237,8 +239,8 @@ def load_checkpoint(paths: list[str]) -> Checkpoint:
 
 def from_hub(repo_id: str) -> Checkpoint:
     """Headers of a Hub repo via ``huggingface_hub.get_safetensors_metadata`` (HTTP range reads, no data)."""
-    hint = (f"cannot read the safetensors headers of {repo_id!r} from the Hugging Face Hub; download its "
-            f"model.safetensors.index.json or .safetensors files and pass their paths instead")
+    hint = (f"{repo_id!r} is no local path, and its safetensors headers could not be read from the Hugging Face "
+            f"Hub; download its model.safetensors.index.json or .safetensors files and pass their paths instead")
     if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
         raise TrainmathError(hint + " (HF_HUB_OFFLINE is set)")
     try:
@@ -375,6 +377,10 @@ def compare(spec: ModelSpec, ckpt: Checkpoint, *, ledger_params: int, dtype: str
     """Match ``ckpt`` against ``named_tensors(spec)`` by name and shape, and its parameters against the ledger.
 
     ``dtype`` is used only when the index alone was read: total_size ÷ bytes per element = parameters."""
+    st = DTYPE_ALIASES.get(dtype.lower(), dtype.upper())
+    if st not in DTYPE_BITS or DTYPE_BITS[st] % 8:
+        raise TrainmathError(f"--dtype {dtype!r} is not a whole-byte dtype; use one of "
+                             f"{', '.join(DTYPE_ALIASES)} or a safetensors dtype such as BF16")
     main = {n: (tuple(s), t) for n, s, t in named_tensors(spec, include_tied=True)}
     groups = [(e, {n: tuple(s) for n, s, _ in named_tensors(replace(spec, pre=(), layers=(), post=(), extras=(e,)),
                                                                include_extras=True)}) for e in spec.extras]
@@ -427,6 +433,14 @@ def compare(spec: ModelSpec, ckpt: Checkpoint, *, ledger_params: int, dtype: str
             matched += 1
             params += found.numel
 
+    for e, names in groups:  # quantised tensors of the extras (an FP8 checkpoint's MTP layer)
+        for name in names:
+            if name in quant:
+                parts = ([tensors[name]] if tensors is not None and name in tensors else []) + (
+                    [tensors[q] for q in quant[name]] if tensors is not None else [])
+                quantised.append({"name": name, "expected": list(names[name]), "extras": e.label,
+                                  "stored": [_desc(p) for p in parts] or [{"name": q} for q in quant[name]]})
+
     extras = []
     extras_found_params = 0
     for e, names in groups:
@@ -452,10 +466,6 @@ def compare(spec: ModelSpec, ckpt: Checkpoint, *, ledger_params: int, dtype: str
         checkpoint_params = params
         params_from = "safetensors headers (shapes)"
     else:
-        st = DTYPE_ALIASES.get(dtype.lower(), dtype.upper())
-        if st not in DTYPE_BITS or DTYPE_BITS[st] % 8:
-            raise TrainmathError(f"--dtype {dtype!r} is not a whole-byte dtype; use one of "
-                                 f"{', '.join(DTYPE_ALIASES)} or a safetensors dtype")
         width = DTYPE_BITS[st] // 8
         params_from = f"index total_size ÷ {width} bytes (--dtype {dtype}, assumed for every tensor; shapes unread)"
         if ckpt.index_total_size is None:

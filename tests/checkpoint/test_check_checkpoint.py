@@ -195,6 +195,7 @@ def _bad_inputs(tmp_path, good):
         "offsets disagree with shape": ([badoff, "--config", good], "needs 128"),
         "index not JSON": ([idx, "--config", good], "not a JSON index"),
         "index without weight_map": ([noweights, "--config", good], "no weight_map"),
+        "config passed as index": ([good / "config.json"], "pass it with --config"),
         "missing file": ([tmp_path / "nope.safetensors", "--config", good], "no such file"),
         "empty directory": ([empty, "--config", good], "holds no"),
         "shard missing beside index": ([partial], "1 of 2 shard files are missing"),
@@ -205,7 +206,7 @@ def _bad_inputs(tmp_path, good):
 
 
 BAD = ["truncated header", "header not JSON", "shorter than 8 bytes", "offsets disagree with shape",
-       "index not JSON", "index without weight_map", "missing file", "empty directory",
+       "index not JSON", "index without weight_map", "config passed as index", "missing file", "empty directory",
        "shard missing beside index", "no config", "bad --config"]
 
 

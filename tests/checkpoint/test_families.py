@@ -124,3 +124,20 @@ def test_fp8_weights_with_scales(capsys, tmp_path):
     assert r["missing"] == r["unexpected"] == r["shape_mismatches"] == []
     assert r["checkpoint_params"] == r["ledger_params"] and r["quantised_left_out_params"] == 0
     assert r["params_by_dtype"]["F32"] == 14
+
+
+def test_fp8_extras_are_listed_as_quantised(capsys, tmp_path):
+    """An FP8 DeepSeek-V3 checkpoint quantises the MTP layer too: its scales are listed, labelled as extras."""
+    shapes = ledger_shapes(DEEPSEEK_V3, include_extras=True)
+    header = {n: ("BF16", s, 2 * int(np.prod(s))) for n, s in shapes.items()}
+    name = "model.layers.2.eh_proj.weight"
+    header[name] = ("F8_E4M3", shapes[name], int(np.prod(shapes[name])))
+    header["model.layers.2.eh_proj.weight_scale_inv"] = ("F32", (1, 1), 4)
+    write_raw(tmp_path / "model.safetensors", header)
+    (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_V3))
+    code, r = run_json(capsys, tmp_path)
+    assert code == 1 and r["unexpected"] == []
+    (q,) = r["quantised"]
+    assert q["name"] == name and q["extras"].startswith("multi-token prediction")
+    assert [s["dtype"] for s in q["stored"]] == ["F8_E4M3", "F32"]
+    assert r["checkpoint_params"] == r["ledger_params"]

@@ -96,7 +96,8 @@ def render(r, config: str) -> str:
             stored = ", ".join(s["name"].rsplit(".", 1)[-1] + (f" {s['dtype']} {_shape(s['shape'])}" if "dtype" in s
                                                                else "") for s in q["stored"])
             logical = f"  [{q['logical_params']:,} 4-bit values]" if "logical_params" in q else ""
-            lines.append(f"  {q['name']} {_shape(q['expected'])}: {stored}{logical}")
+            where = f"  [extras: {q['extras']}]" if "extras" in q else ""
+            lines.append(f"  {q['name']} {_shape(q['expected'])}: {stored}{logical}{where}")
     for e in r.extras:
         state = ("absent" if e.found == 0 else "all present" if e.found == e.expected else
                  f"{e.found} of {e.expected} present")
