@@ -304,3 +304,22 @@ def test_sub_byte_and_all_dtypes_sizes(tmp_path):
         write_raw(tmp_path / "a.safetensors", {"x": (dtype, (3, 5), -(-15 * bits // 8))})
         (t,) = ck.read_header(tmp_path / "a.safetensors")[0].values()
         assert t.dtype == dtype and t.numel == 15
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_index_only_tied_lm_head(capsys, tmp_path, stored):
+    """Index alone: a stored copy of a tied lm_head is in total_size but not in the count."""
+    cfg = {**TINY_QWEN3, "tie_word_embeddings": True}
+    d = write_checkpoint(tmp_path / "full", cfg, shapes=ledger_shapes(cfg, include_tied=stored))
+    (tmp_path / "model.safetensors.index.json").write_text((d / "model.safetensors.index.json").read_text())
+    code, r = run_json(capsys, tmp_path / "model.safetensors.index.json", "--config", d, "--dtype", "F16")
+    assert code == 0, r["verdict"]
+    assert r["checkpoint_params"] == r["ledger_params"] == 90_496 - 128 * 64
+    assert r["index_total_size"] == 2 * (90_496 - 128 * 64 * (not stored))
+
+
+def test_stdlib_only():
+    """The reader and the CLI module import neither torch, numpy, safetensors nor huggingface_hub."""
+    code = ("import sys\nfor m in ('torch', 'numpy', 'safetensors', 'huggingface_hub'): sys.modules[m] = None\n"
+            "import trainmath.checkpoint, trainmath.cli.check_checkpoint")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
