@@ -1,0 +1,433 @@
+"""Activation memory: the bytes a training step saves for backward, per layer type and per saved tensor.
+
+Two profiles describe two implementations:
+
+- ``hf`` (default): transformers 5.x modeling code with SDPA attention, ``use_cache=False``, no padding mask (SDPA
+  runs ``is_causal`` and native GQA), dropout 0. Every term is one tensor that autograd keeps, found by running the
+  modeling code under ``torch.autograd.graph.saved_tensors_hooks`` and counting distinct storages (parameters
+  excluded); ``tests/activations`` asserts exact equality on tiny models. ``eager`` is the same with
+  ``attn_implementation="eager"`` (the s² softmax is saved).
+- ``megatron``: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. (1)-(2)
+  and Table 2: sbh(34 + 5as/h) per layer with TP/SP/selective variants (``activations_megatron`` below).
+
+Precision is two numbers: ``compute_dtype_bytes`` (what matmuls produce) and ``param_dtype_bytes`` (the parameters'
+dtype). 2 and 4 is bf16 autocast (fp32 master weights): the residual stream is fp32, every Linear saves its own bf16
+cast of an fp32 input, and each Linear's weight is cast once per step and kept for backward ("autocast weight
+copies"). 2 and 2 is a pure-bf16 model; 4 and 4 is fp32.
+
+Symbols: b micro-batch, s sequence, T = b·s tokens, d hidden, h/h_kv heads, h_d head dim, q = h·h_d, kv = h_kv·h_d,
+f MLP width, c compute bytes, r residual-stream bytes (4 under autocast), V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trainmath.errors import TrainmathError
+from trainmath.model.spec import AttentionDims, Block, LayerSpec, MLADims, MLPDims, MoEDims, ModelSpec
+from trainmath.tree import Node
+
+PROFILES = ("hf", "eager", "megatron")
+RECOMPUTE = ("none", "selective", "full")
+HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+INT64 = 8
+FP32 = 4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Precision:
+    """The dtypes of one run, in bytes per element."""
+
+    compute: int
+    """Dtype matmuls produce: 2 under bf16/fp16 autocast or a bf16 model, 4 in fp32."""
+    param: int
+    """Dtype of the parameters: 4 with autocast (fp32 master weights), 2 for a bf16 model."""
+
+    @property
+    def autocast(self) -> bool:
+        """Parameters wider than the compute dtype: every Linear casts its input and weight."""
+        return self.param > self.compute
+
+    @property
+    def residual(self) -> int:
+        """The residual stream's dtype: the embedding's (param) dtype; bf16 + fp32 adds promote to fp32."""
+        return self.param
+
+
+def _leaf(name: str, value: int, note: str = "") -> Node:
+    return Node(name=name, value=value, unit="bytes", note=note)
+
+
+def rmsnorm_saved(prefix: str, rows: int, width: int, in_bytes: int) -> list[Node]:
+    """RMSNorm as transformers writes it: ``x.to(fp32)``; ``x * rsqrt(mean(x²) + eps)``; ``w * y.to(in_dtype)``.
+
+    Saved (derived from the code, checked by the oracle): the fp32 x (pow and mul save it; it is x itself when x is
+    fp32), rsqrt per row (fp32), and y in x's dtype (the weight's mul saves it). The output is not saved here.
+    """
+    return [
+        _leaf(f"{prefix}.x_fp32", FP32 * rows * width, "fp32 copy of the input (the input itself if fp32)"),
+        _leaf(f"{prefix}.rsqrt", FP32 * rows, "one fp32 per row"),
+        _leaf(f"{prefix}.normalized", in_bytes * rows * width, "x·rsqrt in the input dtype"),
+    ]
+
+
+def linear_inputs(prefix: str, names: Sequence[str], tokens: int, width: int, p: Precision) -> list[Node]:
+    """Inputs saved by Linears that read the same tensor (q/k/v; gate/up; router). Without autocast they share one
+    storage (counted once); under autocast each Linear saves its own compute-dtype cast of the fp32 input."""
+    if p.autocast:
+        return [_leaf(f"{n}.input_cast", p.compute * tokens * width, "autocast copy, one per Linear")
+                for n in names]
+    return [_leaf(f"{prefix}.input", p.compute * tokens * width, "shared by " + ", ".join(names))]
+
+
+def weight_copies(block: Block, p: Precision, experts_hit: int | None = None) -> list[Node]:
+    """Autocast casts each Linear weight to the compute dtype once per step and backward keeps the copy
+    (c bytes per weight element). Routed experts (transformers' eager expert loop) are sliced then cast on every
+    call, so a copy exists per expert that received tokens: ``experts_hit`` (default: all)."""
+    if not p.autocast:
+        return []
+    out = []
+    for t in block.tensors:
+        if t.kind != "linear":
+            continue
+        n = t.experts if experts_hit is None else min(experts_hit, t.experts)
+        copies = n if t.experts else 1
+        out.append(_leaf(f"{t.name}.weight_cast" if not t.name.endswith(".weight") else t.name + "_cast",
+                         p.compute * t.numel * copies))
+    return out
+
+
+def _has(block: Block, fragment: str) -> bool:
+    return any(fragment in t.name for t in block.tensors)
+
+
+def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager: bool) -> list[Node]:
+    """Grouped-query attention after the input norm: q/k/v inputs, optional q/k RMSNorm, the attention core, o_proj.
+
+    SDPA (CPU flash kernel, or CUDA flash): saves query, key (rotary outputs, compute dtype), value (v_proj output),
+    the output (shared with o_proj's input: the output is laid out (b, s, h, h_d), so the transpose is free) and
+    logsumexp (fp32, b·h·s). CUDA's memory-efficient kernel pads logsumexp to a multiple of 32 queries and both CUDA
+    kernels add an 8-byte RNG seed and offset: not counted. Eager: copies of q, k, v at h heads (repeat_kv / bmm),
+    the fp32 softmax (4·b·h·s²) and its compute-dtype cast (2·b·h·s², the same tensor in fp32), and a contiguous
+    o_proj input.
+    """
+    dims = block.dims
+    if not isinstance(dims, AttentionDims):
+        raise TrainmathError(f"attention block without AttentionDims: {block.kind}")
+    T = b * s
+    h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
+    q, kv = h * hd, hkv * hd
+    c = p.compute
+    out = linear_inputs("self_attn.qkv", ["q_proj", "k_proj", "v_proj"], T, d, p)
+    if _has(block, "q_norm"):
+        out += rmsnorm_saved("self_attn.q_norm", T * h, hd, c)
+        out += rmsnorm_saved("self_attn.k_norm", T * hkv, hd, c)
+    if not eager:
+        out += [
+            _leaf("sdpa.query", c * T * q, "rotary output (its cast under autocast)"),
+            _leaf("sdpa.key", c * T * kv),
+            _leaf("sdpa.value", c * T * kv, "v_proj output"),
+            _leaf("sdpa.output", c * T * q, "also o_proj's input"),
+            _leaf("sdpa.logsumexp", FP32 * b * h * s),
+        ]
+    else:
+        out += [
+            _leaf("eager.query", c * T * q, "contiguous copy for bmm"),
+            _leaf("eager.key", c * T * q, "repeated to h heads"),
+            _leaf("eager.softmax_fp32", FP32 * b * h * s * s),
+        ]
+        if c != FP32:
+            out.append(_leaf("eager.probs", c * b * h * s * s, "softmax cast to compute dtype"))
+        out += [
+            _leaf("eager.value", c * T * q, "repeated to h heads"),
+            _leaf("o_proj.input", c * T * q, "transpose(1, 2).contiguous() of the output"),
+        ]
+    return out
+
+
+def gated_mlp_saved(prefix: str, tokens: int, d: int, f: int, p: Precision, *, input_saved: bool = True
+                    ) -> list[Node]:
+    """SwiGLU ``down(act(gate(x)) * up(x))``: x (see ``linear_inputs``), gate output (act saves its input), act
+    output and up output (the product saves both), the product (down's input): 4·c·T·f."""
+    c = p.compute
+    out = linear_inputs(f"{prefix}.gate_up", [f"{prefix}.gate_proj", f"{prefix}.up_proj"], tokens, d, p) \
+        if input_saved else []
+    return out + [
+        _leaf(f"{prefix}.gate_out", c * tokens * f),
+        _leaf(f"{prefix}.act_out", c * tokens * f),
+        _leaf(f"{prefix}.up_out", c * tokens * f),
+        _leaf(f"{prefix}.down_proj.input", c * tokens * f),
+    ]
+
+
+def moe_saved(block: Block, *, T: int, d: int, p: Precision, norm_topk_prob: bool = True) -> list[Node]:
+    """Qwen3-MoE/Mixtral sparse block with ``experts_implementation="eager"`` (a loop over hit experts).
+
+    Router: its input (``linear_inputs``), fp32 softmax (4·T·n), top-k indices (8·T·k); with ``norm_topk_prob``
+    the in-place renormalisation also saves the fp32 top-k values (4·T·k) and their sum (4·T). Per expert e with n_e tokens
+    (torch.where gives token and slot indices in one (n_e, 2) int64 storage): the gathered input (c·n_e·d), gate_up
+    output (2c·n_e·f: gate and up are views of it), act output and product (c·n_e·f each), its routing weight
+    (c·n_e), down output (c·n_e·d) and the index_add source in the residual dtype (r·n_e·d). Σ n_e = T·k for any
+    routing, so the total is routing-independent: T·k·(16 + c(2d + 4f + 1) + r·d) bytes.
+    """
+    dims = block.dims
+    if not isinstance(dims, MoEDims):
+        raise TrainmathError(f"moe block without MoEDims: {block.kind}")
+    c, r = p.compute, p.residual
+    n, k, f = dims.experts, dims.top_k, dims.expert_intermediate
+    tk = T * k
+    out = linear_inputs("router", ["router"], T, d, p)
+    out += [
+        _leaf("router.softmax_fp32", FP32 * T * n),
+        _leaf("router.topk_indices", INT64 * T * k),
+        *([_leaf("router.topk_values", FP32 * T * k), _leaf("router.topk_sum", FP32 * T)] if norm_topk_prob else []),
+        _leaf("experts.token_slot_indices", 2 * INT64 * tk),
+        _leaf("experts.gathered_input", c * tk * d),
+        _leaf("experts.gate_up_out", 2 * c * tk * f),
+        _leaf("experts.act_out", c * tk * f),
+        _leaf("experts.down_proj.input", c * tk * f),
+        _leaf("experts.routing_weight", c * tk),
+        _leaf("experts.down_out", c * tk * d),
+        _leaf("experts.index_add_source", r * tk * d),
+    ]
+    if dims.shared_intermediate:
+        out += gated_mlp_saved("shared_expert", T, d, dims.shared_intermediate, p)
+    return out
+
+
+def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager: bool,
+                experts_hit: int | None = None, norm_topk_prob: bool = True) -> Node:
+    """Everything one decoder layer saves for backward (hf profile, no recompute): its input norm (whose fp32 x
+    is the layer input itself when the residual stream is fp32), the mixer, the post-attention norm (on the
+    residual after attention), the FFN, and under autocast the layer's weight copies. Residual adds save nothing."""
+    T = b * s
+    mixer = next((bl for bl in layer.blocks if bl.kind in ("attention", "mla", "linear_attention", "mamba")), None)
+    ffn = next((bl for bl in layer.blocks if bl.kind in ("mlp", "moe")), None)
+    norms = next((bl for bl in layer.blocks if bl.kind == "norm"), None)
+    names = [t.name for t in norms.tensors] if norms else []
+    if mixer is None or mixer.kind != "attention" or ffn is None or names != [
+            "input_layernorm.weight", "post_attention_layernorm.weight"]:
+        raise TrainmathError(f"the hf activation profile covers pre-norm attention + MLP/MoE layers "
+                             f"({', '.join(HF_FAMILIES)}); layer {layer.label!r} has blocks "
+                             f"{[bl.kind for bl in layer.blocks]} and norms {names}")
+    r = p.residual
+    kids = rmsnorm_saved("input_layernorm", T, d, r)  # its output (w·y) is saved by the Linears that read it
+    kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager)
+    kids += rmsnorm_saved("post_attention_layernorm", T, d, r)
+    if isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
+        kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
+    elif isinstance(ffn.dims, MoEDims):
+        kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=norm_topk_prob)
+    else:
+        raise TrainmathError(f"the hf activation profile has no rule for a plain (non-gated) MLP: {layer.label!r}")
+    activ = Node.of("activations", kids, "bytes")
+    copies = weight_copies(mixer, p) + weight_copies(ffn, p, experts_hit)
+    parts = [activ]
+    if copies:
+        parts.append(Node.of("autocast weight copies", copies, "bytes",
+                             note="compute-dtype casts of the fp32 weights, kept for backward"))
+    return Node.of(layer.label, parts, "bytes")
+
+
+def _rope_dim(spec: ModelSpec) -> int:
+    for layer in spec.layers:
+        for bl in layer.blocks:
+            if isinstance(bl.dims, AttentionDims):
+                return bl.dims.head_dim
+            if isinstance(bl.dims, MLADims):
+                return bl.dims.qk_rope_head_dim
+    return 0
+
+
+def _check(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise TrainmathError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+
+
+def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: str = "hf",
+                     recompute: str = "none", compute_dtype_bytes: int = 2, tp: int = 1, sp: bool = False,
+                     cp: int = 1, pp: int = 1, layers: Sequence[int] | None = None,
+                     param_dtype_bytes: int = 4, experts_hit: int | None = None,
+                     norm_topk_prob: bool = True) -> Node:
+    """Bytes saved for backward by one micro-batch on one rank: per layer type (× its layers) → per saved tensor,
+    plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin, computed once, shared by all layers).
+    The final norm and the LM head/loss path are in ``logits_bytes``.
+
+    ``recompute="full"``: transformers' ``gradient_checkpointing_enable()`` (``use_reentrant=False`` in 5.x): each
+    layer keeps only its input (r·T·d); the backward recomputes one layer at a time, reported as the separate child
+    ``recompute transient`` (the largest layer's no-recompute bytes). ``selective`` (hf): not supported; see
+    ``activations_megatron`` for Korthikanti's selective recompute.
+
+    ``layers``: indices of the layers on this rank (default: all, or ``pp`` equal stages' first stage).
+    ``experts_hit``: routed experts that received tokens (only changes the autocast weight copies; default all).
+    ``norm_topk_prob``: the MoE config flag of that name (Qwen3-MoE Hub configs set it; Mixtral always
+    renormalises); the spec does not carry it.
+    The hf profile is single-device: ``tp``/``sp``/``cp`` other than 1 raise.
+    """
+    _check("profile", profile, PROFILES)
+    _check("recompute", recompute, RECOMPUTE)
+    _check("compute_dtype_bytes", compute_dtype_bytes, (2, 4))
+    _check("param_dtype_bytes", param_dtype_bytes, (2, 4))
+    if micro_batch < 1 or seq < 1:
+        raise TrainmathError(f"micro_batch ({micro_batch}) and seq ({seq}) must be positive")
+    if param_dtype_bytes < compute_dtype_bytes:
+        raise TrainmathError(f"param_dtype_bytes ({param_dtype_bytes}) below compute_dtype_bytes "
+                             f"({compute_dtype_bytes}) is not a transformers training setup")
+    indices = _rank_layers(spec, layers, pp)
+    if profile == "megatron":
+        return activations_megatron(spec, micro_batch=micro_batch, seq=seq, recompute=recompute, tp=tp, sp=sp,
+                                    cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes)
+    if (tp, sp, cp) != (1, False, 1):
+        raise TrainmathError(f"the {profile} profile is single-device (tp={tp}, sp={sp}, cp={cp}); use "
+                             f"profile='megatron' for tensor/sequence/context parallelism")
+    if recompute == "selective":
+        raise TrainmathError("recompute='selective' is defined for profile='megatron' only: transformers has no "
+                             "selective checkpointing, and with SDPA there is no s² tensor to drop")
+    p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
+    b, s, d = micro_batch, seq, spec.hidden_size
+    T = b * s
+    groups = []
+    largest: Node | None = None
+    for layer, idx in spec.layer_groups():
+        mine = [i for i in idx if i in indices]
+        if not mine:
+            continue
+        one = layer_saved(layer, b=b, s=s, d=d, p=p, eager=profile == "eager", experts_hit=experts_hit,
+                          norm_topk_prob=norm_topk_prob)
+        if largest is None or one.value > largest.value:
+            largest = one
+        if recompute == "full":
+            one = Node.of(layer.label, [_leaf("layer input (checkpoint)", p.residual * T * d)], "bytes")
+        groups.append(_scaled(one, len(mine), f"{layer.label} × {len(mine)}",
+                              f"layers {mine[0]}..{mine[-1]}, {one.value} bytes each"))
+    kids = [Node.of("layers", groups, "bytes")]
+    if 0 in indices:
+        kids.append(Node.of("embedding", [_leaf("input_ids", INT64 * T, "indices saved by the embedding")], "bytes"))
+    if indices:
+        rope = _rope_dim(spec)
+        kids.append(Node.of("rotary", [_leaf("cos", p.residual * s * rope), _leaf("sin", p.residual * s * rope)],
+                            "bytes", note="(1, s, rope_dim) in the embedding dtype, shared by every layer"))
+    if recompute == "full" and largest is not None:
+        kids.append(Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
+                         note="one layer's saved tensors while it is recomputed in backward"))
+    return Node.of(f"activations ({profile}, recompute={recompute})", kids, "bytes",
+                   note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B")
+
+
+def _scaled(node: Node, k: int, name: str | None = None, note: str | None = None) -> Node:
+    """``node`` with every value multiplied by k (k equal layers)."""
+    return Node(name=name or node.name, value=node.value * k, unit=node.unit, note=node.note if note is None else note,
+                children=tuple(_scaled(c, k) for c in node.children))
+
+
+def _rank_layers(spec: ModelSpec, layers: Sequence[int] | None, pp: int) -> list[int]:
+    n = spec.num_layers
+    if layers is not None:
+        bad = [i for i in layers if not 0 <= i < n]
+        if bad:
+            raise TrainmathError(f"layers {bad} out of range for {n} layers")
+        return sorted(set(layers))
+    if pp < 1 or pp > n:
+        raise TrainmathError(f"pp ({pp}) must be between 1 and the number of layers ({n})")
+    return list(range(-(-n // pp)))  # the first stage, which holds the most in-flight micro-batches under 1F1B
+
+
+def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_bytes: int = 2,
+                 param_dtype_bytes: int = 4) -> Node:
+    """The final norm, LM head and ``ForCausalLMLoss`` (transformers 5.x, labels given, no ``num_items``):
+
+    saved: final RMSNorm (as every norm), the LM head's input (its cast under autocast), the autocast copy of the
+    LM head weight (V·d·c), ``log_softmax`` of the fp32 logits (4·T·V: the loss upcasts with ``logits.float()``;
+    cross_entropy = log_softmax + nll_loss), the shifted labels (int64 T: labels are padded, not sliced, so all T
+    positions count) and nll's total_weight (4 bytes).
+    not saved but alive: the logits in the compute dtype (c·T·V, held by the model output until it is dropped) and,
+    when c < 4, their fp32 upcast (4·T·V), freed once log_softmax has run: the transient peak of the loss.
+    """
+    p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
+    T, d, V = micro_batch * seq, spec.hidden_size, spec.vocab_size
+    saved = rmsnorm_saved("norm", T, d, p.residual)
+    saved += linear_inputs("lm_head", ["lm_head"], T, d, p)
+    if p.autocast:
+        saved.append(_leaf("lm_head.weight_cast", p.compute * V * d))
+    saved += [_leaf("log_softmax_fp32", FP32 * T * V), _leaf("labels", INT64 * T), _leaf("total_weight", FP32)]
+    held = [_leaf("logits", p.compute * T * V, "returned in the output")]
+    if p.compute != FP32:
+        held.append(_leaf("logits_fp32 (transient)", FP32 * T * V, "logits.float() in ForCausalLMLoss"))
+    return Node.of("logits and loss", [Node.of("saved", saved, "bytes"), Node.of("not saved", held, "bytes")],
+                   "bytes", note=f"V={V}, T={T}")
+
+
+def megatron_layer_terms(*, s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, selective: bool = False,
+                         cp: int = 1, act_bytes: int = 2) -> list[Node]:
+    """Korthikanti et al. 2022, §4.1 and Table 2: one GPT layer's activations, tensor by tensor.
+
+    Attention (11sbh + 5as²b with 2-byte activations): QKV input 2sbh, Q and K 4sbh, softmax 2as²b, its dropout
+    mask as²b, dropout output 2as²b, V 2sbh, output projection input 2sbh, dropout mask sbh. MLP (19sbh): input
+    2sbh, first Linear output 8sbh, GeLU output 8sbh, dropout mask sbh. Two LayerNorm inputs: 4sbh. Total
+    sbh(34 + 5as/h). Tensor parallelism t divides the 24sbh + 5as²b inside the attention and MLP blocks; sequence
+    parallelism also divides the 10sbh of LayerNorms, dropouts and block inputs; selective recompute drops the
+    5as²b core-attention term. Masks are 1 byte, other tensors ``act_bytes`` (the paper: 2). Context parallelism
+    cp (derived, not in the paper): each rank keeps s/cp queries, so every term is divided by cp.
+    """
+    x = act_bytes
+    sbh = s * b * h
+    rep = t if sp else 1  # the parts Table 2 keeps replicated without sequence parallelism
+    terms = [
+        ("layernorm inputs", 2 * x * sbh, rep),
+        ("attention: QKV input", x * sbh, rep),
+        ("attention: Q, K", 2 * x * sbh, t),
+        ("attention: V", x * sbh, t),
+        ("attention: projection input", x * sbh, t),
+        ("attention: dropout mask", sbh, rep),
+        ("mlp: input", x * sbh, rep),
+        ("mlp: first linear output", 4 * x * sbh, t),
+        ("mlp: GeLU output", 4 * x * sbh, t),
+        ("mlp: dropout mask", sbh, rep),
+    ]
+    if not selective:
+        terms += [
+            ("attention: softmax output", x * a * s * s * b, t),
+            ("attention: softmax dropout mask", a * s * s * b, t),
+            ("attention: dropout output", x * a * s * s * b, t),
+        ]
+    out = []
+    for name, value, div in terms:
+        out.append(_leaf(name, value // (div * cp), f"/{div * cp}" if div * cp > 1 else ""))
+    return out
+
+
+def activations_megatron(spec: ModelSpec, *, micro_batch: int, seq: int, recompute: str = "none", tp: int = 1,
+                         sp: bool = False, cp: int = 1, layers: Sequence[int] = (), compute_dtype_bytes: int = 2
+                         ) -> Node:
+    """The ``megatron`` profile: Korthikanti et al. 2022 per layer (``megatron_layer_terms``) × layers on the rank.
+    Full recompute keeps each layer's input, 2sbh (Table 2 last row; /t with sequence parallelism).
+    Heads a and hidden h are read from the spec (a = query heads, h = hidden size), as the paper's GPT has them.
+    Embedding, final norm and logits are not in Table 2 and are not added."""
+    if tp < 1 or cp < 1:
+        raise TrainmathError(f"tp ({tp}) and cp ({cp}) must be at least 1")
+    if sp and tp == 1:
+        raise TrainmathError("sp=True needs tp > 1 (sequence parallelism splits along the tensor-parallel group)")
+    if seq % (tp if sp else 1) or seq % cp:
+        raise TrainmathError(f"seq ({seq}) must be divisible by tp ({tp}) with sp and by cp ({cp})")
+    heads = _heads(spec)
+    b, s, h = micro_batch, seq, spec.hidden_size
+    if recompute == "full":
+        one = [_leaf("layer input (checkpoint)", compute_dtype_bytes * s * b * h // ((tp if sp else 1) * cp))]
+    else:
+        one = megatron_layer_terms(s=s, b=b, h=h, a=heads, t=tp, sp=sp, selective=recompute == "selective",
+                                   cp=cp, act_bytes=compute_dtype_bytes)
+    n = len(layers)
+    layer = Node.of("per layer", one, "bytes")
+    return Node.of(f"activations (megatron, recompute={recompute})",
+                   [_scaled(layer, n, f"layers × {n}", f"{layer.value} bytes per layer")],
+                   "bytes", note=f"Korthikanti et al. 2022 Table 2; b={b}, s={s}, h={h}, a={heads}, t={tp}, "
+                                 f"sp={sp}, cp={cp}")
+
+
+def _heads(spec: ModelSpec) -> int:
+    for layer in spec.layers:
+        for bl in layer.blocks:
+            if isinstance(bl.dims, (AttentionDims, MLADims)):
+                return bl.dims.heads
+    raise TrainmathError(f"{spec.name}: no attention layer, the megatron profile needs attention heads")
