@@ -13,8 +13,11 @@ Shapes, per block kind (b = batch, s = sequence, t = b·s tokens):
 - attention core (``attention``, ``mla``): scores Q·Kᵀ with m = s, k = head_dim (MLA: qk_nope + qk_rope),
   n = s_kv, and values P·V with m = s, k = s_kv, n = v_head_dim, each ``count`` = b·heads times (K/V heads are
   repeated to the query heads first, so GQA runs h products, not h_kv).
-- ``linear_attention`` (Gated DeltaNet) and ``mamba`` (Mamba-2): their projections are linear tensors as above;
-  their recurrent cores are not GEMMs of fixed shape and are left out (see ``core_note``).
+- ``linear_attention`` (Gated DeltaNet) and ``mamba`` (Mamba-2): projections as above, the depthwise causal
+  conv1d (counted like FlopCounterMode counts a convolution: 2·b·(s + K − 1)·K per channel, the output before
+  trimming the K − 1 padded positions), and the chunked core as transformers' torch path executes it
+  (sequence padded to whole chunks; ``gated_deltanet_core_gemms``, ``mamba2_core_gemms``). Fused kernels
+  (fla, mamba_ssm) run the same chunked algorithm; their exact FLOPs may differ by masked or padded work.
 
 Causal masking (``causal``): ``"executed"`` (default) counts the s × s_kv products as eager attention executes
 them, masked entries included, which is what FlopCounterMode reports; sliding windows are also executed in full.
@@ -27,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
-from trainmath.model.spec import AttentionDims, Block, MLADims, TensorSpec
+from trainmath.model.spec import AttentionDims, Block, LinearAttentionDims, MambaDims, MLADims, TensorSpec
 
 CAUSAL = ("executed", "half")
 
@@ -130,17 +133,76 @@ def attention_core_gemms(dims: AttentionDims | MLADims, *, batch: int, seq: int,
                  weighted=False)]
 
 
-def block_gemms(block: Block, *, batch: int, seq: int, causal: str = "executed") -> list[Gemm]:
-    """Every GEMM of one block's forward pass over ``batch`` sequences of ``seq`` tokens."""
+def depthwise_conv_gemm(name: str, component: str, *, channels: int, kernel: int, batch: int, seq: int) -> Gemm:
+    """A depthwise causal Conv1d (padding K − 1, output trimmed to ``seq`` afterwards), counted as
+    FlopCounterMode's ``conv_flop_count`` does: 2 · batch · (seq + K − 1) output positions · K taps per channel."""
+    return Gemm(name=name, component=component, m=batch * (seq + kernel - 1), k=kernel, n=1, count=channels)
+
+
+def gated_deltanet_core_gemms(dims: LinearAttentionDims, *, batch: int, seq: int, chunk: int = 64) -> list[Gemm]:
+    """Gated DeltaNet's chunked delta rule (Yang et al. 2024, "Gated Delta Networks", §3; transformers'
+    ``torch_chunk_gated_delta_rule``, chunk 64), per chunk of C tokens and value head (keys repeated to the value
+    heads), with d_k, d_v the head dims: intra-chunk (β⊙K)·Kᵀ and Q·Kᵀ (C × d_k × C each), then in the scan
+    over chunks K_cum·S and Q·S (C × d_k × d_v), A·V_new (C × C × d_v) and the state update Kᵀ·V_new
+    (d_k × C × d_v). The two triangular solves are not matrix products and FlopCounterMode does not count them."""
+    c = ceil_div(seq, chunk)
+    count = batch * dims.value_heads * c
+    dk, dv, comp = dims.key_head_dim, dims.value_head_dim, "linear_attention"
+    return [Gemm(name=f"linear_attn.core.{n}", component=comp, m=m, k=k, n=nn, count=count, weighted=False)
+            for n, m, k, nn in (("kbeta_kT", chunk, dk, chunk), ("q_kT", chunk, dk, chunk),
+                                ("kcum_state", chunk, dk, dv), ("q_state", chunk, dk, dv),
+                                ("attn_vnew", chunk, chunk, dv), ("state_update", dk, chunk, dv))]
+
+
+def mamba2_core_gemms(dims: MambaDims, *, batch: int, seq: int, chunk: int) -> list[Gemm]:
+    """Mamba-2's chunked SSD (Dao & Gu 2024, "Transformers are SSMs", §6, the four-step chunked algorithm;
+    transformers' ``torch_forward``), per chunk of L tokens and head, with N the state size and P the head dim
+    (B and C repeated from groups to heads): C·Bᵀ (L × N × L), the diagonal block Y = (L∘CBᵀ)·X (L × L × P),
+    chunk states Xᵀ·B (P × L × N), the state passing across c + 1 chunk boundaries ((c+1) × (c+1) × P·N per
+    head), and C·states (L × N × P)."""
+    c = ceil_div(seq, chunk)
+    h, n, p, comp = dims.heads, dims.state_size, dims.head_dim, "mamba"
+    per_chunk = batch * c * h
+    return [Gemm(name="mixer.ssd.C_Bt", component=comp, m=chunk, k=n, n=chunk, count=per_chunk, weighted=False),
+            Gemm(name="mixer.ssd.y_diag", component=comp, m=chunk, k=chunk, n=p, count=per_chunk, weighted=False),
+            Gemm(name="mixer.ssd.chunk_states", component=comp, m=p, k=chunk, n=n, count=per_chunk,
+                 weighted=False),
+            Gemm(name="mixer.ssd.state_passing", component=comp, m=c + 1, k=c + 1, n=p * n, count=batch * h,
+                 weighted=False),
+            Gemm(name="mixer.ssd.C_states", component=comp, m=chunk, k=n, n=p, count=per_chunk, weighted=False)]
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def block_gemms(block: Block, *, batch: int, seq: int, causal: str = "executed", gdn_chunk: int = 64,
+                mamba_chunk: int = 128) -> list[Gemm]:
+    """Every GEMM of one block's forward pass over ``batch`` sequences of ``seq`` tokens. ``gdn_chunk`` and
+    ``mamba_chunk`` are the chunk lengths of the linear-attention and Mamba-2 scans (transformers: 64, and the
+    config's ``chunk_size``, 128 for Nemotron-H)."""
     gemms = linear_gemms(block, batch * seq)
     if block.kind in ("attention", "mla"):
         gemms += attention_core_gemms(block.dims, batch=batch, seq=seq, causal=causal)
+    elif block.kind == "linear_attention":
+        d = block.dims
+        channels = 2 * d.key_heads * d.key_head_dim + d.value_heads * d.value_head_dim
+        gemms.append(depthwise_conv_gemm("linear_attn.conv1d", "linear_attention", channels=channels,
+                                         kernel=d.conv_kernel, batch=batch, seq=seq))
+        gemms += gated_deltanet_core_gemms(d, batch=batch, seq=seq, chunk=gdn_chunk)
+    elif block.kind == "mamba":
+        d = block.dims
+        channels = d.intermediate + 2 * d.groups * d.state_size
+        gemms.append(depthwise_conv_gemm("mixer.conv1d", "mamba", channels=channels, kernel=d.conv_kernel,
+                                         batch=batch, seq=seq))
+        gemms += mamba2_core_gemms(d, batch=batch, seq=seq, chunk=mamba_chunk)
     return gemms
 
 
 def core_note(kind: str) -> str:
-    """What is left out of a block whose core is not a fixed-shape GEMM."""
+    """How a block whose core is not attention is counted."""
     return {
-        "linear_attention": "Gated DeltaNet recurrence (chunked delta rule) not counted: projections and output only",
-        "mamba": "Mamba-2 SSD scan not counted: projections and output only; depthwise conv1d not counted",
+        "linear_attention": "Gated DeltaNet: chunked delta rule (chunk 64) and depthwise conv1d counted as "
+                            "transformers' torch path executes them; triangular solves not counted",
+        "mamba": "Mamba-2: chunked SSD scan and depthwise conv1d counted as transformers' torch path executes them",
     }.get(kind, "")

@@ -111,7 +111,7 @@ def _tree(name: str, per_module: dict[str, dict[str, int]], notes: dict[str, str
 
 
 def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "executed",
-                recompute: str = "none") -> FlopsReport:
+                recompute: str = "none", gdn_chunk: int = 64, mamba_chunk: int = 128) -> FlopsReport:
     """GEMM FLOPs of one training step of ``batch`` sequences of ``seq`` tokens (see the module docstring)."""
     problems = []
     if not isinstance(batch, int) or batch < 1:
@@ -122,6 +122,9 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
         problems.append(f"causal must be one of {', '.join(CAUSAL)}; got {causal!r}")
     if recompute not in RECOMPUTE:
         problems.append(f"recompute must be one of {', '.join(RECOMPUTE)}; got {recompute!r}")
+    for key, val in (("gdn_chunk", gdn_chunk), ("mamba_chunk", mamba_chunk)):
+        if not isinstance(val, int) or val < 1:
+            problems.append(f"{key} must be a positive integer; got {val!r}")
     if problems:
         raise TrainmathError("; ".join(problems))
 
@@ -139,10 +142,10 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
     for layer, idx in spec.layer_groups():
         gemms: list[Gemm] = []
         for b in layer.blocks:
-            gemms += block_gemms(b, batch=batch, seq=seq, causal=causal)
+            gemms += block_gemms(b, batch=batch, seq=seq, causal=causal, gdn_chunk=gdn_chunk,
+                                 mamba_chunk=mamba_chunk)
             if core_note(b.kind) and core_note(b.kind) not in report_notes:
                 report_notes.append(core_note(b.kind))
-                notes["linear_attention" if b.kind == "linear_attention" else "mamba"] = "core not counted"
         layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms)))
         for g in gemms:
             add(fwd, g, len(idx))
