@@ -23,5 +23,6 @@ for t in TYPES:
         except Exception: continue
         keep[k] = v
     out[t] = keep
+out["_attribute_map"] = {t: dict(CONFIG_MAPPING[t].attribute_map) for t in TYPES if CONFIG_MAPPING[t].attribute_map}
 json.dump(out, open("src/trainmath/model/defaults.json", "w"), indent=1)
 print({t: len(v) for t, v in out.items() if t != "_source"})

@@ -38,6 +38,21 @@ def parse_config_text(text: str, source: str) -> dict[str, object]:
     return data
 
 
+@cache
+def attribute_aliases() -> dict[str, dict[str, tuple[str, ...]]]:
+    """model_type → {key: other names of the same setting}, from transformers' ``attribute_map`` (e.g. qwen3_moe
+    reads ``num_experts`` and writes ``num_local_experts``; GPT-2's ``n_embd`` is ``hidden_size``)."""
+    text = (Path(__file__).parent / "defaults.json").read_text()
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for mt, amap in json.loads(text).get("_attribute_map", {}).items():
+        table: dict[str, tuple[str, ...]] = {}
+        for alias, real in amap.items():
+            table[alias] = table.get(alias, ()) + (real,)
+            table[real] = table.get(real, ()) + (alias,)
+        out[mt] = table
+    return out
+
+
 class ConfigView:
     """Typed, defaulted access to one config dict, collecting every problem before raising.
 
@@ -50,19 +65,26 @@ class ConfigView:
         self.model_type = model_type
         self.source = source
         self.defaults = transformers_defaults().get(model_type, {})
+        self.aliases = attribute_aliases().get(model_type, {})
         self.missing: list[str] = []
         self.invalid: list[str] = []
 
     def get(self, key: str, default: object = _MISSING) -> object:
-        """The config's value, else transformers' default, else ``default``; records a missing key otherwise."""
+        """The config's value (under its name or an alias), else transformers' default, else ``default``;
+        records a missing key otherwise."""
+        if key not in self.data:
+            for other in self.aliases.get(key, ()):
+                if other in self.data:
+                    return self.get(other, default)
         if key in self.data and self.data[key] is not None:
             return self.data[key]
         if key in self.data:  # an explicit null means "not set": fine for optional keys (q_lora_rank: null)
             if default is _MISSING:
                 self.missing.append(f"{key} (null)")
             return None if default is _MISSING else default
-        if key in self.defaults:
-            return self.defaults[key]
+        for name in (key, *self.aliases.get(key, ())):
+            if name in self.defaults:
+                return self.defaults[name]
         if default is _MISSING:
             self.missing.append(key)
             return None
