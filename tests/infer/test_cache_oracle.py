@@ -171,9 +171,6 @@ def test_mla_expanded_is_per_head_k_and_v():
     assert got == {"keys": 2 * CONTEXT * heads * (nope + rope) * 4, "values": 2 * CONTEXT * heads * v * 4}
 
 
-@pytest.mark.xfail(strict=True, reason="spec builder (model/families/moe.py) marks every Llama 4 layer full_attention; "
-                                       "transformers makes 3 of 4 layers chunked_attention (no_rope_layer_interval 4), "
-                                       "each keeping attention_chunk_size - 1 tokens")
 def test_llama4_chunked_layers():
     c = dict(catalog_entry("meta-llama/Llama-4-Scout-17B-16E-Instruct").config["text_config"])
     for k in ("pad_token_id", "bos_token_id", "eos_token_id", "rope_scaling", "layer_types", "moe_layers",

@@ -93,8 +93,12 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
     sparse = moe_layer_block(cfg, mt, d)
     norms = blocks.norm_block(("input_layernorm", d), ("post_attention_layernorm", d))
     if mt == "llama4_text":
+        # Llama4TextConfig: layers that use RoPE (no_rope_layers[i] == 1, all but every no_rope_layer_interval-th)
+        # attend within chunks of attention_chunk_size; the others are full attention.
         window = cfg.get("attention_chunk_size", None)
-        default = ["full_attention"] * n
+        interval = cfg.int("no_rope_layer_interval")
+        rope = cfg.data.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+        default = ["chunked_attention" if r and window is not None else "full_attention" for r in rope]
     else:
         window = cfg.get("sliding_window", None)
         use_sw = cfg.bool("use_sliding_window", False) if mt != "mixtral" else window is not None
