@@ -24,7 +24,8 @@ def test_ci_runs_the_readme_test_command():
 
 
 @pytest.mark.parametrize("command", EXAMPLES)
-def test_readme_example_runs(command, capsys):
+def test_readme_example_runs(command, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # examples that write files write them here
     argv = shlex.split(command)[1:]
     assert main(argv) == 0
     assert capsys.readouterr().out.strip()

@@ -15,7 +15,7 @@ import sys
 from trainmath.errors import TrainmathError
 
 # Order here is the order in --help.
-_COMMANDS = ("params", "models", "check_checkpoint", "comm", "infer", "memory")
+_COMMANDS = ("params", "models", "plot", "check_checkpoint", "comm", "infer", "memory", "flops")
 
 
 def build_parser() -> argparse.ArgumentParser:
