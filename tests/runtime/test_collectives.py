@@ -1,0 +1,89 @@
+"""Every primitive and every ring algorithm against its oracle, on forked gloo workers (world sizes 1-8)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainmath.comm.ring import ring_bytes_sent  # noqa: E402
+from trainmath.runtime.check import _same, expected_demo, run_check  # noqa: E402
+from trainmath.runtime.demo import DEMOS, run_demo  # noqa: E402
+from trainmath.runtime.launch import JobSpec, launch  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_correctness_matrix(n):
+    rows = launch(JobSpec(nproc_per_node=n, timeout_s=30), run_check, None if n in (2, 4) else "ring")[0]
+    bad = [r for r in rows if not r["ok"]]
+    assert not bad, bad[:5]
+    ops = {(r["op"], r["impl"]) for r in rows}
+    assert {("all_reduce", "ring"), ("all_reduce", "naive"), ("reduce_scatter", "ring"), ("all_gather", "ring")} <= ops
+    assert {r["dtype"] for r in rows} >= {"int32", "int64", "float32", "float64", "bfloat16"}
+    assert any(r["length"] % n for r in rows) or n == 1  # uneven lengths are covered
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_seed_demos_show_the_seed_tensors(n):
+    for name in DEMOS:
+        if name == "barrier":
+            continue
+        records = launch(JobSpec(nproc_per_node=n, timeout_s=20), run_demo, name, {"reduce_op": "sum"})[0]
+        assert [r["rank"] for r in records] == list(range(n))
+        for r in records:
+            assert (r["before"], r["after"]) == expected_demo(name, r["rank"], n), (name, r)
+
+
+def test_seed_all_reduce_pinned():
+    records = launch(JobSpec(nproc_per_node=4, timeout_s=20), run_demo, "all_reduce", {"reduce_op": "sum"})[0]
+    assert [r["after"] for r in records] == [[10.0] * 5] * 4  # the seed's output
+
+
+def test_subgroup_ranks_are_renumbered():
+    records = launch(JobSpec(nproc_per_node=4, timeout_s=20), run_demo, "subgroup", {})[0]
+    assert [r["group_rank"] for r in records] == [0, None, 1, None]
+
+
+def test_barrier_releases_everyone_after_the_last_arrival():
+    records = launch(JobSpec(nproc_per_node=3, timeout_s=20), run_demo, "barrier", {"sleep_s": 0.3})[0]
+    last_arrival = max(r["arrival_s"] for r in records)
+    assert last_arrival >= 0.6
+    assert all(r["release_s"] >= last_arrival - 0.05 for r in records)
+    assert records[0]["arrival_s"] < 0.3  # rank 0 did not sleep
+
+
+def _count_ring_sends(ctx, length):
+    """Wrap isend to count the bytes the ring actually sends: must equal the pure schedule's count."""
+    import torch.distributed as dist
+
+    from trainmath.runtime import ring
+
+    sent = []
+    real = dist.isend
+
+    def counting(tensor, *a, **k):
+        sent.append(tensor.numel() * tensor.element_size())
+        return real(tensor, *a, **k)
+
+    ring.dist.isend = counting
+    try:
+        ring.ring_all_reduce(torch.ones(length), ctx.group)
+    finally:
+        ring.dist.isend = real
+    return sum(sent)
+
+
+@pytest.mark.parametrize("length", [12, 13])
+def test_ring_sends_what_the_cost_model_counts(length):
+    got = launch(JobSpec(nproc_per_node=3, timeout_s=20), _count_ring_sends, length)
+    assert got == {r: ring_bytes_sent("all_reduce", r, 3, length, 4) for r in range(3)}
+    if length == 12:
+        assert set(got.values()) == {2 * 2 * 4 * 4}  # 2(n-1)/n · S = 4/3 · 48 bytes
+
+
+def test_oracle_can_fail():
+    # The comparison the matrix relies on rejects a wrong answer, bitwise for ints, by tolerance for floats.
+    assert _same(torch.tensor([1, 2]), torch.tensor([1, 3]), 2)
+    assert not _same(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-7]), 2)
+    assert _same(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.1]), 2)
+    assert expected_demo("all_reduce", 0, 4) != ([1.0] * 5, [9.0] * 5)
