@@ -1,0 +1,101 @@
+"""``trainmath flops MODEL --batch B --seq S``: GEMM FLOPs of one training step, per component and per GEMM,
+with the 6N + attention closed form beside it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "flops",
+        help="training FLOPs per GEMM: forward, backward, recompute; per token, sequence and step",
+        description="FLOPs of one training step (forward + backward + recompute) of BATCH sequences of SEQ tokens, "
+                    "counted per GEMM (2·m·k·n) as torch.utils.flop_counter counts them, with the 6N + attention "
+                    "closed form beside it. MODEL is a config.json path, a directory holding one, a catalog name "
+                    "(see `trainmath models`) or a Hub repo id.",
+    )
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
+    p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--causal", choices=("executed", "half"), default="executed",
+                   help="attention products: 'executed' counts all s×s as eager attention runs them (default); "
+                        "'half' only the causally attended pairs")
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                   help="activation recomputation: none (default), selective (attention core), full (every layer)")
+    p.add_argument("--mamba-chunk", type=int, default=128,
+                   help="Mamba-2 SSD chunk length (the config's chunk_size; default 128)")
+    p.add_argument("--gemms", action="store_true", help="also list every GEMM of each layer type")
+    p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainmath.flops import closed_form_flops, count_flops
+    from trainmath.sources import load_spec
+
+    spec = load_spec(args.model)
+    report = count_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal, recompute=args.recompute,
+                         mamba_chunk=args.mamba_chunk)
+    closed = closed_form_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal)
+    fwd_bwd = report.forward.value + report.backward.value
+    if args.json:
+        out = report.to_dict()
+        out["closed_form"] = closed.to_dict()
+        out["closed_form"]["ratio_exact_over_closed"] = fwd_bwd / closed.training_flops
+        print(json.dumps(out, indent=1))
+        return 0
+    print(render(spec, report, closed, gemms=args.gemms))
+    return 0
+
+
+def _f(n: float) -> str:
+    """FLOPs with SI prefixes: 1.84e15 → '1.84 PFLOP'."""
+    for div, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {prefix}FLOP"
+    return f"{n:.0f} FLOP"
+
+
+def render(spec, report, closed, *, gemms: bool = False) -> str:
+    from trainmath.render import table
+
+    fw, bw, rc, tr = report.forward, report.backward, report.recomputed, report.training
+    lines = [f"{report.model}  ({spec.model_type}, {spec.num_layers} layers)  batch {report.batch} × seq "
+             f"{report.seq} = {report.tokens:,} tokens", ""]
+    rows = []
+    for c in fw.children:
+        b, r = bw.child(c.name).value, rc.child(c.name).value
+        if c.value == 0 and not c.note:
+            continue
+        rows.append([c.name, f"{c.value:,}", f"{b:,}", f"{r:,}", f"{c.value + b + r:,}",
+                     f"{100 * (c.value + b + r) / tr.value:.1f}%" if tr.value else "-", c.note])
+    rows.append(["total", f"{fw.value:,}", f"{bw.value:,}", f"{rc.value:,}", f"{tr.value:,}", "100.0%", ""])
+    lines.append(table(["component", "forward", "backward", "recompute", "step", "share", ""], rows,
+                       align="lrrrrrl"))
+    lines.append("")
+    per = [["forward", fw], ["backward", bw], ["recompute", rc], ["training", tr]]
+    lines.append(table(["FLOPs", "per step", "per sequence", "per token", ""],
+                       [[n, f"{x.value:,}", f"{report.per_sequence(x):,}", f"{x.value / report.tokens:,.1f}",
+                         _f(x.value)] for n, x in per]))
+    lines.append("")
+    ratio = (fw.value + bw.value) / closed.training_flops if closed.training_flops else float("nan")
+    lines.append(f"closed form 6N + attention: N = {closed.matmul_params:,} (activated, no input embedding), "
+                 f"6N = {6 * closed.matmul_params:,}/token, attention {closed.attention_flops_per_token:,.0f}"
+                 f"/token → {closed.training_flops:,.0f} per step; forward + backward / closed form = {ratio:.6f}")
+    if gemms:
+        for lt in report.layer_types:
+            lines += ["", f"{lt.label} × {len(lt.layers)} layers: forward GEMMs per layer"]
+            lines.append(table(["GEMM", "m", "k", "n", "count", "forward FLOPs"],
+                               [[g.name, g.m, g.k, g.n, g.count, f"{g.flops:,}"] for g in lt.gemms],
+                               indent="  "))
+        lines += ["", "head"]
+        lines.append(table(["GEMM", "m", "k", "n", "count", "forward FLOPs"],
+                           [[g.name, g.m, g.k, g.n, g.count, f"{g.flops:,}"] for g in report.head], indent="  "))
+    lines.append("")
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    lines.append("conventions: " + "; ".join(report.conventions))
+    lines.append("units: FLOP counts are exact integers; E/P/T/G/M/K = 1e18/1e15/1e12/1e9/1e6/1e3")
+    return "\n".join(lines)
