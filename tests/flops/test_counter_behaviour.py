@@ -1,0 +1,25 @@
+"""What FlopCounterMode sees, pinned because the oracle depends on it (torch 2.13.0, CPU).
+
+With ``attn_implementation="sdpa"`` on CPU, torch dispatches to ``_scaled_dot_product_flash_attention_for_cpu``,
+which the counter has no formula for: the attention core disappears from its count, forward and backward. That
+is why the oracle runs eager attention, whose two matmuls the counter sees as bmm and which our default
+``causal="executed"`` reproduces exactly. (On GPU the flash/efficient SDPA kernels are counted, also as full s × s.)
+"""
+
+from trainmath.flops import count_flops
+from trainmath.model import spec_from_config
+
+from .oracle import AutoConfig, AutoModelForCausalLM, measured_flops, tiny_config
+
+
+def test_cpu_sdpa_attention_core_is_invisible_to_the_counter():
+    cfg = tiny_config("meta-llama/Llama-3.1-8B")
+    data = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(data.pop("model_type"), **data),
+                                             attn_implementation="sdpa")
+    r = count_flops(spec_from_config(cfg, name="llama", source="llama"), batch=2, seq=7)
+    fwd, fwd_bwd = measured_flops(model, batch=2, seq=7)
+    core = r.forward.child("attention_core").value
+    assert core > 0
+    assert fwd == r.forward.value - core
+    assert fwd_bwd == r.forward.value + r.backward.value - 3 * core
