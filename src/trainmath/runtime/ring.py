@@ -64,12 +64,34 @@ def _exchange(send: torch.Tensor, right: int, recv: torch.Tensor, left: int, gro
         req.wait()
 
 
+# A reduce-scatter step is cut into segments of about this many bytes (at most _MAX_SEGMENTS), so that the
+# reduction of one segment overlaps the arrival of the next. Sender and receiver cut the same chunk the same way.
+_SEGMENT_BYTES = 1 << 20
+_MAX_SEGMENTS = 8
+
+
+def _segments(t: torch.Tensor) -> list[torch.Tensor]:
+    k = max(1, min(_MAX_SEGMENTS, t.numel() * t.element_size() // _SEGMENT_BYTES))
+    return [t[a:b] for a, b in chunk_bounds(t.numel(), k) if b > a]
+
+
+def _exchange_reduce(send: torch.Tensor, right: int, acc: torch.Tensor, incoming: torch.Tensor, left: int,
+                     group, op: str) -> None:
+    """Send ``send`` while receiving into ``incoming`` segment by segment, reducing each into ``acc`` on arrival."""
+    recvs = [(dist.irecv(seg, src=left, group=group), a) for seg, a in zip(_segments(incoming), _segments(acc))]
+    sends = [dist.isend(seg, dst=right, group=group) for seg in _segments(send)]
+    for (req, acc_seg), seg in zip(recvs, _segments(incoming)):
+        req.wait()
+        _reduce_into(acc_seg, seg, op)
+    for req in sends:
+        req.wait()
+
+
 def _reduce_scatter_inplace(chunks: list[torch.Tensor], recv: torch.Tensor, group, op: str) -> None:
     r, n, right, left = _ring(group)
     for send_c, recv_c in ring_reduce_scatter_schedule(r, n):
         incoming = recv[: chunks[recv_c].numel()]
-        _exchange(chunks[send_c], right, incoming, left, group)
-        _reduce_into(chunks[recv_c], incoming, op)
+        _exchange_reduce(chunks[send_c], right, chunks[recv_c], incoming, left, group, op)
 
 
 def _all_gather_inplace(chunks: list[torch.Tensor], group) -> None:
