@@ -47,12 +47,11 @@ def build_model(data: dict):
     if mt == "llama4":
         cfg = cfg.text_config
     torch.manual_seed(0)
-    kwargs = {"attn_implementation": "eager"}
-    model_cls = AutoModelForCausalLM
-    try:
-        model = model_cls.from_config(cfg, experts_implementation="eager", **kwargs)
-    except (ValueError, TypeError):  # a family without an experts switch
-        model = model_cls.from_config(cfg, **kwargs)
+    # eager attention: two bmm the counter sees; eager experts: a per-expert loop of linears (the default
+    # grouped_mm is invisible to the counter, see test_counter_behaviour). Dense families ignore the switch.
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", experts_implementation="eager")
+    if model.config._experts_implementation != "eager":
+        raise RuntimeError(f"experts_implementation is {model.config._experts_implementation!r}, not eager")
     return model.float()
 
 

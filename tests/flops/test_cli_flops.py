@@ -34,3 +34,18 @@ def test_bad_input_is_one_line_and_exit_2(capsys):
     assert main(["flops", "qwen3-0.6b", "--seq", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "seq must be a positive integer; got 0" in err
+
+
+def test_mamba_chunk_read_from_config(tmp_path, capsys):
+    from trainmath.sources import catalog_entry
+
+    cfg = dict(catalog_entry("nvidia/Nemotron-H-56B-Base-8K").config, chunk_size=256)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["flops", str(path), "--seq", "1000", "--json"]) == 0
+    from_config = json.loads(capsys.readouterr().out)
+    assert main(["flops", str(path), "--seq", "1000", "--json", "--mamba-chunk", "256"]) == 0
+    explicit = json.loads(capsys.readouterr().out)
+    assert main(["flops", str(path), "--seq", "1000", "--json", "--mamba-chunk", "128"]) == 0
+    other = json.loads(capsys.readouterr().out)
+    assert from_config["forward_flops"] == explicit["forward_flops"] != other["forward_flops"]

@@ -23,3 +23,20 @@ def test_cpu_sdpa_attention_core_is_invisible_to_the_counter():
     assert core > 0
     assert fwd == r.forward.value - core
     assert fwd_bwd == r.forward.value + r.backward.value - 3 * core
+
+
+def test_default_grouped_mm_experts_are_invisible_to_the_counter():
+    """transformers 5.24 defaults MoE experts to ``grouped_mm`` (``config._experts_implementation``), a custom op
+    the counter has no formula for; ``from_config(cfg, experts_implementation="eager")`` selects the per-expert
+    loop of ``nn.functional.linear`` calls the counter sees, which the oracle uses."""
+    from .test_oracle import CASES
+
+    repo, ov = CASES["mixtral"]
+    cfg = tiny_config(repo, **ov)
+    data = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(data.pop("model_type"), **data),
+                                             attn_implementation="eager")
+    assert model.config._experts_implementation == "grouped_mm"
+    r = count_flops(spec_from_config(cfg, name="mixtral", source="mixtral"), batch=2, seq=7)
+    fwd, _ = measured_flops(model.float(), batch=2, seq=7)
+    assert fwd == r.forward.value - r.forward.child("experts").value

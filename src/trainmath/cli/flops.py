@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "'half' only the causally attended pairs")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
                    help="activation recomputation: none (default), selective (attention core), full (every layer)")
-    p.add_argument("--mamba-chunk", type=int, default=128,
-                   help="Mamba-2 SSD chunk length (the config's chunk_size; default 128)")
+    p.add_argument("--mamba-chunk", type=int, default=None,
+                   help="Mamba-2 SSD chunk length (default: the config's chunk_size, else transformers' 128)")
     p.add_argument("--gemms", action="store_true", help="also list every GEMM of each layer type")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     p.set_defaults(func=run)
@@ -33,11 +33,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainmath.flops import closed_form_flops, count_flops
-    from trainmath.sources import load_spec
+    from trainmath.model import spec_from_config
+    from trainmath.sources import resolve
 
-    spec = load_spec(args.model)
+    src = resolve(args.model)
+    spec = spec_from_config(src.config, name=src.name, source=src.name)
+    mamba_chunk = args.mamba_chunk
+    if mamba_chunk is None:  # the ModelSpec does not carry it; NemotronHConfig reads chunk_size/mamba_chunk_size
+        mamba_chunk = src.config.get("chunk_size", src.config.get("mamba_chunk_size", 128))
     report = count_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal, recompute=args.recompute,
-                         mamba_chunk=args.mamba_chunk)
+                         mamba_chunk=mamba_chunk)
     closed = closed_form_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal)
     fwd_bwd = report.forward.value + report.backward.value
     if args.json:

@@ -10,6 +10,9 @@ activation recomputation repeats:
   Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.2) recompute;
   ``full`` re-runs the forward of every decoder layer (not the LM head), as Megatron-LM's full checkpointing does.
 
+Linear-attention (Gated DeltaNet) and Mamba-2 layers count their chunked cores as transformers' torch path runs
+them, over whole chunks (``gdn_chunk``, 64 in transformers; ``mamba_chunk``, the config's ``chunk_size``).
+
 Everything scales with ``batch`` exactly, so per-sequence figures are exact integers; per-token figures are
 floats (the attention term grows with ``seq``).
 """
@@ -134,9 +137,11 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
     notes: dict[str, str] = {}
     report_notes: list[str] = []
 
-    def add(into: dict, g: Gemm, times: int) -> None:
+    bwd: dict[str, dict[str, int]] = {}
+
+    def add(into: dict, g: Gemm, times: int, flops: int | None = None) -> None:
         mods = into.setdefault(g.component, {})
-        mods[g.name] = mods.get(g.name, 0) + g.flops * times
+        mods[g.name] = mods.get(g.name, 0) + (g.flops if flops is None else flops) * times
 
     layer_types = []
     for layer, idx in spec.layer_groups():
@@ -149,18 +154,20 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
         layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms)))
         for g in gemms:
             add(fwd, g, len(idx))
+            add(bwd, g, len(idx), g.backward_flops)
             if recompute == "full" or (recompute == "selective" and g.component == "attention_core"):
                 add(rec, g, len(idx))
 
     head = linear_gemms(Block(kind="head", tensors=tuple(t for t in spec.post if t.kind == "linear")), tokens)
     for g in head:
         add(fwd, g, 1)
+        add(bwd, g, 1, g.backward_flops)
     if spec.tie_word_embeddings:
         notes["lm_head"] = "tied to embed_tokens: the matmul still runs"
     notes["embed_tokens"] = "row lookup: no GEMM"
 
     forward = _tree("forward", fwd, notes)
-    backward = _tree("backward", {c: {m: 2 * v for m, v in mods.items()} for c, mods in fwd.items()}, notes)
+    backward = _tree("backward", bwd, notes)
     recomputed = _tree("recompute", rec, {})
     training = Node.of("training", [forward, backward, recomputed], "flops",
                        note=f"{batch} × {seq} tokens, causal={causal}, recompute={recompute}")
@@ -176,6 +183,9 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
                                       "selective": "attention core forward again (Korthikanti et al. 2022)",
                                       "full": "forward of every decoder layer again (LM head not)"}[recompute],
     )
+    if report_notes:  # a linear-attention or Mamba-2 layer
+        conventions += (f"linear-attention / Mamba-2 cores: chunked as executed, chunk {gdn_chunk} / {mamba_chunk}, "
+                        "padded to whole chunks",)
     return FlopsReport(model=spec.name, batch=batch, seq=seq, causal=causal, recompute=recompute, forward=forward,
                        backward=backward, recomputed=recomputed, training=training, layer_types=tuple(layer_types),
                        head=tuple(head), notes=tuple(report_notes) + spec.notes, conventions=conventions)
