@@ -29,6 +29,8 @@ CASES = {
     "starcoder2-biases": ("bigcode/starcoder2-7b", dict(use_bias=True)),
     "gpt2": ("openai-community/gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, n_inner=None)),
     "falcon-7b": ("tiiuae/falcon-7b", dict(num_kv_heads=1, ffn_hidden_size=None)),
+    "falcon-180b-new-arch": ("tiiuae/falcon-180B", dict(num_kv_heads=2, ffn_hidden_size=None)),
+    "kimi_k2-mla": ("moonshotai/Kimi-K2-Instruct", dict(MLA, q_lora_rank=24)),
     "mixtral": ("mistralai/Mixtral-8x7B-v0.1", MOE),
     "qwen2_moe-shared": ("Qwen/Qwen1.5-MoE-A2.7B", dict(QWEN_MOE, shared_expert_intermediate_size=48)),
     "qwen3_moe": ("Qwen/Qwen3-30B-A3B", dict(QWEN_MOE, head_dim=16, mlp_only_layers=[1])),

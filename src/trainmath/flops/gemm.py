@@ -19,6 +19,14 @@ Shapes, per block kind (b = batch, s = sequence, t = b·s tokens):
   (sequence padded to whole chunks; ``gated_deltanet_core_gemms``, ``mamba2_core_gemms``). Fused kernels
   (fla, mamba_ssm) run the same chunked algorithm; their exact FLOPs may differ by masked or padded work.
 
+What FlopCounterMode (torch 2.13) sees, checked by ``tests/flops`` on tiny transformers 5.24 models:
+every ``nn.Linear``/``F.linear`` (the MoE router included), eager attention's two matmuls, the eager per-expert
+loop (``experts_implementation="eager"``; the default ``grouped_mm`` is invisible to it), depthwise conv1d, and
+the chunked einsums/matmuls of Gated DeltaNet and Mamba-2, all equal to this module's forward count. It does not
+see CPU SDPA (``_scaled_dot_product_flash_attention_for_cpu``) nor triangular solves; it counts a depthwise
+conv's backward as (C + 1)× its forward (``groups`` ignored). Llama 4 in transformers runs every expert on every
+token, num_experts / top_k times the active expert FLOPs counted here.
+
 Causal masking (``causal``): ``"executed"`` (default) counts the s × s_kv products as eager attention executes
 them, masked entries included, which is what FlopCounterMode reports; sliding windows are also executed in full.
 ``"half"`` counts only the query-key pairs a causal (and windowed) mask keeps, Σᵢ min(i + 1, w), which is
