@@ -15,7 +15,7 @@ import sys
 from trainmath.errors import TrainmathError
 
 # Order here is the order in --help.
-_COMMANDS = ("params", "models", "plot", "check_checkpoint", "comm", "infer", "memory", "flops")
+_COMMANDS = ("params", "models", "plot", "flops", "memory", "infer", "check_checkpoint", "comm")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,13 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainmath {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
-        try:
-            module = import_module(f"trainmath.cli.{name}")
-        except ModuleNotFoundError as e:  # a command still being written in this checkout
-            if e.name != f"trainmath.cli.{name}":
-                raise
-            continue
-        module.register(sub)
+        import_module(f"trainmath.cli.{name}").register(sub)
     return parser
 
 
