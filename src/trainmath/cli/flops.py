@@ -33,16 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainmath.flops import closed_form_flops, count_flops
-    from trainmath.model import spec_from_config
-    from trainmath.sources import resolve
+    from trainmath.sources import load_spec
 
-    src = resolve(args.model)
-    spec = spec_from_config(src.config, name=src.name, source=src.name)
-    mamba_chunk = args.mamba_chunk
-    if mamba_chunk is None:  # the ModelSpec does not carry it; NemotronHConfig reads chunk_size/mamba_chunk_size
-        mamba_chunk = src.config.get("chunk_size", src.config.get("mamba_chunk_size", 128))
+    spec = load_spec(args.model)
     report = count_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal, recompute=args.recompute,
-                         mamba_chunk=mamba_chunk)
+                         mamba_chunk=args.mamba_chunk)  # None: the config's chunk_size, from the spec
     closed = closed_form_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal)
     fwd_bwd = report.forward.value + report.backward.value
     if args.json:

@@ -114,7 +114,7 @@ def _tree(name: str, per_module: dict[str, dict[str, int]], notes: dict[str, str
 
 
 def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "executed",
-                recompute: str = "none", gdn_chunk: int = 64, mamba_chunk: int = 128) -> FlopsReport:
+                recompute: str = "none", gdn_chunk: int = 64, mamba_chunk: int | None = None) -> FlopsReport:
     """GEMM FLOPs of one training step of ``batch`` sequences of ``seq`` tokens (see the module docstring)."""
     problems = []
     if not isinstance(batch, int) or batch < 1:
@@ -125,6 +125,9 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
         problems.append(f"causal must be one of {', '.join(CAUSAL)}; got {causal!r}")
     if recompute not in RECOMPUTE:
         problems.append(f"recompute must be one of {', '.join(RECOMPUTE)}; got {recompute!r}")
+    if mamba_chunk is None:  # the config's chunk_size, carried by each Mamba block's dims
+        mamba_chunk = next((b.dims.chunk_size for layer in spec.layers for b in layer.blocks if b.kind == "mamba"),
+                           128)
     for key, val in (("gdn_chunk", gdn_chunk), ("mamba_chunk", mamba_chunk)):
         if not isinstance(val, int) or val < 1:
             problems.append(f"{key} must be a positive integer; got {val!r}")

@@ -130,6 +130,8 @@ class MambaDims:
     conv_kernel: int
     intermediate: int
     """heads × head_dim: the width of the SSM input x."""
+    chunk_size: int = 128
+    """Length of the chunks the SSD scan runs over (the config's ``chunk_size``; FLOPs depend on it)."""
 
 
 @dataclass(frozen=True, kw_only=True)

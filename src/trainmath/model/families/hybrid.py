@@ -113,7 +113,8 @@ def _nemotron_h(cfg: ConfigView, name: str) -> ModelSpec:
     cfg.require(heads % groups == 0, f"n_groups ({groups}) must divide mamba_num_heads ({heads})")
     mamba = blocks.mamba2(d=d, dims=MambaDims(heads=heads, head_dim=hdim, state_size=cfg.int("ssm_state_size"),
                                               groups=groups, conv_kernel=cfg.int("conv_kernel"),
-                                              intermediate=heads * hdim),
+                                              intermediate=heads * hdim,
+                                              chunk_size=cfg.int("chunk_size", cfg.data.get("mamba_chunk_size", 128))),
                           conv_bias=cfg.bool("use_conv_bias"), proj_bias=use_bias)
     attn = blocks.attention(d=d, heads=h, kv_heads=hkv, head_dim=hd, prefix="mixer")
     d_ff = cfg.int("intermediate_size")
