@@ -15,13 +15,12 @@ import json
 import os
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 from trainmath.errors import TrainmathError
 from trainmath.model.config import parse_config_text
 
 
-CATALOG_DIR = Path(__file__).parent / "catalog"
+CATALOG_DIR = os.path.join(os.path.dirname(__file__), "catalog")  # os.path: pathlib costs ~4 ms to import
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,16 +33,21 @@ class ModelSource:
     provenance: str = ""
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 @cache
 def catalog_index() -> dict[str, str]:
     """Hub repo id → file name of the bundled config."""
-    data = json.loads((CATALOG_DIR / "index.json").read_text())
+    data = json.loads(_read(os.path.join(CATALOG_DIR, "index.json")))
     return data["models"]
 
 
 def catalog_entry(repo_id: str) -> ModelSource:
     fname = catalog_index()[repo_id]
-    config = parse_config_text((CATALOG_DIR / fname).read_text(), f"catalog {fname}")
+    config = parse_config_text(_read(os.path.join(CATALOG_DIR, fname)), f"catalog {fname}")
     return ModelSource(name=repo_id, config=config, origin=f"catalog:{fname}", provenance=str(config.get("_source", "")))
 
 
@@ -61,18 +65,17 @@ def find_in_catalog(model: str) -> str | None:
 
 def resolve(model: str) -> ModelSource:
     """Find the config ``model`` names; one ``TrainmathError`` saying what to pass instead when none is found."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        cfg = path / "config.json"
-        if not cfg.is_file():
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
             raise TrainmathError(f"directory {model} holds no config.json")
-        path = cfg
-    if path.is_file():
+    if os.path.isfile(path):
         try:
-            text = path.read_text()
+            text = _read(path)
         except (OSError, UnicodeDecodeError) as e:
             raise TrainmathError(f"cannot read {model}: {e}") from None
-        return ModelSource(name=str(model), config=parse_config_text(text, str(model)), origin=str(path))
+        return ModelSource(name=str(model), config=parse_config_text(text, str(model)), origin=path)
     repo_id = find_in_catalog(model)
     if repo_id is not None:
         return catalog_entry(repo_id)
@@ -96,7 +99,7 @@ def _from_hub(repo_id: str) -> ModelSource:
         local = hf_hub_download(repo_id, "config.json", etag_timeout=5)
     except Exception as e:  # network errors, 404, gated repos: all become one line
         raise TrainmathError(f"{hint} ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
-    return ModelSource(name=repo_id, config=parse_config_text(Path(local).read_text(), repo_id),
+    return ModelSource(name=repo_id, config=parse_config_text(_read(local), repo_id),
                        origin=f"hub:{repo_id}")
 
 

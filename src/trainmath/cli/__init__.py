@@ -1,8 +1,9 @@
 """Command-line entry point: ``trainmath COMMAND ...``.
 
-Each command lives in its own module exposing ``register(subparsers)``; the module's top level imports only
-the standard library and the pure calculator, so ``trainmath params`` starts fast. Heavy imports (torch,
-huggingface_hub, matplotlib) happen inside the command that needs them.
+Each command lives in its own module exposing ``register(subparsers)``. Only the module of the command being run
+is imported (the others appear in ``--help`` through the one-line summaries below, which a test keeps equal to
+the modules' own), so ``trainmath params`` pays for nothing else. A module's top level imports only the standard
+library and the pure calculator; heavy imports (torch, huggingface_hub, matplotlib) happen inside the command.
 
 A ``TrainmathError`` (bad input, impossible layout) becomes one line on stderr and exit code 2.
 """
@@ -14,28 +15,45 @@ import sys
 
 from trainmath.errors import TrainmathError
 
-# Order here is the order in --help.
-_COMMANDS = ("params", "models", "plot", "flops", "memory", "infer", "check_checkpoint", "comm")
+# command → (module, one-line summary), in --help order
+COMMANDS = {
+    "params": ("params", "exact parameter counts per component, per layer type, and activated per token"),
+    "models": ("models", "list the bundled catalog of published configs (usable offline)"),
+    "plot": ("plot", "plot each model's parameter share per component (needs matplotlib)"),
+    "flops": ("flops", "training FLOPs per GEMM: forward, backward, recompute; per token, sequence and step"),
+    "memory": ("memory", "training memory per GPU: weights, grads, optimizer states, activations, transients"),
+    "infer": ("infer", "inference memory: weights (bf16/fp8/int8/int4), KV cache after a prefill, and what fits a "
+                       "GPU"),
+    "check-checkpoint": ("check_checkpoint", "compare a safetensors checkpoint with the ledger, tensor by tensor "
+                                             "(headers only)"),
+    "comm": ("comm", "run, check and benchmark torch.distributed collectives"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that command's module is imported and registered in full."""
     from importlib import import_module
+
+    from trainmath import __version__
 
     parser = argparse.ArgumentParser(
         prog="trainmath",
         description="Exact arithmetic of LLM training and serving, and a torch.distributed runtime to check it.",
     )
-    from trainmath import __version__
-
     parser.add_argument("--version", action="version", version=f"trainmath {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in _COMMANDS:
-        import_module(f"trainmath.cli.{name}").register(sub)
+    for name, (module, summary) in COMMANDS.items():
+        if only is None or only == name:
+            import_module(f"trainmath.cli.{module}").register(sub)
+        else:
+            sub.add_parser(name, help=summary)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
+import os
 from functools import cache
 
 from trainmath.errors import TrainmathError
@@ -20,11 +20,16 @@ _MISSING = object()
 
 
 @cache
+def _defaults_file() -> dict:
+    # A plain path, not importlib.resources or pathlib: those imports alone cost ~5 ms of the CLI's start-up.
+    with open(os.path.join(os.path.dirname(__file__), "defaults.json")) as f:
+        return json.load(f)
+
+
+@cache
 def transformers_defaults() -> dict[str, dict[str, object]]:
     """model_type → {key: default} as transformers' config classes define them (see ``defaults.json``)."""
-    # A plain path, not importlib.resources: that import alone costs ~5 ms of the CLI's start-up.
-    text = (Path(__file__).parent / "defaults.json").read_text()
-    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+    return {k: v for k, v in _defaults_file().items() if not k.startswith("_")}
 
 
 def parse_config_text(text: str, source: str) -> dict[str, object]:
@@ -42,9 +47,8 @@ def parse_config_text(text: str, source: str) -> dict[str, object]:
 def attribute_aliases() -> dict[str, dict[str, tuple[str, ...]]]:
     """model_type → {key: other names of the same setting}, from transformers' ``attribute_map`` (e.g. qwen3_moe
     reads ``num_experts`` and writes ``num_local_experts``; GPT-2's ``n_embd`` is ``hidden_size``)."""
-    text = (Path(__file__).parent / "defaults.json").read_text()
     out: dict[str, dict[str, tuple[str, ...]]] = {}
-    for mt, amap in json.loads(text).get("_attribute_map", {}).items():
+    for mt, amap in _defaults_file().get("_attribute_map", {}).items():
         table: dict[str, tuple[str, ...]] = {}
         for alias, real in amap.items():
             table[alias] = table.get(alias, ()) + (real,)
