@@ -5,13 +5,17 @@ Each case builds a tiny model, runs forward (with labels, so the loss path is in
 The prediction is ``activation_bytes(...)`` + the saved part of ``logits_bytes(...)``; equality is exact.
 """
 
+import gc
+import weakref
+
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trainmath.memory.activations import activation_bytes, logits_bytes  # noqa: E402
+from trainmath.memory.activations import Router, activation_bytes, logits_bytes  # noqa: E402
 from trainmath.model import spec_from_config  # noqa: E402
+from trainmath.sources import catalog_entry  # noqa: E402
 from trainmath.tree import check_sums  # noqa: E402
 
 B, S = 2, 16
@@ -30,20 +34,26 @@ def _model(model_type, attn, extra):
 
 
 def _measure(model, mode, *, checkpoint=False):
-    """Bytes of distinct non-parameter storages saved for backward (plus, under checkpointing, the storages each
-    checkpointed layer keeps as its inputs: hidden states and rotary cos/sin)."""
+    """Bytes of distinct non-parameter storages saved for backward and still held by the graph when the forward
+    ends (plus, under checkpointing, the storages each checkpointed layer keeps as its inputs: hidden states and
+    rotary cos/sin). A node whose output cannot reach the loss (a router's top-k over groups, whose indices are all
+    that is used) is freed with its saved tensors at the end of forward: such tensors are packed but not kept, so
+    each packed tensor is tracked by a weak reference (the graph holds the very object the pack hook returns)."""
     if mode == "bf16":
         model = model.to(torch.bfloat16)
     model.train()
     if checkpoint:
         model.gradient_checkpointing_enable()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
+    seen: dict[int, list] = {}
+    kept = []  # checkpoint inputs are held by the checkpoint frames, not by weak references
 
-    def note(t):
+    def note(t, strong=False):
         st = t.untyped_storage()
         if st.data_ptr() not in params:
-            seen.setdefault(st.data_ptr(), st.nbytes())
+            seen.setdefault(st.data_ptr(), []).append((weakref.ref(t), st.nbytes()))
+            if strong:
+                kept.append(t)
 
     def pack(t):
         note(t)
@@ -52,18 +62,24 @@ def _measure(model, mode, *, checkpoint=False):
     hooks = []
     if checkpoint:
         def pre(_module, args, kwargs):
-            note(args[0])
-            for t in kwargs["position_embeddings"]:
-                note(t)
+            note(args[0], strong=True)
+            pe = kwargs["position_embeddings"]
+            for t in (pe,) if isinstance(pe, torch.Tensor) else pe:  # DeepSeek-V2: one complex tensor
+                note(t, strong=True)
         hooks = [layer.register_forward_pre_hook(pre, with_kwargs=True) for layer in model.model.layers]
-    ids = torch.randint(0, BASE["vocab_size"], (B, S), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, model.config.vocab_size, (B, S), generator=torch.Generator().manual_seed(1))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
             out = model(input_ids=ids, labels=ids, use_cache=False)
     for h in hooks:
         h.remove()
+    gc.collect()
+    total = 0
+    for refs in seen.values():
+        alive = [n for r, n in refs if r() is not None]
+        total += max(alive, default=0)
     out.loss.backward()  # the graph is complete and usable
-    return sum(seen.values())
+    return total
 
 
 def _predict(cfg, mode, profile="hf", recompute="none", **kw):
@@ -121,4 +137,77 @@ def test_qwen3_moe_exact(mode, norm_topk):
     measured = _measure(model, mode)
     assert hit == [MOE["num_experts"]] * cfg.num_hidden_layers, "precondition: every expert receives tokens"
     _, predicted = _predict(cfg, mode, norm_topk_prob=norm_topk)
+    assert predicted == measured
+
+
+# Catalog configs shrunk to tiny sizes (pad/bos/eos ids, rope scaling and quantisation dropped). Head dims differ
+# from S = 16 so that no two saved terms can be confused by size.
+CATALOG = {"deepseek_v3": "deepseek-ai/DeepSeek-V3", "deepseek_v2": "deepseek-ai/DeepSeek-V2-Lite"}
+TINY = {
+    "deepseek_v3": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=4,
+                        n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, q_lora_rank=48,
+                        kv_lora_rank=32, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
+                        first_k_dense_replace=1, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                        vocab_size=128, max_position_embeddings=64),
+    "deepseek_v2": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=4,
+                        n_shared_experts=2, num_experts_per_tok=2, q_lora_rank=None, kv_lora_rank=32,
+                        qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, first_k_dense_replace=1,
+                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+                        max_position_embeddings=64),
+}
+DROP = ("pad_token_id", "bos_token_id", "eos_token_id", "rope_scaling", "rope_parameters", "layer_types",
+        "quantization_config", "auto_map", "torch_dtype", "dtype", "model_type")
+
+
+def _catalog_model(model_type, extra=(), attn="sdpa"):
+    data = {k: v for k, v in catalog_entry(CATALOG[model_type]).config.items()
+            if not k.startswith("_") and k not in DROP}
+    data.update(TINY[model_type], **dict(extra))
+    cfg = transformers.AutoConfig.for_model(model_type, **data)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn,
+                                                          experts_implementation="eager")
+    return {**data, "model_type": model_type}, model
+
+
+def _experts_hit(model):
+    """Distinct experts each MoE layer routes to (the autocast weight copies are per hit expert)."""
+    hit = []
+    for layer in model.model.layers:
+        if hasattr(layer.mlp, "experts"):
+            layer.mlp.gate.register_forward_hook(lambda m, i, o: hit.append(o[-1].unique().numel()))
+    return hit
+
+
+def _predict_data(data, mode, **kw):
+    spec = spec_from_config(data, name="tiny", source="test")
+    c, p = PREC[mode]
+    act = activation_bytes(spec, micro_batch=B, seq=S, compute_dtype_bytes=c, param_dtype_bytes=p, **kw)
+    assert check_sums(act) == []
+    head = logits_bytes(spec, B, S, compute_dtype_bytes=c, param_dtype_bytes=p)
+    assert check_sums(head) == []
+    return act, act.value + head.child("saved").value
+
+
+MLA_CASES = [
+    ("deepseek_v3", ()),  # q LoRA, sigmoid router: 2 groups of 2, top-1 group, top-2 experts; norm_topk_prob
+    ("deepseek_v3", (("norm_topk_prob", False), ("n_shared_experts", 2), ("n_group", 1), ("topk_group", 1))),
+    ("deepseek_v2", ()),  # no q LoRA, greedy softmax router, 2 shared experts, complex rotary
+    ("deepseek_v2", (("topk_method", "group_limited_greedy"), ("n_group", 2), ("topk_group", 1))),
+]
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["none", "full"])
+@pytest.mark.parametrize("mode", list(PREC))
+@pytest.mark.parametrize("model_type,extra", MLA_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(MLA_CASES)])
+def test_mla_exact(model_type, extra, mode, checkpoint):
+    """MLA attention (CPU SDPA math fallback), first-k-dense layers, DeepSeek routers, shared experts."""
+    data, model = _catalog_model(model_type, extra)
+    hit = _experts_hit(model)
+    measured = _measure(model, mode, checkpoint=checkpoint)
+    assert set(hit) == {data["n_routed_experts"]}, f"precondition: every expert receives tokens ({hit})"
+    act, predicted = _predict_data(data, mode, recompute="full" if checkpoint else "none",
+                                   router=Router.from_config(data))
+    if checkpoint:
+        predicted -= act.child("recompute transient").value
     assert predicted == measured

@@ -30,7 +30,7 @@ from trainmath.tree import Node
 
 PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
-HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2", "deepseek_v3")
 INT64 = 8
 FP32 = 4
 
@@ -53,6 +53,25 @@ class Precision:
     def residual(self) -> int:
         """The residual stream's dtype: the embedding's (param) dtype; bf16 + fp32 adds promote to fp32."""
         return self.param
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Router:
+    """MoE router switches that change what the router saves but that the ``ModelSpec`` does not carry (read from
+    the config by ``Router.from_config``; the defaults are transformers' config-class defaults)."""
+
+    norm_topk_prob: bool = True
+    """Renormalise the top-k weights (Qwen3-MoE, DeepSeek-V3; Mixtral always does)."""
+    topk_method: str = "noaux_tc"
+    """DeepSeek routing: ``greedy`` / ``group_limited_greedy`` (V2, softmax) or ``noaux_tc`` (V3, sigmoid). The
+    group sizes (``n_group``, ``topk_group``) change nothing that is kept (``deepseek_moe_saved``)."""
+
+    @classmethod
+    def from_config(cls, config: dict) -> Router:
+        """The router switches of a Hugging Face config dict (missing keys: transformers' defaults)."""
+        v2 = config.get("model_type") == "deepseek_v2"
+        return cls(norm_topk_prob=bool(config.get("norm_topk_prob", not v2)),
+                   topk_method=config.get("topk_method") or ("greedy" if v2 else "noaux_tc"))
 
 
 def _leaf(name: str, value: int, note: str = "") -> Node:
@@ -146,6 +165,123 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     return out
 
 
+def mla_saved(block: Block, *, b: int, s: int, d: int, p: Precision) -> list[Node]:
+    """DeepSeek-V2/V3 multi-head latent attention (transformers' ``DeepseekV{2,3}Attention``) after the input norm.
+
+    Saved: the input of q_a_proj (or q_proj without q LoRA) and kv_a_proj_with_mqa (``linear_inputs``); with q
+    LoRA the q_a_layernorm on the (T, q_lora) projection and q_b_proj's input (c·T·q_lora); the kv_a_layernorm on
+    the (T, r_kv) latent — a split view of kv_a_proj's (T, r_kv + rope) output, so in fp32 its "fp32 copy" is that
+    whole output (4·T·(r_kv + rope)), else a fresh fp32 copy (4·T·r_kv); kv_b_proj's input (c·T·r_kv); the
+    attention core; o_proj's input (c·T·h·v). RoPE multiplies by cos/sin (or V2's complex freqs), which need no grad:
+    only the shared cos/sin are saved (``rotary``). The key is assembled with ``copy_`` (nothing saved).
+
+    Attention core: q/k head dim (nope + rope) differs from v's, so PyTorch's CPU SDPA cannot run its flash kernel
+    and falls back to the math kernel, which on CPU computes in fp32 whatever the input dtype and saves the scaled
+    query and key (4·T·h·qk each), the fp32 softmax (4·b·h·s²) and a contiguous fp32 value (4·T·h·v). (On CUDA,
+    PyTorch would pick the memory-efficient kernel instead — not modelled here; the oracle runs on CPU.)
+    """
+    dims = block.dims
+    if not isinstance(dims, MLADims):
+        raise TrainmathError(f"mla block without MLADims: {block.kind}")
+    if dims.qk_head_dim == dims.v_head_dim:
+        raise TrainmathError(f"MLA with equal q/k and v head dims ({dims.qk_head_dim}) runs SDPA's flash kernel, "
+                             f"which the hf profile does not model for MLA")
+    T, c, h = b * s, p.compute, dims.heads
+    out = linear_inputs("self_attn.qkv_a", ["q_a_proj" if dims.q_lora_rank else "q_proj", "kv_a_proj_with_mqa"],
+                        T, d, p)
+    if dims.q_lora_rank:
+        out += rmsnorm_saved("self_attn.q_a_layernorm", T, dims.q_lora_rank, c)
+        out.append(_leaf("q_b_proj.input", c * T * dims.q_lora_rank))
+    latent = dims.kv_lora_rank
+    out += [
+        _leaf("self_attn.kv_a_layernorm.x_fp32", FP32 * T * (latent + dims.qk_rope_head_dim if c == FP32 else latent),
+              "the whole kv_a_proj output in fp32 (the latent is a view of it), else an fp32 copy of the latent"),
+        _leaf("self_attn.kv_a_layernorm.rsqrt", FP32 * T),
+        _leaf("self_attn.kv_a_layernorm.normalized", c * T * latent),
+        _leaf("kv_b_proj.input", c * T * latent),
+        _leaf("sdpa_math.query_scaled", FP32 * T * h * dims.qk_head_dim, "fp32 on CPU"),
+        _leaf("sdpa_math.key_scaled", FP32 * T * h * dims.qk_head_dim, "fp32 on CPU"),
+        _leaf("sdpa_math.softmax_fp32", FP32 * b * h * s * s),
+        _leaf("sdpa_math.value", FP32 * T * h * dims.v_head_dim, "contiguous fp32 copy"),
+        _leaf("o_proj.input", c * T * h * dims.v_head_dim),
+    ]
+    return out
+
+
+def experts_saved(tk: int, d: int, f: int, p: Precision, weight_bytes: int) -> list[Node]:
+    """transformers' eager expert loop (``experts_implementation="eager"``), summed over the hit experts; Σ n_e =
+    T·k for any routing. Per expert e with n_e tokens: torch.where's (n_e, 2) int64 token/slot indices, the gathered
+    input (c·n_e·d), the fused gate_up output (2c·n_e·f: gate and up are views of it), the activation output and
+    the product (c·n_e·f each), its routing weights (``weight_bytes``·n_e), the down output (c·n_e·d) and the
+    index_add source in the residual dtype (r·n_e·d)."""
+    c, r = p.compute, p.residual
+    return [
+        _leaf("experts.token_slot_indices", 2 * INT64 * tk),
+        _leaf("experts.gathered_input", c * tk * d),
+        _leaf("experts.gate_up_out", 2 * c * tk * f),
+        _leaf("experts.act_out", c * tk * f),
+        _leaf("experts.down_proj.input", c * tk * f),
+        _leaf("experts.routing_weight", weight_bytes * tk),
+        _leaf("experts.down_out", c * tk * d),
+        _leaf("experts.index_add_source", r * tk * d),
+    ]
+
+
+def deepseek_moe_saved(block: Block, *, T: int, d: int, p: Precision, router: Router, model_type: str
+                       ) -> list[Node]:
+    """DeepSeek-V2/V3 MoE (``DeepseekV{2,3}MoE``): a router computed in fp32, the eager expert loop and the shared
+    experts (one gated MLP of width n_shared·f on the same input).
+
+    Router ``F.linear(x.float(), w.float())``: under autocast it runs in the compute dtype (its input cast, and the
+    weight cast counted with the weight copies); in a bf16 model both casts are fp32 copies (4·T·d and 4·n·d); in
+    fp32 it reads the MLP input itself (shared with the shared experts). Then, V3 (``noaux_tc``): sigmoid output
+    (router dtype·T·n), the top-k indices (8·T·k, saved by ``scores.gather``) and, with ``norm_topk_prob``, the
+    in-place division's denominator and weights (router dtype·T·(1 + k)). V2: fp32 softmax (4·T·n), with
+    ``group_limited_greedy`` the masked_fill mask (1·T·n), then the top-k indices (8·T·k). The router dtype is c
+    under autocast, else fp32; the routing weights the experts multiply by have it too (V2: fp32).
+
+    Packed but not kept: the group selection (V3's group top-2 and top-k over groups and its masked_fill; V2's
+    group max and top-k over groups) only produces integer indices, so its autograd nodes cannot reach the loss and
+    are freed, with what they saved, when the forward ends. ``n_group``/``topk_group`` therefore change nothing.
+    """
+    dims = block.dims
+    if not isinstance(dims, MoEDims):
+        raise TrainmathError(f"moe block without MoEDims: {block.kind}")
+    c = p.compute
+    n, k, f = dims.experts, dims.top_k, dims.expert_intermediate
+    rd = c if p.autocast else FP32
+    shared_reads_input = True
+    if p.autocast:
+        out = [_leaf("router.input_cast", c * T * d)]
+    elif c == FP32:
+        out = [_leaf("mlp.input", FP32 * T * d, "read by the router and the shared experts")]
+        shared_reads_input = False
+    else:
+        out = [_leaf("router.input_fp32", FP32 * T * d), _leaf("router.weight_fp32", FP32 * n * d,
+                                                                "x.float() and w.float() of a bf16 model")]
+    if model_type == "deepseek_v3":
+        out += [
+            _leaf("router.sigmoid", rd * T * n),
+            _leaf("router.topk_indices", INT64 * T * k, "saved by the gather of the weights"),
+        ]
+        if router.norm_topk_prob:
+            out += [_leaf("router.topk_sum", rd * T), _leaf("router.topk_weights", rd * T * k)]
+        weight_bytes = rd
+    else:
+        out.append(_leaf("router.softmax_fp32", FP32 * T * n))
+        if router.topk_method == "group_limited_greedy":
+            out.append(_leaf("router.group_mask", T * n, "bool, saved by masked_fill on the scores"))
+        elif router.topk_method != "greedy":
+            raise TrainmathError(f"DeepSeek-V2 topk_method {router.topk_method!r} is not one of greedy, "
+                                 f"group_limited_greedy")
+        out.append(_leaf("router.topk_indices", INT64 * T * k))
+        weight_bytes = FP32
+    out += experts_saved(T * k, d, f, p, weight_bytes)
+    if dims.shared_intermediate:
+        out += gated_mlp_saved("shared_experts", T, d, dims.shared_intermediate, p, input_saved=shared_reads_input)
+    return out
+
+
 def gated_mlp_saved(prefix: str, tokens: int, d: int, f: int, p: Precision, *, input_saved: bool = True
                     ) -> list[Node]:
     """SwiGLU ``down(act(gate(x)) * up(x))``: x (see ``linear_inputs``), gate output (act saves its input), act
@@ -182,22 +318,16 @@ def moe_saved(block: Block, *, T: int, d: int, p: Precision, norm_topk_prob: boo
         _leaf("router.softmax_fp32", FP32 * T * n),
         _leaf("router.topk_indices", INT64 * T * k),
         *([_leaf("router.topk_values", FP32 * T * k), _leaf("router.topk_sum", FP32 * T)] if norm_topk_prob else []),
-        _leaf("experts.token_slot_indices", 2 * INT64 * tk),
-        _leaf("experts.gathered_input", c * tk * d),
-        _leaf("experts.gate_up_out", 2 * c * tk * f),
-        _leaf("experts.act_out", c * tk * f),
-        _leaf("experts.down_proj.input", c * tk * f),
-        _leaf("experts.routing_weight", c * tk),
-        _leaf("experts.down_out", c * tk * d),
-        _leaf("experts.index_add_source", r * tk * d),
     ]
+    out += experts_saved(tk, d, f, p, c)
     if dims.shared_intermediate:
         out += gated_mlp_saved("shared_expert", T, d, dims.shared_intermediate, p)
     return out
 
 
 def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager: bool,
-                experts_hit: int | None = None, norm_topk_prob: bool = True) -> Node:
+                experts_hit: int | None = None, norm_topk_prob: bool = True, model_type: str = "",
+                router: Router | None = None) -> Node:
     """Everything one decoder layer saves for backward (hf profile, no recompute): its input norm (whose fp32 x
     is the layer input itself when the residual stream is fp32), the mixer, the post-attention norm (on the
     residual after attention), the FFN, and under autocast the layer's weight copies. Residual adds save nothing."""
@@ -206,17 +336,25 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     ffn = next((bl for bl in layer.blocks if bl.kind in ("mlp", "moe")), None)
     norms = next((bl for bl in layer.blocks if bl.kind == "norm"), None)
     names = [t.name for t in norms.tensors] if norms else []
-    if mixer is None or mixer.kind != "attention" or ffn is None or names != [
+    if mixer is None or mixer.kind not in ("attention", "mla") or ffn is None or names != [
             "input_layernorm.weight", "post_attention_layernorm.weight"]:
         raise TrainmathError(f"the hf activation profile covers pre-norm attention + MLP/MoE layers "
                              f"({', '.join(HF_FAMILIES)}); layer {layer.label!r} has blocks "
                              f"{[bl.kind for bl in layer.blocks]} and norms {names}")
     r = p.residual
     kids = rmsnorm_saved("input_layernorm", T, d, r)  # its output (w·y) is saved by the Linears that read it
-    kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager)
+    if mixer.kind == "mla":
+        if eager:
+            raise TrainmathError("the eager profile has no rule for MLA attention; use profile='hf' (SDPA)")
+        kids += mla_saved(mixer, b=b, s=s, d=d, p=p)
+    else:
+        kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager)
     kids += rmsnorm_saved("post_attention_layernorm", T, d, r)
     if isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
+    elif isinstance(ffn.dims, MoEDims) and model_type in ("deepseek_v2", "deepseek_v3"):
+        kids += deepseek_moe_saved(ffn, T=T, d=d, p=p, model_type=model_type,
+                                   router=router or Router(norm_topk_prob=norm_topk_prob))
     elif isinstance(ffn.dims, MoEDims):
         kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=norm_topk_prob)
     else:
@@ -249,7 +387,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      recompute: str = "none", compute_dtype_bytes: int = 2, tp: int = 1, sp: bool = False,
                      cp: int = 1, pp: int = 1, layers: Sequence[int] | None = None,
                      param_dtype_bytes: int = 4, experts_hit: int | None = None,
-                     norm_topk_prob: bool = True) -> Node:
+                     norm_topk_prob: bool = True, router: Router | None = None) -> Node:
     """Bytes saved for backward by one micro-batch on one rank: per layer type (× its layers) → per saved tensor,
     plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin, computed once, shared by all layers).
     The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -262,7 +400,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     ``layers``: indices of the layers on this rank (default: all, or ``pp`` equal stages' first stage).
     ``experts_hit``: routed experts that received tokens (only changes the autocast weight copies; default all).
     ``norm_topk_prob``: the MoE config flag of that name (Qwen3-MoE Hub configs set it; Mixtral always
-    renormalises); the spec does not carry it.
+    renormalises); the spec does not carry it. ``router``: the MoE router switches (``Router.from_config``); when
+    given it replaces ``norm_topk_prob``; default ``Router(norm_topk_prob=norm_topk_prob)`` (DeepSeek-V3's routing;
+    DeepSeek-V2 configs need ``Router.from_config`` for ``topk_method``, worth 1·T·n bytes per MoE layer).
     The hf profile is single-device: ``tp``/``sp``/``cp`` other than 1 raise.
     """
     _check("profile", profile, PROFILES)
@@ -294,7 +434,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         if not mine:
             continue
         one = layer_saved(layer, b=b, s=s, d=d, p=p, eager=profile == "eager", experts_hit=experts_hit,
-                          norm_topk_prob=norm_topk_prob)
+                          norm_topk_prob=router.norm_topk_prob if router else norm_topk_prob,
+                          model_type=spec.model_type, router=router)
         if largest is None or one.value > largest.value:
             largest = one
         if recompute == "full":
@@ -304,7 +445,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     kids = [Node.of("layers", groups, "bytes")]
     if 0 in indices:
         kids.append(Node.of("embedding", [_leaf("input_ids", INT64 * T, "indices saved by the embedding")], "bytes"))
-    if indices:
+    if indices and spec.model_type == "deepseek_v2":
+        rope = _rope_dim(spec)
+        kids.append(Node.of("rotary", [_leaf("freqs_cis", 8 * s * (rope // 2))], "bytes",
+                            note="(1, s, rope_dim/2) complex64 whatever the dtype, shared by every layer"))
+    elif indices:
         rope = _rope_dim(spec)
         kids.append(Node.of("rotary", [_leaf("cos", p.residual * s * rope), _leaf("sin", p.residual * s * rope)],
                             "bytes", note="(1, s, rope_dim) in the embedding dtype, shared by every layer"))
