@@ -211,3 +211,18 @@ def test_mla_exact(model_type, extra, mode, checkpoint):
     if checkpoint:
         predicted -= act.child("recompute transient").value
     assert predicted == measured
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["none", "full"])
+@pytest.mark.parametrize("mode", list(PREC))
+def test_mixtral_exact(mode, checkpoint):
+    """Mixtral keeps its routing weights in fp32 (the renormalised softmax top-k values): 2·T·k bytes per layer
+    more than Qwen3-MoE in bf16/autocast."""
+    cfg, model = _model("mixtral", "sdpa", {"num_local_experts": 4, "num_experts_per_tok": 2})
+    hit = _experts_hit(model)
+    measured = _measure(model, mode, checkpoint=checkpoint)
+    assert set(hit) == {4}, f"precondition: every expert receives tokens ({hit})"
+    act, predicted = _predict(cfg, mode, recompute="full" if checkpoint else "none")
+    if checkpoint:
+        predicted -= act.child("recompute transient").value
+    assert predicted == measured

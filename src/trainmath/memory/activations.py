@@ -297,7 +297,8 @@ def gated_mlp_saved(prefix: str, tokens: int, d: int, f: int, p: Precision, *, i
     ]
 
 
-def moe_saved(block: Block, *, T: int, d: int, p: Precision, norm_topk_prob: bool = True) -> list[Node]:
+def moe_saved(block: Block, *, T: int, d: int, p: Precision, norm_topk_prob: bool = True,
+              fp32_routing_weights: bool = False) -> list[Node]:
     """Qwen3-MoE/Mixtral sparse block with ``experts_implementation="eager"`` (a loop over hit experts).
 
     Router: its input (``linear_inputs``), fp32 softmax (4·T·n), top-k indices (8·T·k); with ``norm_topk_prob``
@@ -306,6 +307,10 @@ def moe_saved(block: Block, *, T: int, d: int, p: Precision, norm_topk_prob: boo
     output (2c·n_e·f: gate and up are views of it), act output and product (c·n_e·f each), its routing weight
     (c·n_e), down output (c·n_e·d) and the index_add source in the residual dtype (r·n_e·d). Σ n_e = T·k for any
     routing, so the total is routing-independent: T·k·(16 + c(2d + 4f + 1) + r·d) bytes.
+
+    ``fp32_routing_weights`` (Mixtral): the router returns the fp32 renormalised top-k values themselves (Qwen3-MoE
+    casts them back to the logits' dtype), so each expert's mul saves 4·n_e bytes of weights, not c·n_e: the
+    4-2 = 2 bytes × T·k that were missing in bf16 and under autocast (128 bytes per layer at T = 32, k = 2).
     """
     dims = block.dims
     if not isinstance(dims, MoEDims):
@@ -319,7 +324,7 @@ def moe_saved(block: Block, *, T: int, d: int, p: Precision, norm_topk_prob: boo
         _leaf("router.topk_indices", INT64 * T * k),
         *([_leaf("router.topk_values", FP32 * T * k), _leaf("router.topk_sum", FP32 * T)] if norm_topk_prob else []),
     ]
-    out += experts_saved(tk, d, f, p, c)
+    out += experts_saved(tk, d, f, p, FP32 if fp32_routing_weights else c)
     if dims.shared_intermediate:
         out += gated_mlp_saved("shared_expert", T, d, dims.shared_intermediate, p)
     return out
@@ -356,7 +361,8 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
         kids += deepseek_moe_saved(ffn, T=T, d=d, p=p, model_type=model_type,
                                    router=router or Router(norm_topk_prob=norm_topk_prob))
     elif isinstance(ffn.dims, MoEDims):
-        kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=norm_topk_prob)
+        mixtral = model_type == "mixtral"  # always renormalises, keeps fp32 routing weights
+        kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=norm_topk_prob or mixtral, fp32_routing_weights=mixtral)
     else:
         raise TrainmathError(f"the hf activation profile has no rule for a plain (non-gated) MLP: {layer.label!r}")
     activ = Node.of("activations", kids, "bytes")
