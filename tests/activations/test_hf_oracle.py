@@ -103,6 +103,9 @@ CASES = [
     ("qwen3", {}, "sdpa"),
     ("qwen3", {}, "eager"),
     ("mistral", {}, "sdpa"),
+    ("qwen2", {}, "sdpa"),  # q/k/v biases
+    ("olmo2", {}, "sdpa"),  # post-norms, full-width q/k norms, fp32 norm products and cos/sin
+    ("olmo2", {}, "eager"),
 ]
 
 
@@ -115,7 +118,7 @@ def test_dense_saved_bytes_exact(model_type, extra, attn, mode):
 
 
 @pytest.mark.parametrize("mode", list(PREC))
-@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "olmo2"])
 def test_full_recompute_exact(model_type, mode):
     """gradient_checkpointing_enable() (use_reentrant=False): layer inputs and cos/sin are what is kept."""
     cfg, model = _model(model_type, "sdpa", {})

@@ -30,7 +30,8 @@ from trainmath.tree import Node
 
 PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
-HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2", "deepseek_v3")
+HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2", "deepseek_v3",
+               "olmo2")
 INT64 = 8
 FP32 = 4
 
@@ -91,6 +92,17 @@ def rmsnorm_saved(prefix: str, rows: int, width: int, in_bytes: int) -> list[Nod
     ]
 
 
+def olmo2_rmsnorm_saved(prefix: str, rows: int, width: int) -> list[Node]:
+    """OLMo-2's RMSNorm: ``(w * (x.to(fp32) * rsqrt(mean(x²) + eps))).to(in_dtype)``: the weight multiplies in
+    fp32, so it saves the fp32 x (the input itself when fp32), rsqrt per row and the fp32 normalised y (derived from
+    the code, checked by the oracle)."""
+    return [
+        _leaf(f"{prefix}.x_fp32", FP32 * rows * width, "fp32 copy of the input (the input itself if fp32)"),
+        _leaf(f"{prefix}.rsqrt", FP32 * rows, "one fp32 per row"),
+        _leaf(f"{prefix}.normalized_fp32", FP32 * rows * width, "x·rsqrt in fp32 (the weight multiplies in fp32)"),
+    ]
+
+
 def linear_inputs(prefix: str, names: Sequence[str], tokens: int, width: int, p: Precision) -> list[Node]:
     """Inputs saved by Linears that read the same tensor (q/k/v; gate/up; router). Without autocast they share one
     storage (counted once); under autocast each Linear saves its own compute-dtype cast of the fp32 input."""
@@ -121,7 +133,8 @@ def _has(block: Block, fragment: str) -> bool:
     return any(fragment in t.name for t in block.tensors)
 
 
-def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager: bool) -> list[Node]:
+def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager: bool, olmo2: bool = False
+                    ) -> list[Node]:
     """Grouped-query attention after the input norm: q/k/v inputs, optional q/k RMSNorm, the attention core, o_proj.
 
     SDPA (CPU flash kernel, or CUDA flash): saves query, key (rotary outputs, compute dtype), value (v_proj output),
@@ -129,7 +142,8 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     logsumexp (fp32, b·h·s). CUDA's memory-efficient kernel pads logsumexp to a multiple of 32 queries and both CUDA
     kernels add an 8-byte RNG seed and offset: not counted. Eager: copies of q, k, v at h heads (repeat_kv / bmm),
     the fp32 softmax (4·b·h·s²) and its compute-dtype cast (2·b·h·s², the same tensor in fp32), and a contiguous
-    o_proj input.
+    o_proj input. ``olmo2``: q/k RMSNorms over the whole projection (T, h·h_d) and (T, h_kv·h_d), OLMo-2 style
+    (``olmo2_rmsnorm_saved``), instead of per head.
     """
     dims = block.dims
     if not isinstance(dims, AttentionDims):
@@ -139,7 +153,10 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     q, kv = h * hd, hkv * hd
     c = p.compute
     out = linear_inputs("self_attn.qkv", ["q_proj", "k_proj", "v_proj"], T, d, p)
-    if _has(block, "q_norm"):
+    if olmo2:
+        out += olmo2_rmsnorm_saved("self_attn.q_norm", T, q)
+        out += olmo2_rmsnorm_saved("self_attn.k_norm", T, kv)
+    elif _has(block, "q_norm"):
         out += rmsnorm_saved("self_attn.q_norm", T * h, hd, c)
         out += rmsnorm_saved("self_attn.k_norm", T * hkv, hd, c)
     if not eager:
@@ -177,8 +194,8 @@ def mla_saved(block: Block, *, b: int, s: int, d: int, p: Precision) -> list[Nod
 
     Attention core: q/k head dim (nope + rope) differs from v's, so PyTorch's CPU SDPA cannot run its flash kernel
     and falls back to the math kernel, which on CPU computes in fp32 whatever the input dtype and saves the scaled
-    query and key (4·T·h·qk each), the fp32 softmax (4·b·h·s²) and a contiguous fp32 value (4·T·h·v). (On CUDA,
-    PyTorch would pick the memory-efficient kernel instead — not modelled here; the oracle runs on CPU.)
+    query and key (4·T·h·qk each), the fp32 softmax (4·b·h·s²) and a contiguous fp32 value (4·T·h·v).
+    (On CUDA, PyTorch would pick the memory-efficient kernel instead — not modelled here; the oracle runs on CPU.)
     """
     dims = block.dims
     if not isinstance(dims, MLADims):
@@ -341,6 +358,10 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     ffn = next((bl for bl in layer.blocks if bl.kind in ("mlp", "moe")), None)
     norms = next((bl for bl in layer.blocks if bl.kind == "norm"), None)
     names = [t.name for t in norms.tensors] if norms else []
+    olmo2 = names == ["post_attention_layernorm.weight", "post_feedforward_layernorm.weight"]
+    if olmo2 and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims) \
+            and ffn.dims.gated:
+        return _olmo2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
     if mixer is None or mixer.kind not in ("attention", "mla") or ffn is None or names != [
             "input_layernorm.weight", "post_attention_layernorm.weight"]:
         raise TrainmathError(f"the hf activation profile covers pre-norm attention + MLP/MoE layers "
@@ -368,6 +389,24 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     activ = Node.of("activations", kids, "bytes")
     copies = weight_copies(mixer, p) + weight_copies(ffn, p, experts_hit)
     parts = [activ]
+    if copies:
+        parts.append(Node.of("autocast weight copies", copies, "bytes",
+                             note="compute-dtype casts of the fp32 weights, kept for backward"))
+    return Node.of(layer.label, parts, "bytes")
+
+
+def _olmo2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
+                 eager: bool) -> Node:
+    """OLMo-2's post-norm layer: ``h = x + post_attention_layernorm(attn(x))``, ``h + post_feedforward_layernorm(
+    mlp(h))``: no input norms, so q/k/v and gate/up read the residual stream (their casts under autocast); the two
+    norms act on the attention and MLP outputs (c·T·d), OLMo-2 style (``olmo2_rmsnorm_saved``)."""
+    T = b * s
+    kids = attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, olmo2=True)
+    kids += olmo2_rmsnorm_saved("post_attention_layernorm", T, d)
+    kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
+    kids += olmo2_rmsnorm_saved("post_feedforward_layernorm", T, d)
+    parts = [Node.of("activations", kids, "bytes")]
+    copies = weight_copies(mixer, p) + weight_copies(ffn, p)
     if copies:
         parts.append(Node.of("autocast weight copies", copies, "bytes",
                              note="compute-dtype casts of the fp32 weights, kept for backward"))
@@ -457,7 +496,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                             note="(1, s, rope_dim/2) complex64 whatever the dtype, shared by every layer"))
     elif indices:
         rope = _rope_dim(spec)
-        kids.append(Node.of("rotary", [_leaf("cos", p.residual * s * rope), _leaf("sin", p.residual * s * rope)],
+        rb = FP32 if spec.model_type == "olmo2" else p.residual  # OLMo-2 keeps cos/sin in fp32
+        kids.append(Node.of("rotary", [_leaf("cos", rb * s * rope), _leaf("sin", rb * s * rope)],
                             "bytes", note="(1, s, rope_dim) in the embedding dtype, shared by every layer"))
     if recompute == "full" and largest is not None:
         kids.append(Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
@@ -497,7 +537,8 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     """
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     T, d, V = micro_batch * seq, spec.hidden_size, spec.vocab_size
-    saved = rmsnorm_saved("norm", T, d, p.residual)
+    saved = (olmo2_rmsnorm_saved("norm", T, d) if spec.model_type == "olmo2"
+             else rmsnorm_saved("norm", T, d, p.residual))
     saved += linear_inputs("lm_head", ["lm_head"], T, d, p)
     if p.autocast:
         saved.append(_leaf("lm_head.weight_cast", p.compute * V * d))
