@@ -132,3 +132,28 @@ def test_core_imports_without_torch():
             "seq=16).value)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) > 0
+
+
+@pytest.mark.parametrize("tp", [2, 3, 8])
+def test_logits_vocab_parallel(tp):
+    """tp divides the vocabulary terms (ceil), leaves the norm, the head's input and the labels whole; tp=1 is the
+    default."""
+    spec = load_spec("Qwen/Qwen3-0.6B")
+    one, par = logits_bytes(spec, 2, 64), logits_bytes(spec, 2, 64, tp=tp)
+    assert one == logits_bytes(spec, 2, 64, tp=1)
+    assert check_sums(par) == []
+    vp = -(-spec.vocab_size // tp)
+    leaves = {n.name: n.value for _, n in par.walk() if not n.children}
+    assert leaves["log_softmax_fp32"] == 4 * 128 * vp
+    assert leaves["lm_head.weight_cast"] == 2 * vp * spec.hidden_size
+    assert leaves["labels"] == 8 * 128
+    whole = {n.name: n.value for _, n in one.walk() if not n.children}
+    assert leaves["norm.x_fp32"] == whole["norm.x_fp32"]
+    with pytest.raises(TrainmathError, match="tp"):
+        logits_bytes(spec, 2, 64, tp=0)
+
+
+def test_hf_selective_raises_with_reason():
+    spec = load_spec("Qwen/Qwen3-0.6B")
+    with pytest.raises(TrainmathError, match="no selective checkpointing"):
+        activation_bytes(spec, micro_batch=1, seq=16, recompute="selective")

@@ -10,6 +10,17 @@ Two profiles describe two implementations:
 - ``megatron``: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. (1)-(2)
   and Table 2: sbh(34 + 5as/h) per layer with TP/SP/selective variants (``activations_megatron`` below).
 
+Recompute: ``none``; ``full`` is transformers' ``gradient_checkpointing_enable()`` (whole layers, measured);
+``selective`` exists only in the ``megatron`` profile (Korthikanti et al. §5: drop the 5as²b core-attention term).
+For ``hf``/``eager`` it raises on purpose: transformers has no selective checkpointing, and a definition of our own
+(e.g. ``torch.utils.checkpoint`` around SDPA) would model no code a user can run; with SDPA the core attention keeps
+only q, k, v, the output and the logsumexp, all of which the neighbouring Linears need anyway.
+
+Families (``HF_FAMILIES``): llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA
+math fallback, see ``mla_saved``). Others raise a ``TrainmathError`` naming the layer. MoE runs transformers'
+eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
+when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
+
 Precision is two numbers: ``compute_dtype_bytes`` (what matmuls produce) and ``param_dtype_bytes`` (the parameters'
 dtype). 2 and 4 is bf16 autocast (fp32 master weights): the residual stream is fp32, every Linear saves its own bf16
 cast of an fp32 input, and each Linear's weight is cast once per step and kept for backward ("autocast weight
@@ -467,8 +478,10 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         raise TrainmathError(f"the {profile} profile is single-device (tp={tp}, sp={sp}, cp={cp}); use "
                              f"profile='megatron' for tensor/sequence/context parallelism")
     if recompute == "selective":
-        raise TrainmathError("recompute='selective' is defined for profile='megatron' only: transformers has no "
-                             "selective checkpointing, and with SDPA there is no s² tensor to drop")
+        raise TrainmathError(f"recompute='selective' is defined for profile='megatron' only, not {profile!r}: "
+                             "transformers' gradient_checkpointing_enable() checkpoints whole layers "
+                             "(recompute='full'); it has no selective checkpointing, and with SDPA there is no s² "
+                             "tensor for Korthikanti's selective recompute to drop")
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     T = b * s
@@ -525,7 +538,7 @@ def _rank_layers(spec: ModelSpec, layers: Sequence[int] | None, pp: int) -> list
 
 
 def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_bytes: int = 2,
-                 param_dtype_bytes: int = 4) -> Node:
+                 param_dtype_bytes: int = 4, tp: int = 1) -> Node:
     """The final norm, LM head and ``ForCausalLMLoss`` (transformers 5.x, labels given, no ``num_items``):
 
     saved: final RMSNorm (as every norm), the LM head's input (its cast under autocast), the autocast copy of the
@@ -534,9 +547,17 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     positions count) and nll's total_weight (4 bytes).
     not saved but alive: the logits in the compute dtype (c·T·V, held by the model output until it is dropped) and,
     when c < 4, their fp32 upcast (4·T·V), freed once log_softmax has run: the transient peak of the loss.
+
+    ``tp``: a vocabulary-parallel LM head and loss (Megatron's ``ColumnParallelLinear`` head with
+    ``vocab_parallel_cross_entropy``): each rank holds V' = ceil(V/tp) vocabulary entries, so every V term above
+    uses V' (the head's weight cast, the log-probabilities, the logits and their fp32 upcast); the final norm, the
+    head's input (T·d, gathered whole: no sequence-parallel split assumed) and the labels are per rank whole.
+    Derived, not measured (the oracle is single-device); tp = 1 is the measured case.
     """
+    if tp < 1:
+        raise TrainmathError(f"tp ({tp}) must be at least 1")
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
-    T, d, V = micro_batch * seq, spec.hidden_size, spec.vocab_size
+    T, d, V = micro_batch * seq, spec.hidden_size, -(-spec.vocab_size // tp)
     saved = (olmo2_rmsnorm_saved("norm", T, d) if spec.model_type == "olmo2"
              else rmsnorm_saved("norm", T, d, p.residual))
     saved += linear_inputs("lm_head", ["lm_head"], T, d, p)
@@ -547,7 +568,7 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     if p.compute != FP32:
         held.append(_leaf("logits_fp32 (transient)", FP32 * T * V, "logits.float() in ForCausalLMLoss"))
     return Node.of("logits and loss", [Node.of("saved", saved, "bytes"), Node.of("not saved", held, "bytes")],
-                   "bytes", note=f"V={V}, T={T}")
+                   "bytes", note=f"V={V}" + (f" per rank (tp={tp})" if tp > 1 else "") + f", T={T}")
 
 
 def megatron_layer_terms(*, s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, selective: bool = False,
