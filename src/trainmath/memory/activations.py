@@ -482,6 +482,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                              "transformers' gradient_checkpointing_enable() checkpoints whole layers "
                              "(recompute='full'); it has no selective checkpointing, and with SDPA there is no s² "
                              "tensor for Korthikanti's selective recompute to drop")
+    if spec.model_type not in HF_FAMILIES:
+        raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
+                             f"{spec.name} is {spec.model_type!r} (not yet modelled: use profile='megatron')")
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     T = b * s
