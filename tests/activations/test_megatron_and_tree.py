@@ -167,3 +167,11 @@ def test_hf_unmodelled_family_raises(model):
     with pytest.raises(TrainmathError, match="not yet modelled"):
         activation_bytes(spec, micro_batch=1, seq=16)
     assert activation_bytes(spec, micro_batch=1, seq=16, profile="megatron").value > 0
+
+
+@pytest.mark.parametrize("model", ["deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V3"])
+def test_mla_default_router(model):
+    """Without a Router, DeepSeek-V2 defaults to greedy routing and V3 to noaux_tc (transformers' defaults)."""
+    spec = load_spec(model)
+    act = activation_bytes(spec, micro_batch=1, seq=64, recompute="full")
+    assert check_sums(act) == [] and act.value > 0

@@ -391,7 +391,8 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
         kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
     elif isinstance(ffn.dims, MoEDims) and model_type in ("deepseek_v2", "deepseek_v3"):
         kids += deepseek_moe_saved(ffn, T=T, d=d, p=p, model_type=model_type,
-                                   router=router or Router(norm_topk_prob=norm_topk_prob))
+                                   router=router or Router(norm_topk_prob=norm_topk_prob, topk_method=(
+                                       "greedy" if model_type == "deepseek_v2" else "noaux_tc")))
     elif isinstance(ffn.dims, MoEDims):
         mixtral = model_type == "mixtral"  # always renormalises, keeps fp32 routing weights
         kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=norm_topk_prob or mixtral, fp32_routing_weights=mixtral)
