@@ -229,3 +229,20 @@ def test_mixtral_exact(mode, checkpoint):
     if checkpoint:
         predicted -= act.child("recompute transient").value
     assert predicted == measured
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["none", "full"])
+@pytest.mark.parametrize("mode", list(PREC))
+def test_qwen2_moe_exact(mode, checkpoint):
+    """Qwen2-MoE: the shared expert is gated by sigmoid(shared_expert_gate(x)), a (T, 1) Linear whose product keeps
+    the shared expert's output (c·T·d) and the sigmoid (c·T); under autocast the gate also casts its input. The
+    second layer is dense (mlp_only_layers). norm_topk_prob is left at the config default (False)."""
+    cfg, model = _model("qwen2_moe", "sdpa", {**MOE, "shared_expert_intermediate_size": 48,
+                                              "num_hidden_layers": 3, "mlp_only_layers": [1]})
+    hit = _experts_hit(model)
+    measured = _measure(model, mode, checkpoint=checkpoint)
+    assert set(hit) == {4} and len(hit) == (4 if checkpoint else 2), f"precondition: every expert receives tokens ({hit})"
+    act, predicted = _predict(cfg, mode, recompute="full" if checkpoint else "none")
+    if checkpoint:
+        predicted -= act.child("recompute transient").value
+    assert predicted == measured

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainmath.errors import TrainmathError
-from trainmath.memory.activations import activation_bytes, logits_bytes, megatron_layer_terms
-from trainmath.sources import load_spec
+from trainmath.memory.activations import HF_FAMILIES, activation_bytes, logits_bytes, megatron_layer_terms
+from trainmath.sources import catalog_index, load_spec
 from trainmath.tree import check_sums
 
 PAPER = {  # Table 3: heads a, hidden h, layers L; t = 8, s = 2048
@@ -128,7 +128,7 @@ def test_errors():
 
 def test_core_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; from trainmath.memory.activations import activation_bytes; "
-            "from trainmath.sources import load_spec; print(activation_bytes(load_spec('qwen3-0.6b'), micro_batch=1, "
+            "from trainmath.sources import catalog_index, load_spec; print(activation_bytes(load_spec('qwen3-0.6b'), micro_batch=1, "
             "seq=16).value)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) > 0
@@ -159,14 +159,20 @@ def test_hf_selective_raises_with_reason():
         activation_bytes(spec, micro_batch=1, seq=16, recompute="selective")
 
 
-@pytest.mark.parametrize("model", ["microsoft/Phi-3.5-mini-instruct", "Qwen/Qwen1.5-MoE-A2.7B", "openai/gpt-oss-20b",
-                                   "google/gemma-2-9b", "zai-org/GLM-4.5"])
-def test_hf_unmodelled_family_raises(model):
-    """Families whose saved tensors are not yet derived raise instead of returning a near-miss."""
+@pytest.mark.parametrize("model", sorted(catalog_index()))
+def test_hf_catalog_modelled_or_raises(model):
+    """Every catalog model: a family in HF_FAMILIES gives a tree whose totals are sums; any other family raises
+    instead of returning a near-miss (the megatron profile still answers)."""
     spec = load_spec(model)
-    with pytest.raises(TrainmathError, match="not yet modelled"):
-        activation_bytes(spec, micro_batch=1, seq=16)
-    assert activation_bytes(spec, micro_batch=1, seq=16, profile="megatron").value > 0
+    if spec.model_type in HF_FAMILIES:
+        act = activation_bytes(spec, micro_batch=1, seq=16)
+        assert check_sums(act) == [] and act.value > 0
+        assert check_sums(logits_bytes(spec, 1, 16)) == []
+    else:
+        with pytest.raises(TrainmathError, match="not yet modelled"):
+            activation_bytes(spec, micro_batch=1, seq=16)
+    if any(bl.kind in ("attention", "mla") for layer in spec.layers for bl in layer.blocks):
+        assert activation_bytes(spec, micro_batch=1, seq=16, profile="megatron").value > 0
 
 
 @pytest.mark.parametrize("model", ["deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V3"])

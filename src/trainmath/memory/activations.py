@@ -16,7 +16,7 @@ For ``hf``/``eager`` it raises on purpose: transformers has no selective checkpo
 (e.g. ``torch.utils.checkpoint`` around SDPA) would model no code a user can run; with SDPA the core attention keeps
 only q, k, v, the output and the logsumexp, all of which the neighbouring Linears need anyway.
 
-Families (``HF_FAMILIES``): llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA
+Families (``HF_FAMILIES``): llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (sigmoid-gated shared expert), mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA
 math fallback, see ``mla_saved``). Others raise a ``TrainmathError`` naming the layer. MoE runs transformers'
 eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
@@ -41,8 +41,8 @@ from trainmath.tree import Node
 
 PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
-HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2", "deepseek_v3",
-               "olmo2")
+HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
+               "deepseek_v3", "olmo2")
 INT64 = 8
 FP32 = 4
 
@@ -82,8 +82,13 @@ class Router:
     def from_config(cls, config: dict) -> Router:
         """The router switches of a Hugging Face config dict (missing keys: transformers' defaults)."""
         v2 = config.get("model_type") == "deepseek_v2"
-        return cls(norm_topk_prob=bool(config.get("norm_topk_prob", not v2)),
+        return cls(norm_topk_prob=bool(config.get("norm_topk_prob", _norm_topk_default(config.get("model_type", "")))),
                    topk_method=config.get("topk_method") or ("greedy" if v2 else "noaux_tc"))
+
+
+def _norm_topk_default(model_type: str) -> bool:
+    """transformers' config-class default of ``norm_topk_prob`` (False for Qwen2-MoE and DeepSeek-V2)."""
+    return model_type not in ("qwen2_moe", "deepseek_v2")
 
 
 def _leaf(name: str, value: int, note: str = "") -> Node:
@@ -354,8 +359,25 @@ def moe_saved(block: Block, *, T: int, d: int, p: Precision, norm_topk_prob: boo
     ]
     out += experts_saved(tk, d, f, p, FP32 if fp32_routing_weights else c)
     if dims.shared_intermediate:
-        out += gated_mlp_saved("shared_expert", T, d, dims.shared_intermediate, p)
+        # the shared expert reads the router's input: one storage unless autocast casts it per Linear
+        out += gated_mlp_saved("shared_expert", T, d, dims.shared_intermediate, p, input_saved=p.autocast)
+        if _has(block, "shared_expert_gate"):
+            out += shared_expert_gate_saved(T, d, p)
     return out
+
+
+def shared_expert_gate_saved(T: int, d: int, p: Precision) -> list[Node]:
+    """Qwen2-MoE's ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``: the gate Linear (d → 1) reads the MoE
+    input (its own cast under autocast, else the shared storage), ``sigmoid`` saves its output (c·T) and the product
+    saves both factors: the sigmoid again and the shared expert's down_proj output (c·T·d), which a plain MLP block
+    never keeps (derived from ``Qwen2MoeSparseMoeBlock.forward``, checked by the oracle). These c·T·(d + 1) bytes,
+    plus the gate's input cast and weight copy under autocast, are what a Qwen3-MoE-style count misses."""
+    c = p.compute
+    out = [_leaf("shared_expert_gate.input_cast", c * T * d, "autocast copy")] if p.autocast else []
+    return out + [
+        _leaf("shared_expert_gate.sigmoid_out", c * T, "(T, 1), saved by sigmoid and by the product"),
+        _leaf("shared_expert.down_out", c * T * d, "saved by the gating product"),
+    ]
 
 
 def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager: bool,
@@ -444,7 +466,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      recompute: str = "none", compute_dtype_bytes: int = 2, tp: int = 1, sp: bool = False,
                      cp: int = 1, pp: int = 1, layers: Sequence[int] | None = None,
                      param_dtype_bytes: int = 4, experts_hit: int | None = None,
-                     norm_topk_prob: bool = True, router: Router | None = None) -> Node:
+                     norm_topk_prob: bool | None = None, router: Router | None = None) -> Node:
     """Bytes saved for backward by one micro-batch on one rank: per layer type (× its layers) → per saved tensor,
     plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin, computed once, shared by all layers).
     The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -457,7 +479,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     ``layers``: indices of the layers on this rank (default: all, or ``pp`` equal stages' first stage).
     ``experts_hit``: routed experts that received tokens (only changes the autocast weight copies; default all).
     ``norm_topk_prob``: the MoE config flag of that name (Qwen3-MoE Hub configs set it; Mixtral always
-    renormalises); the spec does not carry it. ``router``: the MoE router switches (``Router.from_config``); when
+    renormalises); the spec does not carry it; default (None): transformers' default for the family (False for
+    qwen2_moe and deepseek_v2, else True). ``router``: the MoE router switches (``Router.from_config``); when
     given it replaces ``norm_topk_prob``; default ``Router(norm_topk_prob=norm_topk_prob)`` (DeepSeek-V3's routing;
     DeepSeek-V2 configs need ``Router.from_config`` for ``topk_method``, worth 1·T·n bytes per MoE layer).
     The hf profile is single-device: ``tp``/``sp``/``cp`` other than 1 raise.
@@ -486,6 +509,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if spec.model_type not in HF_FAMILIES:
         raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use profile='megatron')")
+    if norm_topk_prob is None:
+        norm_topk_prob = _norm_topk_default(spec.model_type)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     T = b * s
