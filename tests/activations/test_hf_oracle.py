@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trainmath.memory.activations import Router, activation_bytes, logits_bytes  # noqa: E402
+from trainmath.memory.activations import Family, Router, activation_bytes, logits_bytes  # noqa: E402
 from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.sources import catalog_entry  # noqa: E402
 from trainmath.tree import check_sums  # noqa: E402
@@ -245,4 +245,45 @@ def test_qwen2_moe_exact(mode, checkpoint):
     act, predicted = _predict(cfg, mode, recompute="full" if checkpoint else "none")
     if checkpoint:
         predicted -= act.child("recompute transient").value
+    assert predicted == measured
+
+
+NO_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+FAMILY_CASES = [
+    # fused qkv_proj (value keeps the whole output) and gate_up_proj; cat-based rotary makes o_proj's input a copy
+    ("phi3", {}, "sdpa"),
+    ("phi3", {"partial_rotary_factor": 0.75}, "sdpa"),  # Phi-4-mini: cos/sin 12 wide
+    ("phi3", {}, "eager"),
+]
+
+
+def _family_case(model_type, extra, attn, mode, checkpoint):
+    cfg, model = _model(model_type, attn, {**NO_IDS, **extra})
+    hit = _experts_hit(model)
+    measured = _measure(model, mode, checkpoint=checkpoint)
+    data = cfg.to_dict()
+    spec = spec_from_config(data, name="tiny", source="test")
+    c, p = PREC[mode]
+    family = Family.from_config(data)
+    act = activation_bytes(spec, micro_batch=B, seq=S, profile="hf" if attn == "sdpa" else "eager",
+                           recompute="full" if checkpoint else "none", compute_dtype_bytes=c, param_dtype_bytes=p,
+                           family=family, router=Router.from_config(data))
+    assert check_sums(act) == []
+    head = logits_bytes(spec, B, S, compute_dtype_bytes=c, param_dtype_bytes=p, family=family)
+    assert check_sums(head) == []
+    predicted = act.value + head.child("saved").value
+    if checkpoint:
+        predicted -= act.child("recompute transient").value
+    return hit, predicted, measured
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["none", "full"])
+@pytest.mark.parametrize("mode", list(PREC))
+@pytest.mark.parametrize("model_type,extra,attn", FAMILY_CASES,
+                         ids=[f"{m}-{a}-{i}" for i, (m, e, a) in enumerate(FAMILY_CASES)])
+def test_family_exact(model_type, extra, attn, mode, checkpoint):
+    if checkpoint and attn == "eager":
+        pytest.skip("checkpointing is covered with SDPA")
+    hit, predicted, measured = _family_case(model_type, extra, attn, mode, checkpoint)
+    assert len(set(hit)) <= 1, f"precondition: every MoE layer routes to the same number of experts ({hit})"
     assert predicted == measured

@@ -42,7 +42,9 @@ from trainmath.tree import Node
 PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
-               "deepseek_v3", "olmo2")
+               "deepseek_v3", "olmo2", "phi3")
+ROTARY_CAT = ("phi3",)
+"""Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
 FP32 = 4
 
@@ -84,6 +86,44 @@ class Router:
         v2 = config.get("model_type") == "deepseek_v2"
         return cls(norm_topk_prob=bool(config.get("norm_topk_prob", _norm_topk_default(config.get("model_type", "")))),
                    topk_method=config.get("topk_method") or ("greedy" if v2 else "noaux_tc"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Family:
+    """Config switches that change what is saved but that the ``ModelSpec`` does not carry (read from a Hugging
+    Face config by ``Family.from_config``; ``Family.default(model_type)`` gives transformers' config-class
+    defaults, which ``activation_bytes``/``logits_bytes`` use when none is given)."""
+
+    partial_rotary_factor: float = 1.0
+    """Fraction of the head dim that RoPE rotates (Phi-4-mini 0.75, GLM-4.5 0.5): cos/sin are that wide."""
+    final_logit_softcapping: float | None = None
+    """Gemma-2's ``logits = cap·tanh(logits/cap)`` before the loss (None: no capping)."""
+    attn_logit_softcapping: float | None = None
+    """Gemma-2's attention-score capping (eager attention only; SDPA ignores it)."""
+    logit_scale: float | None = None
+    """Cohere's ``logits = lm_head(h) * logit_scale``."""
+
+    @classmethod
+    def default(cls, model_type: str) -> Family:
+        """transformers 5.24's config-class defaults for ``model_type``."""
+        if model_type == "gemma2":
+            return cls(final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
+        if model_type == "glm4_moe":
+            return cls(partial_rotary_factor=0.5)
+        if model_type == "cohere":
+            return cls(logit_scale=0.0625)
+        return cls()
+
+    @classmethod
+    def from_config(cls, config: dict) -> Family:
+        """The switches of a Hugging Face config dict (missing keys: ``Family.default``)."""
+        base = cls.default(config.get("model_type", ""))
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        prf = config.get("partial_rotary_factor", rope.get("partial_rotary_factor", base.partial_rotary_factor))
+        return cls(partial_rotary_factor=float(prf),
+                   final_logit_softcapping=config.get("final_logit_softcapping", base.final_logit_softcapping),
+                   attn_logit_softcapping=config.get("attn_logit_softcapping", base.attn_logit_softcapping),
+                   logit_scale=config.get("logit_scale", base.logit_scale))
 
 
 def _norm_topk_default(model_type: str) -> bool:
@@ -149,8 +189,8 @@ def _has(block: Block, fragment: str) -> bool:
     return any(fragment in t.name for t in block.tensors)
 
 
-def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager: bool, olmo2: bool = False
-                    ) -> list[Node]:
+def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager: bool, olmo2: bool = False,
+                    rotary_cat: bool = False) -> list[Node]:
     """Grouped-query attention after the input norm: q/k/v inputs, optional q/k RMSNorm, the attention core, o_proj.
 
     SDPA (CPU flash kernel, or CUDA flash): saves query, key (rotary outputs, compute dtype), value (v_proj output),
@@ -160,6 +200,15 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     the fp32 softmax (4·b·h·s²) and its compute-dtype cast (2·b·h·s², the same tensor in fp32), and a contiguous
     o_proj input. ``olmo2``: q/k RMSNorms over the whole projection (T, h·h_d) and (T, h_kv·h_d), OLMo-2 style
     (``olmo2_rmsnorm_saved``), instead of per head.
+
+    Fused ``qkv_proj`` (Phi-3): one Linear input; q, k, v are slices (views) of its output, so what SDPA saves as
+    the value keeps the whole (T, q + 2·kv) output alive: c·T·(q + 2·kv) where separate projections keep c·T·kv
+    (q and k are fresh rotary outputs either way). Derived from ``Phi3Attention.forward``, checked by the oracle.
+
+    ``rotary_cat`` (families in ``ROTARY_CAT``: partial-rotary code, ``torch.cat([rotated, passed])``): the rotary
+    query is then contiguous in (b, h, s, h_d), SDPA's output follows the query's layout, and
+    ``transpose(1, 2).contiguous()`` before o_proj makes a copy: o_proj's input is a separate c·T·q tensor. With
+    ``q·cos + rotate_half(q)·sin`` alone the query keeps the projection's (b, s, h, h_d) layout and the copy is free.
     """
     dims = block.dims
     if not isinstance(dims, AttentionDims):
@@ -168,7 +217,8 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
     q, kv = h * hd, hkv * hd
     c = p.compute
-    out = linear_inputs("self_attn.qkv", ["q_proj", "k_proj", "v_proj"], T, d, p)
+    fused = _has(block, "qkv_proj")
+    out = linear_inputs("self_attn.qkv", ["qkv_proj"] if fused else ["q_proj", "k_proj", "v_proj"], T, d, p)
     if olmo2:
         out += olmo2_rmsnorm_saved("self_attn.q_norm", T, q)
         out += olmo2_rmsnorm_saved("self_attn.k_norm", T, kv)
@@ -179,10 +229,13 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
         out += [
             _leaf("sdpa.query", c * T * q, "rotary output (its cast under autocast)"),
             _leaf("sdpa.key", c * T * kv),
-            _leaf("sdpa.value", c * T * kv, "v_proj output"),
+            _leaf("sdpa.value", c * T * (q + 2 * kv), "the whole fused qkv_proj output (value is a view of it)")
+            if fused else _leaf("sdpa.value", c * T * kv, "v_proj output"),
             _leaf("sdpa.output", c * T * q, "also o_proj's input"),
             _leaf("sdpa.logsumexp", FP32 * b * h * s),
         ]
+        if rotary_cat:
+            out.append(_leaf("o_proj.input", c * T * q, "contiguous copy: the query (hence the output) is (b, h, s, h_d)"))
     else:
         out += [
             _leaf("eager.query", c * T * q, "contiguous copy for bmm"),
@@ -315,11 +368,21 @@ def deepseek_moe_saved(block: Block, *, T: int, d: int, p: Precision, router: Ro
     return out
 
 
-def gated_mlp_saved(prefix: str, tokens: int, d: int, f: int, p: Precision, *, input_saved: bool = True
-                    ) -> list[Node]:
+def gated_mlp_saved(prefix: str, tokens: int, d: int, f: int, p: Precision, *, input_saved: bool = True,
+                    fused: bool = False) -> list[Node]:
     """SwiGLU ``down(act(gate(x)) * up(x))``: x (see ``linear_inputs``), gate output (act saves its input), act
-    output and up output (the product saves both), the product (down's input): 4·c·T·f."""
+    output and up output (the product saves both), the product (down's input): 4·c·T·f.
+
+    ``fused`` (Phi-3's ``gate_up_proj``, chunked): one Linear input; gate and up are views of one (T, 2f) output,
+    which the activation and the product both keep (2·c·T·f, counted once): the same 4·c·T·f in all."""
     c = p.compute
+    if fused:
+        out = linear_inputs(f"{prefix}.gate_up_proj", [f"{prefix}.gate_up_proj"], tokens, d, p) if input_saved else []
+        return out + [
+            _leaf(f"{prefix}.gate_up_out", 2 * c * tokens * f, "gate and up are views of it"),
+            _leaf(f"{prefix}.act_out", c * tokens * f),
+            _leaf(f"{prefix}.down_proj.input", c * tokens * f),
+        ]
     out = linear_inputs(f"{prefix}.gate_up", [f"{prefix}.gate_proj", f"{prefix}.up_proj"], tokens, d, p) \
         if input_saved else []
     return out + [
@@ -382,7 +445,7 @@ def shared_expert_gate_saved(T: int, d: int, p: Precision) -> list[Node]:
 
 def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager: bool,
                 experts_hit: int | None = None, norm_topk_prob: bool = True, model_type: str = "",
-                router: Router | None = None) -> Node:
+                router: Router | None = None, family: Family | None = None) -> Node:
     """Everything one decoder layer saves for backward (hf profile, no recompute): its input norm (whose fp32 x
     is the layer input itself when the residual stream is fp32), the mixer, the post-attention norm (on the
     residual after attention), the FFN, and under autocast the layer's weight copies. Residual adds save nothing."""
@@ -407,10 +470,10 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
             raise TrainmathError("the eager profile has no rule for MLA attention; use profile='hf' (SDPA)")
         kids += mla_saved(mixer, b=b, s=s, d=d, p=p)
     else:
-        kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager)
+        kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, rotary_cat=model_type in ROTARY_CAT)
     kids += rmsnorm_saved("post_attention_layernorm", T, d, r)
     if isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
-        kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
+        kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p, fused=_has(ffn, "gate_up_proj"))
     elif isinstance(ffn.dims, MoEDims) and model_type in ("deepseek_v2", "deepseek_v3"):
         kids += deepseek_moe_saved(ffn, T=T, d=d, p=p, model_type=model_type,
                                    router=router or Router(norm_topk_prob=norm_topk_prob, topk_method=(
@@ -447,11 +510,14 @@ def _olmo2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, 
     return Node.of(layer.label, parts, "bytes")
 
 
-def _rope_dim(spec: ModelSpec) -> int:
+def _rope_dim(spec: ModelSpec, family: Family | None = None) -> int:
+    """Width of cos/sin: the rotated part of a head (``int(head_dim · partial_rotary_factor)``, transformers'
+    ``compute_default_rope_parameters``), or MLA's rope head dim."""
+    factor = family.partial_rotary_factor if family else 1.0
     for layer in spec.layers:
         for bl in layer.blocks:
             if isinstance(bl.dims, AttentionDims):
-                return bl.dims.head_dim
+                return int(bl.dims.head_dim * factor)
             if isinstance(bl.dims, MLADims):
                 return bl.dims.qk_rope_head_dim
     return 0
@@ -466,7 +532,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      recompute: str = "none", compute_dtype_bytes: int = 2, tp: int = 1, sp: bool = False,
                      cp: int = 1, pp: int = 1, layers: Sequence[int] | None = None,
                      param_dtype_bytes: int = 4, experts_hit: int | None = None,
-                     norm_topk_prob: bool | None = None, router: Router | None = None) -> Node:
+                     norm_topk_prob: bool | None = None, router: Router | None = None,
+                     family: Family | None = None) -> Node:
     """Bytes saved for backward by one micro-batch on one rank: per layer type (× its layers) → per saved tensor,
     plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin, computed once, shared by all layers).
     The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -511,6 +578,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use profile='megatron')")
     if norm_topk_prob is None:
         norm_topk_prob = _norm_topk_default(spec.model_type)
+    family = family or Family.default(spec.model_type)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     T = b * s
@@ -522,7 +590,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
             continue
         one = layer_saved(layer, b=b, s=s, d=d, p=p, eager=profile == "eager", experts_hit=experts_hit,
                           norm_topk_prob=router.norm_topk_prob if router else norm_topk_prob,
-                          model_type=spec.model_type, router=router)
+                          model_type=spec.model_type, router=router, family=family)
         if largest is None or one.value > largest.value:
             largest = one
         if recompute == "full":
@@ -537,7 +605,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         kids.append(Node.of("rotary", [_leaf("freqs_cis", 8 * s * (rope // 2))], "bytes",
                             note="(1, s, rope_dim/2) complex64 whatever the dtype, shared by every layer"))
     elif indices:
-        rope = _rope_dim(spec)
+        rope = _rope_dim(spec, family)
         rb = FP32 if spec.model_type == "olmo2" else p.residual  # OLMo-2 keeps cos/sin in fp32
         kids.append(Node.of("rotary", [_leaf("cos", rb * s * rope), _leaf("sin", rb * s * rope)],
                             "bytes", note="(1, s, rope_dim) in the embedding dtype, shared by every layer"))
@@ -567,7 +635,7 @@ def _rank_layers(spec: ModelSpec, layers: Sequence[int] | None, pp: int) -> list
 
 
 def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_bytes: int = 2,
-                 param_dtype_bytes: int = 4, tp: int = 1) -> Node:
+                 param_dtype_bytes: int = 4, tp: int = 1, family: Family | None = None) -> Node:
     """The final norm, LM head and ``ForCausalLMLoss`` (transformers 5.x, labels given, no ``num_items``):
 
     saved: final RMSNorm (as every norm), the LM head's input (its cast under autocast), the autocast copy of the
@@ -585,6 +653,7 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     """
     if tp < 1:
         raise TrainmathError(f"tp ({tp}) must be at least 1")
+    family = family or Family.default(spec.model_type)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     T, d, V = micro_batch * seq, spec.hidden_size, -(-spec.vocab_size // tp)
     saved = (olmo2_rmsnorm_saved("norm", T, d) if spec.model_type == "olmo2"
