@@ -29,7 +29,9 @@ def _model(model_type, attn, extra):
     cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **extra})
     kw = {"experts_implementation": "eager"} if "moe" in model_type or model_type == "mixtral" else {}
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, **kw)
+    if attn != "default":  # "default": what transformers picks (Gemma-2: eager, it cannot soft-cap in SDPA)
+        kw["attn_implementation"] = attn
+    model = transformers.AutoModelForCausalLM.from_config(cfg, **kw)
     return cfg, model
 
 
@@ -254,6 +256,12 @@ FAMILY_CASES = [
     ("phi3", {}, "sdpa"),
     ("phi3", {"partial_rotary_factor": 0.75}, "sdpa"),  # Phi-4-mini: cos/sin 12 wide
     ("phi3", {}, "eager"),
+    # four (1 + w) RMSNorms, GELU-tanh MLP, sqrt(d)-scaled embedding; Gemma-2: eager attention with the tanh of the
+    # soft-capped scores, final logit soft-capping; Gemma-3: per-head q/k norms, one cos/sin pair per layer type
+    ("gemma2", {"layer_types": ["sliding_attention", "full_attention"]}, "default"),
+    ("gemma3_text", {"layer_types": ["sliding_attention", "full_attention"]}, "default"),
+    ("gemma3_text", {"layer_types": ["sliding_attention", "sliding_attention"],
+                     "final_logit_softcapping": 30.0}, "eager"),
 ]
 
 
@@ -265,7 +273,7 @@ def _family_case(model_type, extra, attn, mode, checkpoint):
     spec = spec_from_config(data, name="tiny", source="test")
     c, p = PREC[mode]
     family = Family.from_config(data)
-    act = activation_bytes(spec, micro_batch=B, seq=S, profile="hf" if attn == "sdpa" else "eager",
+    act = activation_bytes(spec, micro_batch=B, seq=S, profile="eager" if attn == "eager" else "hf",
                            recompute="full" if checkpoint else "none", compute_dtype_bytes=c, param_dtype_bytes=p,
                            family=family, router=Router.from_config(data))
     assert check_sums(act) == []

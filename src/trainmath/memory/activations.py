@@ -42,7 +42,7 @@ from trainmath.tree import Node
 PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
-               "deepseek_v3", "olmo2", "phi3")
+               "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text")
 ROTARY_CAT = ("phi3",)
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
@@ -159,6 +159,18 @@ def olmo2_rmsnorm_saved(prefix: str, rows: int, width: int) -> list[Node]:
     ]
 
 
+def gemma_rmsnorm_saved(prefix: str, rows: int, width: int) -> list[Node]:
+    """Gemma's RMSNorm: ``y = x.float() * rsqrt(mean(x²) + eps)``; ``(y * (1 + w.float())).type_as(x)``. Saved: the
+    fp32 x (the input itself when fp32), rsqrt per row, the fp32 y, and the computed fp32 (1 + w), 4·width bytes
+    (a fresh tensor, not the parameter). Derived from ``Gemma2RMSNorm``/``Gemma3RMSNorm``, checked by the oracle."""
+    return [
+        _leaf(f"{prefix}.x_fp32", FP32 * rows * width, "fp32 copy of the input (the input itself if fp32)"),
+        _leaf(f"{prefix}.rsqrt", FP32 * rows, "one fp32 per row"),
+        _leaf(f"{prefix}.normalized_fp32", FP32 * rows * width),
+        _leaf(f"{prefix}.one_plus_weight", FP32 * width, "1 + w in fp32, saved by the product"),
+    ]
+
+
 def linear_inputs(prefix: str, names: Sequence[str], tokens: int, width: int, p: Precision) -> list[Node]:
     """Inputs saved by Linears that read the same tensor (q/k/v; gate/up; router). Without autocast they share one
     storage (counted once); under autocast each Linear saves its own compute-dtype cast of the fp32 input."""
@@ -190,7 +202,7 @@ def _has(block: Block, fragment: str) -> bool:
 
 
 def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager: bool, olmo2: bool = False,
-                    rotary_cat: bool = False) -> list[Node]:
+                    rotary_cat: bool = False, gemma: bool = False, softcap: bool = False) -> list[Node]:
     """Grouped-query attention after the input norm: q/k/v inputs, optional q/k RMSNorm, the attention core, o_proj.
 
     SDPA (CPU flash kernel, or CUDA flash): saves query, key (rotary outputs, compute dtype), value (v_proj output),
@@ -209,6 +221,9 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     query is then contiguous in (b, h, s, h_d), SDPA's output follows the query's layout, and
     ``transpose(1, 2).contiguous()`` before o_proj makes a copy: o_proj's input is a separate c·T·q tensor. With
     ``q·cos + rotate_half(q)·sin`` alone the query keeps the projection's (b, s, h, h_d) layout and the copy is free.
+
+    ``gemma``: per-head q/k norms are Gemma RMSNorms (``gemma_rmsnorm_saved``). ``softcap`` (Gemma-2, eager only):
+    ``tanh(scores / cap) · cap`` keeps the tanh output, c·b·h·s², beside the fp32 softmax and its cast.
     """
     dims = block.dims
     if not isinstance(dims, AttentionDims):
@@ -222,6 +237,9 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     if olmo2:
         out += olmo2_rmsnorm_saved("self_attn.q_norm", T, q)
         out += olmo2_rmsnorm_saved("self_attn.k_norm", T, kv)
+    elif _has(block, "q_norm") and gemma:
+        out += gemma_rmsnorm_saved("self_attn.q_norm", T * h, hd)
+        out += gemma_rmsnorm_saved("self_attn.k_norm", T * hkv, hd)
     elif _has(block, "q_norm"):
         out += rmsnorm_saved("self_attn.q_norm", T * h, hd, c)
         out += rmsnorm_saved("self_attn.k_norm", T * hkv, hd, c)
@@ -240,6 +258,7 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
         out += [
             _leaf("eager.query", c * T * q, "contiguous copy for bmm"),
             _leaf("eager.key", c * T * q, "repeated to h heads"),
+            *([_leaf("eager.softcap_tanh", c * b * h * s * s, "attention logit soft-capping")] if softcap else []),
             _leaf("eager.softmax_fp32", FP32 * b * h * s * s),
         ]
         if c != FP32:
@@ -458,6 +477,11 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     if olmo2 and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims) \
             and ffn.dims.gated:
         return _olmo2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
+    if model_type in ("gemma2", "gemma3_text") and mixer is not None and mixer.kind == "attention" and \
+            isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
+        fam = family or Family.default(model_type)
+        return _gemma_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager or model_type == "gemma2",
+                            softcap=(eager or model_type == "gemma2") and fam.attn_logit_softcapping is not None)
     if mixer is None or mixer.kind not in ("attention", "mla") or ffn is None or names != [
             "input_layernorm.weight", "post_attention_layernorm.weight"]:
         raise TrainmathError(f"the hf activation profile covers pre-norm attention + MLP/MoE layers "
@@ -486,6 +510,28 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     activ = Node.of("activations", kids, "bytes")
     copies = weight_copies(mixer, p) + weight_copies(ffn, p, experts_hit)
     parts = [activ]
+    if copies:
+        parts.append(Node.of("autocast weight copies", copies, "bytes",
+                             note="compute-dtype casts of the fp32 weights, kept for backward"))
+    return Node.of(layer.label, parts, "bytes")
+
+
+def _gemma_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
+                 eager: bool, softcap: bool) -> Node:
+    """Gemma-2/3 ("sandwich" norms): ``h = x + post_attention_layernorm(attn(input_layernorm(x)))``, ``h +
+    post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``: four Gemma RMSNorms (``gemma_rmsnorm_saved``;
+    the two post-norms act on the attention and MLP outputs), a GELU-tanh gated MLP (saved like SwiGLU: GELU keeps
+    its input), Gemma-3's per-head q/k norms. Gemma-2 runs eager attention (transformers' default for it: its
+    ``_supports_sdpa`` is False, SDPA cannot soft-cap) with the tanh of the capped scores saved."""
+    T = b * s
+    kids = gemma_rmsnorm_saved("input_layernorm", T, d)
+    kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, gemma=True, softcap=softcap)
+    kids += gemma_rmsnorm_saved("post_attention_layernorm", T, d)
+    kids += gemma_rmsnorm_saved("pre_feedforward_layernorm", T, d)
+    kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
+    kids += gemma_rmsnorm_saved("post_feedforward_layernorm", T, d)
+    parts = [Node.of("activations", kids, "bytes")]
+    copies = weight_copies(mixer, p) + weight_copies(ffn, p)
     if copies:
         parts.append(Node.of("autocast weight copies", copies, "bytes",
                              note="compute-dtype casts of the fp32 weights, kept for backward"))
@@ -599,7 +645,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                               f"layers {mine[0]}..{mine[-1]}, {one.value} bytes each"))
     kids = [Node.of("layers", groups, "bytes")]
     if 0 in indices:
-        kids.append(Node.of("embedding", [_leaf("input_ids", INT64 * T, "indices saved by the embedding")], "bytes"))
+        emb = [_leaf("input_ids", INT64 * T, "indices saved by the embedding")]
+        if spec.model_type in ("gemma2", "gemma3_text"):
+            emb.append(_leaf("embed_scale", p.param, "sqrt(d) as a 0-dim tensor in the embedding dtype, saved by "
+                                                     "the scaling product"))
+        kids.append(Node.of("embedding", emb, "bytes"))
     if indices and spec.model_type == "deepseek_v2":
         rope = _rope_dim(spec)
         kids.append(Node.of("rotary", [_leaf("freqs_cis", 8 * s * (rope // 2))], "bytes",
@@ -607,8 +657,14 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     elif indices:
         rope = _rope_dim(spec, family)
         rb = FP32 if spec.model_type == "olmo2" else p.residual  # OLMo-2 keeps cos/sin in fp32
-        kids.append(Node.of("rotary", [_leaf("cos", rb * s * rope), _leaf("sin", rb * s * rope)],
-                            "bytes", note="(1, s, rope_dim) in the embedding dtype, shared by every layer"))
+        sets = 1
+        if spec.model_type == "gemma3_text":  # one cos/sin pair per layer type used (local and global RoPE bases)
+            sets = len({bl.dims.sliding_window is not None for i in indices for bl in spec.layers[i].blocks
+                        if isinstance(bl.dims, AttentionDims)})
+        kids.append(Node.of("rotary", [_leaf("cos", sets * rb * s * rope), _leaf("sin", sets * rb * s * rope)],
+                            "bytes", note="(1, s, rope_dim) in the embedding dtype, shared by every layer"
+                            + (f"; {sets} sets (sliding and full layers use different RoPE bases)" if sets > 1
+                               else "")))
     if recompute == "full" and largest is not None:
         kids.append(Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
                          note="one layer's saved tensors while it is recomputed in backward"))
@@ -656,11 +712,17 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     family = family or Family.default(spec.model_type)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     T, d, V = micro_batch * seq, spec.hidden_size, -(-spec.vocab_size // tp)
-    saved = (olmo2_rmsnorm_saved("norm", T, d) if spec.model_type == "olmo2"
-             else rmsnorm_saved("norm", T, d, p.residual))
+    if spec.model_type == "olmo2":
+        saved = olmo2_rmsnorm_saved("norm", T, d)
+    elif spec.model_type in ("gemma2", "gemma3_text"):
+        saved = gemma_rmsnorm_saved("norm", T, d)
+    else:
+        saved = rmsnorm_saved("norm", T, d, p.residual)
     saved += linear_inputs("lm_head", ["lm_head"], T, d, p)
     if p.autocast:
         saved.append(_leaf("lm_head.weight_cast", p.compute * V * d))
+    if family.final_logit_softcapping is not None:
+        saved.append(_leaf("softcap_tanh", p.compute * T * V, "tanh(logits / cap), saved by tanh"))
     saved += [_leaf("log_softmax_fp32", FP32 * T * V), _leaf("labels", INT64 * T), _leaf("total_weight", FP32)]
     held = [_leaf("logits", p.compute * T * V, "returned in the output")]
     if p.compute != FP32:
