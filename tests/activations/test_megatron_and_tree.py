@@ -123,7 +123,7 @@ def test_errors():
     with pytest.raises(TrainmathError, match="selective"):
         activation_bytes(spec, micro_batch=1, seq=8, recompute="selective")
     with pytest.raises(TrainmathError, match="hf activation profile"):
-        activation_bytes(load_spec("Gemma-2-9B"), micro_batch=1, seq=8)
+        activation_bytes(load_spec("nvidia/Nemotron-H-56B-Base-8K"), micro_batch=1, seq=8)
 
 
 def test_core_imports_without_torch():
