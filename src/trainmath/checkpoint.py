@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from trainmath.arith import numel
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import ModelSpec, named_tensors
 
@@ -59,10 +60,7 @@ class StoredTensor:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return numel(self.shape)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -366,13 +364,6 @@ def _desc(t: StoredTensor) -> dict:
     return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
 
 
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def compare(spec: ModelSpec, ckpt: Checkpoint, *, ledger_params: int, dtype: str = "bf16") -> CheckReport:
     """Match ``ckpt`` against ``named_tensors(spec)`` by name and shape, and its parameters against the ledger.
 
@@ -414,9 +405,9 @@ def compare(spec: ModelSpec, ckpt: Checkpoint, *, ledger_params: int, dtype: str
             if found is not None and found.shape == shape:
                 params += found.numel  # an FP8 weight with its scales: a parameter per element
             elif name in stored and tensors is None:
-                params += _numel(shape)
+                params += numel(shape)
             else:
-                left_out += _numel(shape)
+                left_out += numel(shape)
                 blocks = next((p for p in parts if p.name.endswith("_blocks") and p.dtype == "U8"), None)
                 if blocks is not None:  # MXFP4: two 4-bit values per byte
                     entry["logical_params"] = 2 * blocks.numel
@@ -425,7 +416,7 @@ def compare(spec: ModelSpec, ckpt: Checkpoint, *, ledger_params: int, dtype: str
             missing.append(name)
         elif found is None:  # index only: the name is there, the shape unknown
             matched += 1
-            params += _numel(shape)
+            params += numel(shape)
         elif found.shape != shape:
             mism.append({"name": name, "expected": list(shape), "found": list(found.shape), "dtype": found.dtype})
             params += found.numel
@@ -447,11 +438,11 @@ def compare(spec: ModelSpec, ckpt: Checkpoint, *, ledger_params: int, dtype: str
         present = [n for n in names if n in stored]
         bad = [{"name": n, "expected": list(names[n]), "found": list(tensors[n].shape), "dtype": tensors[n].dtype}
                for n in present if tensors is not None and tensors[n].shape != names[n]]
-        got = sum(tensors[n].numel if tensors is not None else _numel(names[n]) for n in present)
+        got = sum(tensors[n].numel if tensors is not None else numel(names[n]) for n in present)
         extras_found_params += got
         extras.append(ExtrasCheck(label=e.label, why=e.why, expected=len(names), found=len(present),
                                   missing=tuple(n for n in names if n not in stored) if present else (),
-                                  shape_mismatches=tuple(bad), params_expected=sum(map(_numel, names.values())),
+                                  shape_mismatches=tuple(bad), params_expected=sum(map(numel, names.values())),
                                   params_found=got))
     extra_names = set().union(*(g for _, g in groups))
     unexpected = [(_desc(tensors[n]) if tensors is not None else {"name": n}) for n in ckpt.names
@@ -475,7 +466,7 @@ def compare(spec: ModelSpec, ckpt: Checkpoint, *, ledger_params: int, dtype: str
             if ckpt.index_total_size % width:
                 problems.append(f"index total_size {ckpt.index_total_size:,} bytes is not a multiple of {width} "
                                 f"({dtype}): the checkpoint is not all {dtype}; pass --dtype or the shard files")
-            tied_copy = sum(_numel(s) for n, (s, t) in main.items() if t.tied and n in stored)
+            tied_copy = sum(numel(s) for n, (s, t) in main.items() if t.tied and n in stored)
             checkpoint_params = ckpt.index_total_size // width - extras_found_params - tied_copy
         if quantised:
             checkpoint_params = None

@@ -26,12 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmath.arith import ceil_div, numel
 from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec, TensorSpec
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
@@ -84,10 +81,7 @@ class RankTensor:
     @property
     def numel(self) -> int:
         """Elements of one copy."""
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return numel(self.shape)
 
     @property
     def params(self) -> int:

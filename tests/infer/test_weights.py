@@ -81,7 +81,8 @@ def test_int4_keeps_embeddings_head_and_router_at_bf16():
 def test_tp_shards_add_up_to_the_whole_plus_replicated(model, tp, dtype):
     """tp x (rank bytes) = whole + (tp - 1) x replicated tensors, when tp divides every split (int8 per-row scales
     split with their rows)."""
-    from trainmath.infer.weights import tensor_rank_bytes, tp_axis
+    from trainmath.infer.weights import tensor_rank_bytes
+    from trainmath.placement import tp_axis
 
     spec = load_spec(model)
     fmt = WeightFormat(dtype=dtype)

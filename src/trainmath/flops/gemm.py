@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import AttentionDims, Block, LinearAttentionDims, MambaDims, MLADims, TensorSpec
 
@@ -178,10 +179,6 @@ def mamba2_core_gemms(dims: MambaDims, *, batch: int, seq: int, chunk: int) -> l
             Gemm(name="mixer.ssd.state_passing", component=comp, m=c + 1, k=c + 1, n=p * n, count=batch * h,
                  weighted=False),
             Gemm(name="mixer.ssd.C_states", component=comp, m=chunk, k=n, n=p, count=per_chunk, weighted=False)]
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def block_gemms(block: Block, *, batch: int, seq: int, causal: str = "executed", gdn_chunk: int = 64,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 
 # Bits per element of each storage format.
@@ -29,11 +30,6 @@ ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp
            "float8": "fp8", "fp8_e4m3": "fp8", "e4m3": "fp8"}
 QUANTISED = ("fp8", "int8", "int4")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
-
-
-def ceil_div(a: int, b: int) -> int:
-    """⌈a / b⌉ for non-negative integers."""
-    return -(-a // b)
 
 
 def dtype_name(name: str, allowed: tuple[str, ...] = tuple(DTYPE_BITS), what: str = "dtype") -> str:

@@ -15,25 +15,16 @@ those of its shard: each rank keeps the scales of its own rows/groups (``ceil_di
 
 from __future__ import annotations
 
+from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
-from trainmath.infer.dtypes import WeightFormat, ceil_div, quantised_weight_bytes, tensor_bytes
+from trainmath.infer.dtypes import WeightFormat, quantised_weight_bytes, tensor_bytes
 from trainmath.infer.kv import heads_per_rank, kv_heads_per_rank
 from trainmath.model.spec import COMPONENTS, AttentionDims, Block, ModelSpec, TensorSpec
+from trainmath.placement import tp_axis  # the one column/row rule, shared with training placement
 from trainmath.tree import Node
 
 # Components whose linear weights stay at keep_dtype when the rest is quantised.
 KEPT_COMPONENTS = ("embed_tokens", "pos_embed", "lm_head", "router")
-
-
-def tp_axis(t: TensorSpec) -> int | None:
-    """The axis of one stored copy that TP splits, or None when replicated (Megatron's column/row rule)."""
-    if t.shard == "replicated":
-        return None
-    if len(t.shape) == 1 or t.shard in ("vocab", "head"):
-        return 0
-    if t.shard == "column":
-        return 1 if t.transposed else 0
-    return 0 if t.transposed else len(t.shape) - 1
 
 
 def _split(t: TensorSpec, size: int, block: Block | None, tp: int) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from trainmath.arith import ceil_div, numel
 from trainmath.errors import TrainmathError
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit",
@@ -35,17 +36,6 @@ IMPLS = ("foreach", "fused")
 BNB_MIN_8BIT_SIZE = 4096
 BNB_QMAP_BYTES = 2 * 256 * 4
 """The two shared quantization maps of an 8-bit Adam (``dynamic`` and ``udynamic``, 256 fp32 values each)."""
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +66,7 @@ def state_tensors(name: str, shape: tuple[int, ...], *, state_bytes: int, impl: 
                   block_size: int = 256) -> list[StateTensor]:
     """The state tensors ``name`` allocates for one parameter of ``shape`` whose full-precision states take
     ``state_bytes`` per element (the dtype of the tensor the optimizer updates)."""
-    n = _numel(shape)
+    n = numel(shape)
     if name == "sgd":
         return []
     if name == "sgd-momentum":
@@ -91,8 +81,8 @@ def state_tensors(name: str, shape: tuple[int, ...], *, state_bytes: int, impl: 
     if name == "adafactor":
         step = StateTensor(name="step", numel=1, elem_bytes=4, on_device=False)
         if len(shape) >= 2:
-            rows = _numel(shape[:-1])  # (..., rows, 1)
-            cols = _numel(shape[:-2]) * shape[-1]  # (..., 1, cols)
+            rows = numel(shape[:-1])  # (..., rows, 1)
+            cols = numel(shape[:-2]) * shape[-1]  # (..., 1, cols)
             return [step, StateTensor(name="row_var", numel=rows, elem_bytes=state_bytes),
                     StateTensor(name="col_var", numel=cols, elem_bytes=state_bytes)]
         return [step, StateTensor(name="variance", numel=n, elem_bytes=state_bytes)]
@@ -138,7 +128,7 @@ def step_temporary_bytes(name: str, shapes: Iterable[tuple[int, ...]], *, state_
     - SGD (with or without momentum): in-place foreach ops → 0. bitsandbytes 8-bit: fused kernels → 0.
     """
     check_optimizer(name, impl)
-    numels = [_numel(s) for s in shapes]
+    numels = [numel(s) for s in shapes]
     if name in ("adam", "adamw", "adam-amsgrad", "adafactor"):
         return 0 if impl == "fused" else sum(numels) * state_bytes
     if name == "lion":

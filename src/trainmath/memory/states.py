@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmath.arith import ceil_div, numel
 from trainmath.layout import ParallelLayout
 from trainmath.memory.optimizers import BNB_QMAP_BYTES, state_tensors, step_temporary_bytes
 from trainmath.memory.precision import Precision
-from trainmath.placement import Placement, RankTensor, ceil_div
+from trainmath.placement import Placement, RankTensor
 
 ALLOC_GRANULARITY = 512
 
@@ -44,13 +45,6 @@ def held_shape(t: RankTensor, layout: ParallelLayout, min_stage: int) -> tuple[i
     return zero_shard_shape(t.shape, _degree(t, layout)) if layout.zero >= min_stage else t.shape
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelStates:
     """Bytes of the persistent training state one rank holds (allocator-rounded per tensor)."""
@@ -73,10 +67,10 @@ def model_states(placement: Placement, layout: ParallelLayout, prec: Precision, 
     w = g = m = s = 0
     any_8bit = False
     for t in placement.tensors:
-        w += t.copies * alloc_bytes(_numel(held_shape(t, layout, 3)) * prec.weight_bytes, granularity)
-        g += t.copies * alloc_bytes(_numel(held_shape(t, layout, 2)) * prec.grad_bytes, granularity)
+        w += t.copies * alloc_bytes(numel(held_shape(t, layout, 3)) * prec.weight_bytes, granularity)
+        g += t.copies * alloc_bytes(numel(held_shape(t, layout, 2)) * prec.grad_bytes, granularity)
         shard = held_shape(t, layout, 1)
-        m += t.copies * alloc_bytes(_numel(shard) * prec.master_bytes, granularity)
+        m += t.copies * alloc_bytes(numel(shard) * prec.master_bytes, granularity)
         for st in state_tensors(optimizer, shard, state_bytes=prec.state_bytes, impl=impl, block_size=block_size):
             if st.on_device:
                 s += t.copies * alloc_bytes(st.nbytes, granularity)
@@ -104,4 +98,4 @@ def fp32_grad_copies_bytes(placement: Placement, layout: ParallelLayout, prec: P
     ``main_param.grad = model_grad.float()`` for the rank's shard. 0 without master weights."""
     if not prec.master_bytes or prec.grad_bytes >= 4:
         return 0
-    return sum(_numel(s) * 4 for s in optimizer_shard_shapes(placement, layout))
+    return sum(numel(s) * 4 for s in optimizer_shard_shapes(placement, layout))

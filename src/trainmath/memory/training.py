@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, validate_layout
 from trainmath.memory import states as st
 from trainmath.memory.optimizers import check_optimizer
 from trainmath.memory.precision import Precision, get_precision
 from trainmath.model.spec import ModelSpec
-from trainmath.placement import Placement, ceil_div, place
+from trainmath.placement import Placement, place
 from trainmath.tree import Node
 
 RECOMPUTE = ("none", "selective", "full")

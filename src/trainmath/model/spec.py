@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainmath.arith import numel
+
 # The components a parameter can belong to. Every tensor names exactly one.
 COMPONENTS = (
     "embed_tokens",
@@ -64,10 +66,7 @@ class TensorSpec:
     @property
     def numel(self) -> int:
         """Elements in one copy."""
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return numel(self.shape)
 
     @property
     def copies(self) -> int:
