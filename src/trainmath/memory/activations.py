@@ -42,8 +42,9 @@ from trainmath.tree import Node
 PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
-               "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text")
-ROTARY_CAT = ("phi3",)
+               "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
+               "glm4_moe")
+ROTARY_CAT = ("phi3", "glm4_moe")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
 FP32 = 4
@@ -498,8 +499,10 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     kids += rmsnorm_saved("post_attention_layernorm", T, d, r)
     if isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p, fused=_has(ffn, "gate_up_proj"))
-    elif isinstance(ffn.dims, MoEDims) and model_type in ("deepseek_v2", "deepseek_v3"):
-        kids += deepseek_moe_saved(ffn, T=T, d=d, p=p, model_type=model_type,
+    elif isinstance(ffn.dims, MoEDims) and model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+        # GLM-4.5's Glm4MoeTopkRouter is DeepSeek-V3's noaux_tc router (fp32 linear, sigmoid, gather, renorm)
+        kids += deepseek_moe_saved(ffn, T=T, d=d, p=p, model_type="deepseek_v3" if model_type == "glm4_moe"
+                                   else model_type,
                                    router=router or Router(norm_topk_prob=norm_topk_prob, topk_method=(
                                        "greedy" if model_type == "deepseek_v2" else "noaux_tc")))
     elif isinstance(ffn.dims, MoEDims):
