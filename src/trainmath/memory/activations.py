@@ -16,9 +16,12 @@ For ``hf``/``eager`` it raises on purpose: transformers has no selective checkpo
 (e.g. ``torch.utils.checkpoint`` around SDPA) would model no code a user can run; with SDPA the core attention keeps
 only q, k, v, the output and the logsumexp, all of which the neighbouring Linears need anyway.
 
-Families (``HF_FAMILIES``): llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (sigmoid-gated shared expert), mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA
-math fallback, see ``mla_saved``). Others raise a ``TrainmathError`` naming the layer. MoE runs transformers'
-eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
+Families (``HF_FAMILIES``): llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (sigmoid-gated shared expert),
+mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA math fallback, see ``mla_saved``), phi3 (fused qkv/gate_up),
+gemma2 (eager: transformers' default for it), gemma3_text, glm4_moe. Config switches the spec does not carry
+(partial rotary, soft-capping, logit scale) come from ``Family``, router switches from ``Router``. Other families
+(gpt_oss, starcoder2, gpt2, falcon, cohere, llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
+transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
 Precision is two numbers: ``compute_dtype_bytes`` (what matmuls produce) and ``param_dtype_bytes`` (the parameters'
