@@ -2,7 +2,10 @@
 
 Method: each command is run 21 times as a fresh process (the first 3 are discarded as warm-up of the OS file
 cache; bytecode is already compiled at install); the median wall time is reported. Target (issue 2): under 3×
-bare start-up. Run: `python benchmarks/cli_startup.py`.
+bare start-up. Run: `python benchmarks/cli_startup.py` (with bytecode compiled, as a pip install leaves it: where
+PYTHONDONTWRITEBYTECODE is set, run `python -m compileall src` first or every run recompiles the package).
+The "stdlib floor" row is what the CLI's own libraries cost before any trainmath code runs (argparse for the
+CLI, dataclasses for the frozen specs, json for configs).
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ def main() -> None:
     exe = shutil.which("trainmath")
     cli = [exe] if exe else [sys.executable, "-m", "trainmath"]
     bare = median_s([sys.executable, "-c", "pass"])
+    floor = "import argparse, dataclasses, json, os; argparse.ArgumentParser().add_argument('x')"
     rows = [
         ("python -c pass", bare),
+        ("stdlib floor: argparse + dataclasses + json", median_s([sys.executable, "-c", floor])),
         ("trainmath params Qwen/Qwen3-32B", median_s(cli + ["params", "Qwen/Qwen3-32B"])),
         ("trainmath params Qwen/Qwen3-32B --json", median_s(cli + ["params", "Qwen/Qwen3-32B", "--json"])),
         ("trainmath params Qwen/Qwen3-235B-A22B", median_s(cli + ["params", "Qwen/Qwen3-235B-A22B"])),
