@@ -267,6 +267,8 @@ FAMILY_CASES = [
     ("glm4_moe", {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
                   "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1,
                   "num_hidden_layers": 3, "use_qk_norm": True, "attention_bias": True}, "sdpa"),
+    # LayerNorm with bias (input, mean, rstd in the input dtype), plain GELU-tanh MLP with biases
+    ("starcoder2", {}, "sdpa"),
 ]
 
 

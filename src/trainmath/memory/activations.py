@@ -18,9 +18,9 @@ only q, k, v, the output and the logsumexp, all of which the neighbouring Linear
 
 Families (``HF_FAMILIES``): llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (sigmoid-gated shared expert),
 mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA math fallback, see ``mla_saved``), phi3 (fused qkv/gate_up),
-gemma2 (eager: transformers' default for it), gemma3_text, glm4_moe. Config switches the spec does not carry
+gemma2 (eager: transformers' default for it), gemma3_text, glm4_moe, starcoder2 (dropout 0). Config switches the spec does not carry
 (partial rotary, soft-capping, logit scale) come from ``Family``, router switches from ``Router``. Other families
-(gpt_oss, starcoder2, gpt2, falcon, cohere, llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
+(gpt_oss, gpt2, falcon, cohere, llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
 transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
@@ -46,7 +46,7 @@ PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
-               "glm4_moe")
+               "glm4_moe", "starcoder2")
 ROTARY_CAT = ("phi3", "glm4_moe")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
@@ -172,6 +172,17 @@ def gemma_rmsnorm_saved(prefix: str, rows: int, width: int) -> list[Node]:
         _leaf(f"{prefix}.rsqrt", FP32 * rows, "one fp32 per row"),
         _leaf(f"{prefix}.normalized_fp32", FP32 * rows * width),
         _leaf(f"{prefix}.one_plus_weight", FP32 * width, "1 + w in fp32, saved by the product"),
+    ]
+
+
+def layernorm_saved(prefix: str, rows: int, width: int, in_bytes: int) -> list[Node]:
+    """``nn.LayerNorm`` (``native_layer_norm``): saves its input, the per-row mean and rstd, all in the input's
+    dtype (fp32 under autocast, which runs layer_norm in fp32 and here gets the fp32 residual stream). Derived from
+    the ATen kernel's saved values, checked by the oracle."""
+    return [
+        _leaf(f"{prefix}.input", in_bytes * rows * width, "the residual stream itself"),
+        _leaf(f"{prefix}.mean", in_bytes * rows),
+        _leaf(f"{prefix}.rstd", in_bytes * rows),
     ]
 
 
@@ -481,6 +492,9 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     if olmo2 and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims) \
             and ffn.dims.gated:
         return _olmo2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
+    if model_type == "starcoder2" and mixer is not None and mixer.kind == "attention" and \
+            isinstance(ffn.dims, MLPDims) and not ffn.dims.gated:
+        return _starcoder2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
     if model_type in ("gemma2", "gemma3_text") and mixer is not None and mixer.kind == "attention" and \
             isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         fam = family or Family.default(model_type)
@@ -536,6 +550,26 @@ def _gemma_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, 
     kids += gemma_rmsnorm_saved("pre_feedforward_layernorm", T, d)
     kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
     kids += gemma_rmsnorm_saved("post_feedforward_layernorm", T, d)
+    parts = [Node.of("activations", kids, "bytes")]
+    copies = weight_copies(mixer, p) + weight_copies(ffn, p)
+    if copies:
+        parts.append(Node.of("autocast weight copies", copies, "bytes",
+                             note="compute-dtype casts of the fp32 weights, kept for backward"))
+    return Node.of(layer.label, parts, "bytes")
+
+
+def _starcoder2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
+                      eager: bool) -> Node:
+    """StarCoder2: pre-LayerNorm (with bias) attention with q/k/v/o biases and RoPE, then a plain
+    ``c_proj(gelu_tanh(c_fc(x)))`` MLP with biases: c_fc's input, the GELU's input (c·T·f) and c_proj's input
+    (c·T·f). Dropouts are assumed 0 (the profile's convention); biases save nothing."""
+    T, r, c = b * s, p.residual, p.compute
+    f = ffn.dims.intermediate
+    kids = layernorm_saved("input_layernorm", T, d, r)
+    kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager)
+    kids += layernorm_saved("post_attention_layernorm", T, d, r)
+    kids += linear_inputs("mlp.c_fc", ["mlp.c_fc"], T, d, p)
+    kids += [_leaf("mlp.c_fc_out", c * T * f, "the GELU's input"), _leaf("mlp.c_proj.input", c * T * f)]
     parts = [Node.of("activations", kids, "bytes")]
     copies = weight_copies(mixer, p) + weight_copies(ffn, p)
     if copies:
@@ -722,6 +756,8 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
         saved = olmo2_rmsnorm_saved("norm", T, d)
     elif spec.model_type in ("gemma2", "gemma3_text"):
         saved = gemma_rmsnorm_saved("norm", T, d)
+    elif spec.model_type == "starcoder2":
+        saved = layernorm_saved("norm", T, d, p.residual)
     else:
         saved = rmsnorm_saved("norm", T, d, p.residual)
     saved += linear_inputs("lm_head", ["lm_head"], T, d, p)
