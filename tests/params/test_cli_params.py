@@ -154,3 +154,26 @@ def test_cli_start_path_imports_no_heavy_modules():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("HEAVY []")
+
+
+@pytest.mark.parametrize("model,key,value", [
+    ("microsoft/Phi-4-mini-instruct", "partial_rotary_factor", 0.75),
+    ("google/gemma-2-9b", "final_logit_softcapping", 30.0),
+    ("google/gemma-2-9b", "attn_logit_softcapping", 50.0),
+    ("Qwen/Qwen1.5-MoE-A2.7B", "norm_topk_prob", False),
+    ("Qwen/Qwen3-30B-A3B", "norm_topk_prob", True),
+    ("CohereForAI/aya-23-8B", "logit_scale", 0.0625),
+    ("deepseek-ai/DeepSeek-V2-Lite", "topk_method", "greedy"),
+])
+def test_spec_carries_config_switches(model, key, value):
+    """Switches that change computation but no parameter travel with the spec (FLOPs/activations read them)."""
+    assert load_spec(model).options[key] == value
+
+
+def test_activations_read_switches_from_spec():
+    from trainmath.memory.activations import Family, activation_bytes
+
+    spec = load_spec("microsoft/Phi-4-mini-instruct")
+    implicit = activation_bytes(spec, micro_batch=1, seq=64).value
+    explicit = activation_bytes(spec, micro_batch=1, seq=64, family=Family(partial_rotary_factor=0.75)).value
+    assert implicit == explicit != activation_bytes(spec, micro_batch=1, seq=64, family=Family()).value

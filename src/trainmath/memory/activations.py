@@ -662,9 +662,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if spec.model_type not in HF_FAMILIES:
         raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use profile='megatron')")
+    config = {**spec.options, "model_type": spec.model_type}  # the config's switches, carried by the spec
     if norm_topk_prob is None:
-        norm_topk_prob = _norm_topk_default(spec.model_type)
-    family = family or Family.default(spec.model_type)
+        norm_topk_prob = Router.from_config(config).norm_topk_prob
+    router = router or Router(norm_topk_prob=norm_topk_prob, topk_method=Router.from_config(config).topk_method)
+    family = family or Family.from_config(config)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     T = b * s
@@ -749,7 +751,7 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     """
     if tp < 1:
         raise TrainmathError(f"tp ({tp}) must be at least 1")
-    family = family or Family.default(spec.model_type)
+    family = family or Family.from_config({**spec.options, "model_type": spec.model_type})
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     T, d, V = micro_batch * seq, spec.hidden_size, -(-spec.vocab_size // tp)
     if spec.model_type == "olmo2":

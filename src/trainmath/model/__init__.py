@@ -46,8 +46,19 @@ def spec_from_config(data: dict[str, object], *, name: str, source: str) -> Mode
             f"{source}: model_type {model_type!r} is not supported; supported: {', '.join(supported_model_types())}")
     cfg = ConfigView(data, model_type=read_as, source=source)
     spec = BUILDERS[read_as](cfg, name)
-    if notes or model_type != read_as:
-        from dataclasses import replace
+    from dataclasses import replace
 
-        spec = replace(spec, model_type=model_type, notes=tuple(notes) + spec.notes)
-    return spec
+    return replace(spec, model_type=model_type, notes=tuple(notes) + spec.notes, options=config_options(cfg))
+
+
+OPTION_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logit_scale", "norm_topk_prob", "topk_method")
+
+
+def config_options(cfg: ConfigView) -> dict[str, object]:
+    """The switches ``ModelSpec.options`` carries: set in the config, or by transformers' class default."""
+    out = {key: value for key in OPTION_KEYS if (value := cfg.get(key, None)) is not None}
+    rope = cfg.data.get("rope_parameters") or cfg.data.get("rope_scaling") or {}
+    factor = cfg.data.get("partial_rotary_factor", rope.get("partial_rotary_factor") if isinstance(rope, dict) else None)
+    if factor is not None:
+        out["partial_rotary_factor"] = factor
+    return out
