@@ -269,6 +269,9 @@ FAMILY_CASES = [
                   "num_hidden_layers": 3, "use_qk_norm": True, "attention_bias": True}, "sdpa"),
     # LayerNorm with bias (input, mean, rstd in the input dtype), plain GELU-tanh MLP with biases
     ("starcoder2", {}, "sdpa"),
+    # parallel attention + MLP from one bias-free Cohere LayerNorm (x - mean saved twice), per-head q/k LayerNorms,
+    # fp32 interleaved rotary, logit_scale (a Python-float product: nothing saved)
+    ("cohere", {"use_qk_norm": True}, "sdpa"),
 ]
 
 

@@ -18,9 +18,10 @@ only q, k, v, the output and the logsumexp, all of which the neighbouring Linear
 
 Families (``HF_FAMILIES``): llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (sigmoid-gated shared expert),
 mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA math fallback, see ``mla_saved``), phi3 (fused qkv/gate_up),
-gemma2 (eager: transformers' default for it), gemma3_text, glm4_moe, starcoder2 (dropout 0). Config switches the spec does not carry
+gemma2 (eager: transformers' default for it), gemma3_text, glm4_moe, starcoder2 (dropout 0), cohere (parallel
+attention and MLP, Cohere LayerNorms). Config switches the spec does not carry
 (partial rotary, soft-capping, logit scale) come from ``Family``, router switches from ``Router``. Other families
-(gpt_oss, gpt2, falcon, cohere, llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
+(gpt_oss, gpt2, falcon, llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
 transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
@@ -46,7 +47,7 @@ PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
-               "glm4_moe", "starcoder2")
+               "glm4_moe", "starcoder2", "cohere")
 ROTARY_CAT = ("phi3", "glm4_moe")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
@@ -186,6 +187,24 @@ def layernorm_saved(prefix: str, rows: int, width: int, in_bytes: int) -> list[N
     ]
 
 
+def cohere_layernorm_saved(prefix: str, rows: int, width: int, weight_numel: int, p: Precision) -> list[Node]:
+    """Cohere's bias-free LayerNorm: ``x = x.to(fp32)``; ``(x - mean).pow(2).mean()``; ``(x - mean) * rsqrt(var +
+    eps)``; ``w.to(fp32) * y``. ``x - mean`` is computed twice (pow and the product each save their own fp32 copy),
+    then rsqrt per row and the fp32 y (the weight's product); with bf16 parameters ``w.to(fp32)`` is a fresh copy
+    that the product saves (4·weight bytes). Used per token (input and final norms, width d) and per head (the
+    q/k norms of ``use_qk_norm``, width h_d, one weight of h·h_d). Derived from ``CohereLayerNorm``, checked by the
+    oracle."""
+    out = [
+        _leaf(f"{prefix}.centered_pow", FP32 * rows * width, "x - mean in fp32, saved by pow"),
+        _leaf(f"{prefix}.centered_mul", FP32 * rows * width, "x - mean again, saved by the product with rsqrt"),
+        _leaf(f"{prefix}.rsqrt", FP32 * rows, "one fp32 per row"),
+        _leaf(f"{prefix}.normalized_fp32", FP32 * rows * width, "saved by the weight's product"),
+    ]
+    if p.param != FP32:
+        out.append(_leaf(f"{prefix}.weight_fp32", FP32 * weight_numel, "w.to(fp32) of a bf16 weight"))
+    return out
+
+
 def linear_inputs(prefix: str, names: Sequence[str], tokens: int, width: int, p: Precision) -> list[Node]:
     """Inputs saved by Linears that read the same tensor (q/k/v; gate/up; router). Without autocast they share one
     storage (counted once); under autocast each Linear saves its own compute-dtype cast of the fp32 input."""
@@ -217,7 +236,8 @@ def _has(block: Block, fragment: str) -> bool:
 
 
 def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager: bool, olmo2: bool = False,
-                    rotary_cat: bool = False, gemma: bool = False, softcap: bool = False) -> list[Node]:
+                    rotary_cat: bool = False, gemma: bool = False, softcap: bool = False, cohere: bool = False
+                    ) -> list[Node]:
     """Grouped-query attention after the input norm: q/k/v inputs, optional q/k RMSNorm, the attention core, o_proj.
 
     SDPA (CPU flash kernel, or CUDA flash): saves query, key (rotary outputs, compute dtype), value (v_proj output),
@@ -237,6 +257,8 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     ``transpose(1, 2).contiguous()`` before o_proj makes a copy: o_proj's input is a separate c·T·q tensor. With
     ``q·cos + rotate_half(q)·sin`` alone the query keeps the projection's (b, s, h, h_d) layout and the copy is free.
 
+    ``cohere``: per-head q/k norms are Cohere LayerNorms (``cohere_layernorm_saved``); Cohere's interleaved rotary
+    runs in fp32 (``q.float()``) but multiplies by cos/sin only, so it saves nothing beyond the shared cos/sin.
     ``gemma``: per-head q/k norms are Gemma RMSNorms (``gemma_rmsnorm_saved``). ``softcap`` (Gemma-2, eager only):
     ``tanh(scores / cap) · cap`` keeps the tanh output, c·b·h·s², beside the fp32 softmax and its cast.
     """
@@ -252,6 +274,9 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     if olmo2:
         out += olmo2_rmsnorm_saved("self_attn.q_norm", T, q)
         out += olmo2_rmsnorm_saved("self_attn.k_norm", T, kv)
+    elif _has(block, "q_norm") and cohere:
+        out += cohere_layernorm_saved("self_attn.q_norm", T * h, hd, q, p)
+        out += cohere_layernorm_saved("self_attn.k_norm", T * hkv, hd, kv, p)
     elif _has(block, "q_norm") and gemma:
         out += gemma_rmsnorm_saved("self_attn.q_norm", T * h, hd)
         out += gemma_rmsnorm_saved("self_attn.k_norm", T * hkv, hd)
@@ -495,6 +520,9 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     if model_type == "starcoder2" and mixer is not None and mixer.kind == "attention" and \
             isinstance(ffn.dims, MLPDims) and not ffn.dims.gated:
         return _starcoder2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
+    if model_type == "cohere" and mixer is not None and mixer.kind == "attention" and \
+            isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
+        return _cohere_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
     if model_type in ("gemma2", "gemma3_text") and mixer is not None and mixer.kind == "attention" and \
             isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         fam = family or Family.default(model_type)
@@ -552,6 +580,28 @@ def _gemma_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, 
     kids += gemma_rmsnorm_saved("post_feedforward_layernorm", T, d)
     parts = [Node.of("activations", kids, "bytes")]
     copies = weight_copies(mixer, p) + weight_copies(ffn, p)
+    if copies:
+        parts.append(Node.of("autocast weight copies", copies, "bytes",
+                             note="compute-dtype casts of the fp32 weights, kept for backward"))
+    return Node.of(layer.label, parts, "bytes")
+
+
+def _cohere_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
+                  eager: bool) -> Node:
+    """Cohere (Command-R): ``x + attn(ln(x)) + mlp(ln(x))``, attention and SwiGLU MLP in parallel from one
+    bias-free LayerNorm (``cohere_layernorm_saved``): without autocast q/k/v and gate/up read one storage (the
+    norm's output, counted once); under autocast each of the five Linears saves its own cast. Per-head q/k
+    LayerNorms when ``use_qk_norm``."""
+    T = b * s
+    kids = cohere_layernorm_saved("input_layernorm", T, d, d, p)
+    kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, cohere=True)
+    kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p, input_saved=p.autocast)
+    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
+
+
+def _with_copies(layer: LayerSpec, kids: list[Node], copies: list[Node]) -> Node:
+    """A layer's node: its saved activations and, under autocast, its weight copies."""
+    parts = [Node.of("activations", kids, "bytes")]
     if copies:
         parts.append(Node.of("autocast weight copies", copies, "bytes",
                              note="compute-dtype casts of the fp32 weights, kept for backward"))
@@ -743,6 +793,11 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     not saved but alive: the logits in the compute dtype (c·T·V, held by the model output until it is dropped) and,
     when c < 4, their fp32 upcast (4·T·V), freed once log_softmax has run: the transient peak of the loss.
 
+    Final norm per family (RMSNorm, OLMo-2/Gemma RMSNorms, LayerNorm, Cohere's LayerNorm). Gemma-2's final
+    soft-capping saves the tanh (c·T·V). Cohere's ``logits * logit_scale`` multiplies by a Python float: autograd
+    keeps only that scalar (a wrapped number, not packed for backward), so nothing is added; the unscaled head
+    output is freed by the product (measured).
+
     ``tp``: a vocabulary-parallel LM head and loss (Megatron's ``ColumnParallelLinear`` head with
     ``vocab_parallel_cross_entropy``): each rank holds V' = ceil(V/tp) vocabulary entries, so every V term above
     uses V' (the head's weight cast, the log-probabilities, the logits and their fp32 upcast); the final norm, the
@@ -760,6 +815,8 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
         saved = gemma_rmsnorm_saved("norm", T, d)
     elif spec.model_type == "starcoder2":
         saved = layernorm_saved("norm", T, d, p.residual)
+    elif spec.model_type == "cohere":
+        saved = cohere_layernorm_saved("norm", T, d, d, p)
     else:
         saved = rmsnorm_saved("norm", T, d, p.residual)
     saved += linear_inputs("lm_head", ["lm_head"], T, d, p)
@@ -768,7 +825,9 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     if family.final_logit_softcapping is not None:
         saved.append(_leaf("softcap_tanh", p.compute * T * V, "tanh(logits / cap), saved by tanh"))
     saved += [_leaf("log_softmax_fp32", FP32 * T * V), _leaf("labels", INT64 * T), _leaf("total_weight", FP32)]
-    held = [_leaf("logits", p.compute * T * V, "returned in the output")]
+    held = [_leaf("logits", p.compute * T * V, "returned in the output" + (
+        f" (scaled by logit_scale={family.logit_scale}: the product replaces the head output)"
+        if family.logit_scale is not None else ""))]
     if p.compute != FP32:
         held.append(_leaf("logits_fp32 (transient)", FP32 * T * V, "logits.float() in ForCausalLMLoss"))
     return Node.of("logits and loss", [Node.of("saved", saved, "bytes"), Node.of("not saved", held, "bytes")],
