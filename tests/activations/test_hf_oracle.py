@@ -35,6 +35,11 @@ def _model(model_type, attn, extra):
     return cfg, model
 
 
+def _layers(model):
+    """The decoder layers (GPT-2 and Falcon keep them in ``transformer.h``)."""
+    return model.model.layers if hasattr(model, "model") else model.transformer.h
+
+
 def _measure(model, mode, *, checkpoint=False):
     """Bytes of distinct non-parameter storages saved for backward and still held by the graph when the forward
     ends (plus, under checkpointing, the storages each checkpointed layer keeps as its inputs: hidden states and
@@ -65,10 +70,10 @@ def _measure(model, mode, *, checkpoint=False):
     if checkpoint:
         def pre(_module, args, kwargs):
             note(args[0], strong=True)
-            pe = kwargs["position_embeddings"]
+            pe = kwargs.get("position_embeddings", ())  # GPT-2: none
             for t in (pe,) if isinstance(pe, torch.Tensor) else pe:  # DeepSeek-V2: one complex tensor
                 note(t, strong=True)
-        hooks = [layer.register_forward_pre_hook(pre, with_kwargs=True) for layer in model.model.layers]
+        hooks = [layer.register_forward_pre_hook(pre, with_kwargs=True) for layer in _layers(model)]
     ids = torch.randint(0, model.config.vocab_size, (B, S), generator=torch.Generator().manual_seed(1))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
@@ -178,8 +183,8 @@ def _catalog_model(model_type, extra=(), attn="sdpa"):
 def _experts_hit(model):
     """Distinct experts each MoE layer routes to (the autocast weight copies are per hit expert)."""
     hit = []
-    for layer in model.model.layers:
-        if hasattr(layer.mlp, "experts"):
+    for layer in _layers(model):
+        if hasattr(getattr(layer, "mlp", None), "experts"):
             layer.mlp.gate.register_forward_hook(lambda m, i, o: hit.append(o[-1].unique().numel()))
     return hit
 
@@ -272,6 +277,10 @@ FAMILY_CASES = [
     # parallel attention + MLP from one bias-free Cohere LayerNorm (x - mean saved twice), per-head q/k LayerNorms,
     # fp32 interleaved rotary, logit_scale (a Python-float product: nothing saved)
     ("cohere", {"use_qk_norm": True}, "sdpa"),
+    # fused c_attn (q, k, v are views of one output), Conv1D (addmm), learned positions, gelu_new written as tensor
+    # ops, tied head; dropouts set to 0 (nonzero dropout adds masks the profile does not model)
+    ("gpt2", {"n_inner": 96, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, "sdpa"),
+    ("gpt2", {"n_inner": 96, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, "eager"),
 ]
 
 

@@ -19,9 +19,10 @@ only q, k, v, the output and the logsumexp, all of which the neighbouring Linear
 Families (``HF_FAMILIES``): llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (sigmoid-gated shared expert),
 mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA math fallback, see ``mla_saved``), phi3 (fused qkv/gate_up),
 gemma2 (eager: transformers' default for it), gemma3_text, glm4_moe, starcoder2 (dropout 0), cohere (parallel
-attention and MLP, Cohere LayerNorms). Config switches the spec does not carry
+attention and MLP, Cohere LayerNorms), gpt2 (Conv1D, fused c_attn, gelu_new; resid/embd/attn dropout 0: nonzero
+dropout adds masks that are not modelled; ``reorder_and_upcast_attn`` not modelled). Config switches the spec does not carry
 (partial rotary, soft-capping, logit scale) come from ``Family``, router switches from ``Router``. Other families
-(gpt_oss, gpt2, falcon, llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
+(gpt_oss, falcon, llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
 transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
@@ -47,7 +48,7 @@ PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
-               "glm4_moe", "starcoder2", "cohere")
+               "glm4_moe", "starcoder2", "cohere", "gpt2")
 ROTARY_CAT = ("phi3", "glm4_moe")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
@@ -523,6 +524,8 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     if model_type == "cohere" and mixer is not None and mixer.kind == "attention" and \
             isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         return _cohere_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
+    if model_type == "gpt2" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
+        return _gpt2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
     if model_type in ("gemma2", "gemma3_text") and mixer is not None and mixer.kind == "attention" and \
             isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         fam = family or Family.default(model_type)
@@ -596,6 +599,62 @@ def _cohere_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int,
     kids = cohere_layernorm_saved("input_layernorm", T, d, d, p)
     kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, cohere=True)
     kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p, input_saved=p.autocast)
+    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
+
+
+def gelu_new_saved(prefix: str, tokens: int, f: int, p: Precision) -> list[Node]:
+    """transformers' ``NewGELUActivation`` (GPT-2's ``gelu_new``), written as Python tensor ops:
+    ``0.5 * x * (1 + tanh(sqrt(2/π) * (x + 0.044715 * x³)))``. Saved: x (by ``pow``; it is the c_fc output), the
+    tanh output, and the two factors of the last product, ``0.5·x`` and ``1 + tanh`` (products by Python floats
+    save nothing): 4·c·T·f, plus the product itself, which c_proj saves. ``F.gelu(approximate="tanh")`` keeps
+    only x. Derived from the code, checked by the oracle."""
+    c = p.compute
+    return [
+        _leaf(f"{prefix}.c_fc_out", c * tokens * f, "x, saved by pow"),
+        _leaf(f"{prefix}.tanh_out", c * tokens * f),
+        _leaf(f"{prefix}.half_x", c * tokens * f, "0.5·x, saved by the last product"),
+        _leaf(f"{prefix}.one_plus_tanh", c * tokens * f, "saved by the last product"),
+    ]
+
+
+def _gpt2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
+                eager: bool) -> Node:
+    """GPT-2: pre-LayerNorm (with bias) blocks of Conv1D layers (``addmm(bias, x, W)`` with W stored (in, out):
+    saved like a Linear, its input and, under autocast, the weight's cast; the bias cast is not kept). The fused
+    c_attn output (T, 3d) is split into q, k, v views, so what SDPA saves as q, k and v is that one storage,
+    c·T·3d; no rotary (learned position embeddings). Eager (``softmax(q·kᵀ·scale)`` without an fp32 upcast) copies
+    q, k and v for bmm and keeps the softmax in the input dtype (its bf16 cast too under autocast), not the c_attn
+    output. MLP: c_fc's input, ``gelu_new`` (``gelu_new_saved``), c_proj's
+    input. Dropouts (resid, embd, attn pdrop; 0.1 in GPT-2's config) are assumed 0: nonzero dropout adds a mask
+    and an output per dropout (attention probabilities too) that are not modelled."""
+    dims = mixer.dims
+    T, c, r = b * s, p.compute, p.residual
+    h = dims.heads
+    q = h * dims.head_dim
+    f = ffn.dims.intermediate
+    kids = layernorm_saved("ln_1", T, d, r)
+    kids += linear_inputs("attn.c_attn", ["attn.c_attn"], T, d, p)
+    if eager:
+        kids += [
+            _leaf("eager.query", c * T * q, "contiguous copy for bmm"),
+            _leaf("eager.key", c * T * q, "contiguous copy of the transposed key for bmm"),
+            _leaf("eager.softmax", (FP32 if p.autocast else c) * b * h * s * s,
+                  "softmax in the input's dtype (fp32 under autocast, which runs softmax in fp32)"),
+            *([_leaf("eager.probs", c * b * h * s * s, ".type(value.dtype) of the fp32 softmax")]
+              if p.autocast else []),
+            _leaf("eager.value", c * T * q, "contiguous copy for bmm"),
+            _leaf("c_proj.input", c * T * q, "reshape(...).contiguous() of the (b, h, s, h_d) output"),
+        ]
+    else:
+        kids += [
+            _leaf("sdpa.qkv", c * T * 3 * q, "the c_attn output: q, k and v are views of it"),
+            _leaf("sdpa.output", c * T * q, "also c_proj's input"),
+            _leaf("sdpa.logsumexp", FP32 * b * h * s),
+        ]
+    kids += layernorm_saved("ln_2", T, d, r)
+    kids += linear_inputs("mlp.c_fc", ["mlp.c_fc"], T, d, p)
+    kids += gelu_new_saved("mlp.act", T, f, p)
+    kids.append(_leaf("mlp.c_proj.input", c * T * f))
     return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
@@ -738,6 +797,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     kids = [Node.of("layers", groups, "bytes")]
     if 0 in indices:
         emb = [_leaf("input_ids", INT64 * T, "indices saved by the embedding")]
+        if spec.model_type == "gpt2":
+            emb.append(_leaf("position_ids", INT64 * s, "(1, s) arange saved by the position embedding"))
         if spec.model_type in ("gemma2", "gemma3_text"):
             emb.append(_leaf("embed_scale", p.param, "sqrt(d) as a 0-dim tensor in the embedding dtype, saved by "
                                                      "the scaling product"))
@@ -746,7 +807,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         rope = _rope_dim(spec)
         kids.append(Node.of("rotary", [_leaf("freqs_cis", 8 * s * (rope // 2))], "bytes",
                             note="(1, s, rope_dim/2) complex64 whatever the dtype, shared by every layer"))
-    elif indices:
+    elif indices and spec.model_type != "gpt2":  # GPT-2: learned positions, no cos/sin
         rope = _rope_dim(spec, family)
         rb = FP32 if spec.model_type == "olmo2" else p.residual  # OLMo-2 keeps cos/sin in fp32
         sets = 1
@@ -813,7 +874,7 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
         saved = olmo2_rmsnorm_saved("norm", T, d)
     elif spec.model_type in ("gemma2", "gemma3_text"):
         saved = gemma_rmsnorm_saved("norm", T, d)
-    elif spec.model_type == "starcoder2":
+    elif spec.model_type in ("starcoder2", "gpt2"):
         saved = layernorm_saved("norm", T, d, p.residual)
     elif spec.model_type == "cohere":
         saved = cohere_layernorm_saved("norm", T, d, d, p)
