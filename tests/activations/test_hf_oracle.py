@@ -25,8 +25,11 @@ MOE = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, decod
 PREC = {"autocast": (2, 4), "bf16": (2, 2), "fp32": (4, 4)}
 
 
+UNSET = None.__class__.__name__ + ":unset"  # an extra's value that removes a BASE key (Falcon has no head_dim)
+
+
 def _model(model_type, attn, extra):
-    cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **extra})
+    cfg = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in {**BASE, **extra}.items() if v != UNSET})
     kw = {"experts_implementation": "eager"} if "moe" in model_type or model_type == "mixtral" else {}
     torch.manual_seed(0)
     if attn != "default":  # "default": what transformers picks (Gemma-2: eager, it cannot soft-cap in SDPA)
@@ -256,6 +259,7 @@ def test_qwen2_moe_exact(mode, checkpoint):
 
 
 NO_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+FALCON = {"head_dim": UNSET, "ffn_hidden_size": 96}  # head_dim is a read-only property of FalconConfig
 FAMILY_CASES = [
     # fused qkv_proj (value keeps the whole output) and gate_up_proj; cat-based rotary makes o_proj's input a copy
     ("phi3", {}, "sdpa"),
@@ -281,6 +285,15 @@ FAMILY_CASES = [
     # ops, tied head; dropouts set to 0 (nonzero dropout adds masks the profile does not model)
     ("gpt2", {"n_inner": 96, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, "sdpa"),
     ("gpt2", {"n_inner": 96, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, "eager"),
+    # fused query_key_value, rotary, SDPA keeping the (b, 1, s, s) mask per layer, GELU MLP, LayerNorms with bias:
+    # multi-head (value keeps the whole fused output), multi-query (math fallback: 1 kv head without enable_gqa),
+    # new decoder architecture (k/v broadcast to h heads; two norms), sequential layers, and a single-norm new
+    # architecture with one kv head that only the config flag (Family) tells from multi-query
+    ("falcon", {**FALCON, "multi_query": False}, "sdpa"),
+    ("falcon", FALCON, "sdpa"),
+    ("falcon", {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2}, "sdpa"),
+    ("falcon", {**FALCON, "multi_query": False, "parallel_attn": False}, "sdpa"),
+    ("falcon", {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 1, "num_ln_in_parallel_attn": 1}, "sdpa"),
 ]
 
 

@@ -20,9 +20,10 @@ Families (``HF_FAMILIES``): llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (
 mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA math fallback, see ``mla_saved``), phi3 (fused qkv/gate_up),
 gemma2 (eager: transformers' default for it), gemma3_text, glm4_moe, starcoder2 (dropout 0), cohere (parallel
 attention and MLP, Cohere LayerNorms), gpt2 (Conv1D, fused c_attn, gelu_new; resid/embd/attn dropout 0: nonzero
-dropout adds masks that are not modelled; ``reorder_and_upcast_attn`` not modelled). Config switches the spec does not carry
+dropout adds masks that are not modelled; ``reorder_and_upcast_attn`` not modelled), falcon (rotary, no bias;
+multi-head, multi-query and the new decoder architecture; see ``_falcon_layer``). Config switches the spec does not carry
 (partial rotary, soft-capping, logit scale) come from ``Family``, router switches from ``Router``. Other families
-(gpt_oss, falcon, llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
+(gpt_oss, llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
 transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
@@ -48,7 +49,7 @@ PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
-               "glm4_moe", "starcoder2", "cohere", "gpt2")
+               "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon")
 ROTARY_CAT = ("phi3", "glm4_moe")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
@@ -108,6 +109,8 @@ class Family:
     """Gemma-2's attention-score capping (eager attention only; SDPA ignores it)."""
     logit_scale: float | None = None
     """Cohere's ``logits = lm_head(h) * logit_scale``."""
+    new_decoder_architecture: bool | None = None
+    """Falcon's flag (None: inferred from the spec, see ``_falcon_layer``)."""
 
     @classmethod
     def default(cls, model_type: str) -> Family:
@@ -129,7 +132,8 @@ class Family:
         return cls(partial_rotary_factor=float(prf),
                    final_logit_softcapping=config.get("final_logit_softcapping", base.final_logit_softcapping),
                    attn_logit_softcapping=config.get("attn_logit_softcapping", base.attn_logit_softcapping),
-                   logit_scale=config.get("logit_scale", base.logit_scale))
+                   logit_scale=config.get("logit_scale", base.logit_scale),
+                   new_decoder_architecture=config.get("new_decoder_architecture"))
 
 
 def _norm_topk_default(model_type: str) -> bool:
@@ -524,6 +528,8 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     if model_type == "cohere" and mixer is not None and mixer.kind == "attention" and \
             isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         return _cohere_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
+    if model_type == "falcon" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
+        return _falcon_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
     if model_type == "gpt2" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
         return _gpt2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
     if model_type in ("gemma2", "gemma3_text") and mixer is not None and mixer.kind == "attention" and \
@@ -655,6 +661,90 @@ def _gpt2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d
     kids += linear_inputs("mlp.c_fc", ["mlp.c_fc"], T, d, p)
     kids += gelu_new_saved("mlp.act", T, f, p)
     kids.append(_leaf("mlp.c_proj.input", c * T * f))
+    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
+
+
+def _falcon_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
+                  eager: bool, family: Family) -> Node:
+    """Falcon (``FalconDecoderLayer``, rotary, SDPA, no bias): ``nn.LayerNorm``s with bias (``layernorm_saved``),
+    one fused ``query_key_value`` Linear, rotary (cos/sin only), SDPA with the model's additive (b, 1, s, s) mask
+    (see below), ``dense`` reading SDPA's output, and a plain
+    ``dense_4h_to_h(gelu(dense_h_to_4h(x)))`` MLP (GELU keeps its input). What SDPA's key and value are depends on
+    the variant (derived from ``FalconAttention._split_heads``, checked by the oracle):
+
+    - multi-head (``multi_query=False``): q, k, v are views of the (T, 3d) output; the value keeps it all (c·T·3d).
+    - multi-query (Falcon-7B): k and v are ``fused[..., [-2], :]`` index copies with one head and each index node
+      keeps its one-element int64 index (8 bytes). SDPA gets 1 key head for h query heads without ``enable_gqa``,
+      which no fused kernel takes: PyTorch's math fallback (on CPU in fp32 whatever the dtype) keeps the scaled
+      query, the key and value expanded to h heads (4·T·h·h_d each) and the fp32 softmax (4·b·h·s²); its
+      (b, h, s, h_d) output makes dense's input a copy. The mask is added there, not kept.
+    - new decoder architecture (Falcon-40B/180B): k and v are index copies broadcast to h heads and flattened, so
+      the rotary key and the value are c·T·h·h_d each (the value c·T·h_d when h_kv = 1: flattening a stride-0
+      broadcast of one head is a view); the two indices as above.
+
+    SDPA (fused kernels) keeps the additive mask it was given, in the compute dtype, one storage per layer
+    (autocast casts it per call).
+
+    Parallel attention (all three): attention and MLP read one LayerNorm (one storage without autocast) or, with
+    two (``ln_attn``, ``ln_mlp``), two norms of one input (its storage once, mean and rstd per norm); sequential
+    layers (``parallel_attn=False``) norm the residual after attention. The variant comes from
+    ``Family.new_decoder_architecture`` when set, else from the spec: two norms ``ln_attn``/``ln_mlp`` or
+    1 < h_kv < h mean the new architecture; a single-norm new-architecture config with h_kv = h or h_kv = 1 reads
+    as multi-head/multi-query unless the flag is given. Not modelled (raise or are assumed off): Linear biases
+    (under autocast a bf16 product plus an fp32 bias is fp32, which changes every dtype after it), ALiBi
+    (``alibi=True``: no rotary, an s² score path), eager attention, dropout."""
+    if eager:
+        raise TrainmathError("the eager profile has no rule for Falcon attention; use profile='hf' (SDPA)")
+    if any(t.kind == "bias" for t in mixer.tensors + ffn.tensors):
+        raise TrainmathError("Falcon with bias=True is not yet modelled (an autocast bf16 product plus an fp32 bias "
+                             "promotes to fp32): use profile='megatron'")
+    dims = mixer.dims
+    T, c, r = b * s, p.compute, p.residual
+    h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
+    q, f = h * hd, ffn.dims.intermediate
+    norms = [t.name.removesuffix(".weight") for bl in layer.blocks if bl.kind == "norm" for t in bl.tensors
+             if t.name.endswith(".weight")]
+    new_arch = family.new_decoder_architecture
+    if new_arch is None:
+        new_arch = norms == ["ln_attn", "ln_mlp"] or 1 < hkv < h
+    if norms == ["ln_attn", "ln_mlp"]:
+        kids = layernorm_saved("ln_attn", T, d, r)
+        kids += layernorm_saved("ln_mlp", T, d, r)[1:]  # the same input, counted once
+        kids += linear_inputs("query_key_value", ["query_key_value"], T, d, p)
+        kids += linear_inputs("mlp.dense_h_to_4h", ["mlp.dense_h_to_4h"], T, d, p)
+    elif norms == ["input_layernorm"]:
+        kids = layernorm_saved("input_layernorm", T, d, r)
+        kids += linear_inputs("ln_out", ["query_key_value", "mlp.dense_h_to_4h"], T, d, p)
+    elif norms == ["input_layernorm", "post_attention_layernorm"]:
+        kids = layernorm_saved("input_layernorm", T, d, r)
+        kids += linear_inputs("query_key_value", ["query_key_value"], T, d, p)
+    else:
+        raise TrainmathError(f"Falcon layer norms {norms} are not one of ln_attn/ln_mlp, input_layernorm, "
+                             f"input_layernorm/post_attention_layernorm")
+    sdpa = [_leaf("sdpa.query", c * T * q, "rotary query"), _leaf("sdpa.output", c * T * q, "also dense's input"),
+            _leaf("sdpa.logsumexp", FP32 * b * h * s),
+            _leaf("sdpa.attn_mask", c * b * s * s, "the (b, 1, s, s) additive mask as SDPA keeps it, one per layer")]
+    if new_arch:
+        kids += [_leaf("sdpa.key", c * T * q, "rotary key, broadcast to h heads"),
+                 _leaf("sdpa.value", c * T * (q if hkv > 1 else hd),
+                       "index copy broadcast to h heads and flattened (a stride-0 view when h_kv = 1)"),
+                 _leaf("kv_index", 2 * INT64, "the [-2] and [-1] index tensors"), *sdpa]
+    elif hkv == 1:
+        kids += [
+            _leaf("kv_index", 2 * INT64, "the [-2] and [-1] index tensors"),
+            _leaf("sdpa_math.query_scaled", FP32 * T * q, "fp32 on CPU"),
+            _leaf("sdpa_math.key", FP32 * T * q, "expanded to h heads"),
+            _leaf("sdpa_math.softmax_fp32", FP32 * b * h * s * s),
+            _leaf("sdpa_math.value", FP32 * T * q, "expanded to h heads"),
+            _leaf("dense.input", c * T * q, "permute + reshape copy of the (b, h, s, h_d) output"),
+        ]
+    else:
+        kids += [_leaf("sdpa.key", c * T * q, "rotary key"),
+                 _leaf("sdpa.value", c * T * 3 * q, "a view of the fused (T, 3d) output, which it keeps"), *sdpa]
+    if norms == ["input_layernorm", "post_attention_layernorm"]:
+        kids += layernorm_saved("post_attention_layernorm", T, d, r)
+        kids += linear_inputs("mlp.dense_h_to_4h", ["mlp.dense_h_to_4h"], T, d, p)
+    kids += [_leaf("mlp.dense_h_to_4h_out", c * T * f, "the GELU's input"), _leaf("mlp.dense_4h_to_h.input", c * T * f)]
     return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
@@ -874,7 +964,7 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
         saved = olmo2_rmsnorm_saved("norm", T, d)
     elif spec.model_type in ("gemma2", "gemma3_text"):
         saved = gemma_rmsnorm_saved("norm", T, d)
-    elif spec.model_type in ("starcoder2", "gpt2"):
+    elif spec.model_type in ("starcoder2", "gpt2", "falcon"):
         saved = layernorm_saved("norm", T, d, p.residual)
     elif spec.model_type == "cohere":
         saved = cohere_layernorm_saved("norm", T, d, d, p)
