@@ -30,7 +30,8 @@ UNSET = None.__class__.__name__ + ":unset"  # an extra's value that removes a BA
 
 def _model(model_type, attn, extra):
     cfg = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in {**BASE, **extra}.items() if v != UNSET})
-    kw = {"experts_implementation": "eager"} if "moe" in model_type or model_type == "mixtral" else {}
+    moe = "moe" in model_type or model_type in ("mixtral", "gpt_oss", "llama4_text")
+    kw = {"experts_implementation": "eager"} if moe else {}
     torch.manual_seed(0)
     if attn != "default":  # "default": what transformers picks (Gemma-2: eager, it cannot soft-cap in SDPA)
         kw["attn_implementation"] = attn
@@ -188,7 +189,8 @@ def _experts_hit(model):
     hit = []
     for layer in _layers(model):
         if hasattr(getattr(layer, "mlp", None), "experts"):
-            layer.mlp.gate.register_forward_hook(lambda m, i, o: hit.append(o[-1].unique().numel()))
+            gate = layer.mlp.gate if hasattr(layer.mlp, "gate") else layer.mlp.router  # gpt-oss: router
+            gate.register_forward_hook(lambda m, i, o: hit.append(o[-1].unique().numel()))
     return hit
 
 
@@ -294,6 +296,11 @@ FAMILY_CASES = [
     ("falcon", {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2}, "sdpa"),
     ("falcon", {**FALCON, "multi_query": False, "parallel_attn": False}, "sdpa"),
     ("falcon", {**FALCON, "new_decoder_architecture": True, "num_kv_heads": 1, "num_ln_in_parallel_attn": 1}, "sdpa"),
+    # eager attention with sinks (softmax over s + 1 columns, row-max indices), half-width cos/sin, fp32-weight
+    # RMSNorms, biased router and experts (autocast: bf16 product + fp32 bias is fp32), clamped interleaved SwiGLU;
+    # a sliding layer (window 8 < s) and a full one
+    ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 48, "sliding_window": 8},
+     "default"),
 ]
 
 

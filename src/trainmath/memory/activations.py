@@ -21,9 +21,11 @@ mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA math fallback, see ``mla_saved``),
 gemma2 (eager: transformers' default for it), gemma3_text, glm4_moe, starcoder2 (dropout 0), cohere (parallel
 attention and MLP, Cohere LayerNorms), gpt2 (Conv1D, fused c_attn, gelu_new; resid/embd/attn dropout 0: nonzero
 dropout adds masks that are not modelled; ``reorder_and_upcast_attn`` not modelled), falcon (rotary, no bias;
-multi-head, multi-query and the new decoder architecture; see ``_falcon_layer``). Config switches the spec does not carry
+multi-head, multi-query and the new decoder architecture; see ``_falcon_layer``), gpt_oss (eager attention with
+sinks, its default; biased clamped SwiGLU experts; a bf16 model here is ``model.to(bfloat16)``: ``from_pretrained``
+with a bf16 dtype keeps the norms in fp32 (``_keep_in_fp32_modules``), which is not modelled). Config switches the spec does not carry
 (partial rotary, soft-capping, logit scale) come from ``Family``, router switches from ``Router``. Other families
-(gpt_oss, llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
+(llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
 transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
@@ -49,7 +51,7 @@ PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
-               "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon")
+               "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon", "gpt_oss")
 ROTARY_CAT = ("phi3", "glm4_moe")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
@@ -528,6 +530,8 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     if model_type == "cohere" and mixer is not None and mixer.kind == "attention" and \
             isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         return _cohere_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
+    if model_type == "gpt_oss" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MoEDims):
+        return _gpt_oss_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, experts_hit=experts_hit)
     if model_type == "falcon" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
         return _falcon_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
     if model_type == "gpt2" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
@@ -748,6 +752,78 @@ def _falcon_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int,
     return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
+def sink_attention_saved(block: Block, *, b: int, s: int, p: Precision) -> list[Node]:
+    """gpt-oss eager attention with learned sinks: ``cat([q·kᵀ·scale + mask, sinks])``, minus its row max, softmax
+    over s + 1 columns, the sink column dropped, ``.to(v.dtype)``, times v. Saved: the rotary query (``torch.cat``
+    makes it contiguous (b, h, s, h_d): bmm reads it in place), the key and value repeated to h heads (a copy for
+    bmm either way), the row max's int64 indices (8·b·h·s), the softmax over s + 1 columns (4·b·h·s·(s + 1) in fp32
+    and under autocast, whose fp32 mask promotes the scores; c·… in a bf16 model), under autocast its bf16 cast
+    without the sink column (c·b·h·s²; otherwise bmm reads the softmax in place), and o_proj's input (a
+    contiguous copy of the transposed output). The cat, the sinks' expand and the scale save nothing. Derived from
+    ``eager_attention_forward`` in ``modeling_gpt_oss``, checked by the oracle."""
+    dims = block.dims
+    T, c = b * s, p.compute
+    h, q = dims.heads, dims.heads * dims.head_dim
+    soft = FP32 if p.autocast else c
+    return [
+        _leaf("eager.query", c * T * q, "the rotary (cat) output, read in place"),
+        _leaf("eager.key", c * T * q, "repeated to h heads"),
+        _leaf("eager.row_max_indices", INT64 * b * h * s, "max(dim=-1) of the scores with the sink column"),
+        _leaf("eager.softmax_with_sink", soft * b * h * s * (s + 1), "s + 1 columns: the sink's included"),
+        *([_leaf("eager.probs", c * b * h * s * s, "bf16 cast without the sink column")] if p.autocast else []),
+        _leaf("eager.value", c * T * q, "repeated to h heads"),
+        _leaf("o_proj.input", c * T * q, "transpose(1, 2).contiguous() of the output"),
+    ]
+
+
+def gpt_oss_moe_saved(block: Block, *, T: int, d: int, p: Precision) -> list[Node]:
+    """gpt-oss MoE (``GptOssMLP``, ``experts_implementation="eager"``): a biased router ``linear`` (its input), top-k
+    on the logits (int64 indices) and a softmax over the k values (c·T·k); then per hit expert with n_e tokens,
+    Σ n_e = T·k: the int64 token and top-k slot indices (``torch.where``; 8·n_e each), the gathered input (c), ``x·W +
+    b`` — under autocast a bf16 product plus an fp32 bias, so everything up to the down projection is fp32 (g = 4;
+    g = c otherwise) — the (n_e, 2f) gate_up output kept by both clamps (gate and up are its interleaved views),
+    the clamped gate, ``sigmoid(α·gate)``, ``glu`` and ``up + 1`` (the product ``(up + 1)·glu`` saves both), the
+    down projection's input (its c cast), the biased down output (g, saved by the routing product), the routing
+    weight (c) and the product (g = r), which index_add keeps. Derived from ``GptOssExperts``, checked by the oracle."""
+    dims = block.dims
+    c = p.compute
+    g = FP32 if p.autocast else c
+    k, f = dims.top_k, dims.expert_intermediate
+    tk = T * k
+    out = linear_inputs("router", ["router"], T, d, p)
+    out += [
+        _leaf("router.topk_indices", INT64 * tk),
+        _leaf("router.softmax", c * tk, "softmax of the k top logits"),
+        _leaf("experts.token_indices", INT64 * tk, "saved by the gather and by index_add"),
+        _leaf("experts.slot_indices", INT64 * tk, "top-k positions, saved by the routing weights' gather"),
+        _leaf("experts.gathered_input", c * tk * d),
+        _leaf("experts.gate_up_out", g * tk * 2 * f, "kept by both clamps"),
+        _leaf("experts.gate_clamped", g * tk * f),
+        _leaf("experts.sigmoid", g * tk * f),
+        _leaf("experts.glu", g * tk * f),
+        _leaf("experts.up_plus_one", g * tk * f),
+        _leaf("experts.down_proj.input", c * tk * f),
+        _leaf("experts.down_out", g * tk * d, "with its bias, saved by the routing product"),
+        _leaf("experts.routing_weight", c * tk),
+        _leaf("experts.index_add_source", g * tk * d),
+    ]
+    return out
+
+
+def _gpt_oss_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
+                   experts_hit: int | None) -> Node:
+    """gpt-oss: RMSNorms whose weight multiplies in fp32 (``olmo2_rmsnorm_saved``), biased q/k/v/o, half-width
+    cos/sin, eager attention with sinks (``sink_attention_saved``; transformers has no SDPA path for it), the biased
+    MoE (``gpt_oss_moe_saved``). Sliding and full layers save the same (the window only changes the mask)."""
+    T = b * s
+    kids = olmo2_rmsnorm_saved("input_layernorm", T, d)
+    kids += linear_inputs("self_attn.qkv", ["q_proj", "k_proj", "v_proj"], T, d, p)
+    kids += sink_attention_saved(mixer, b=b, s=s, p=p)
+    kids += olmo2_rmsnorm_saved("post_attention_layernorm", T, d)
+    kids += gpt_oss_moe_saved(ffn, T=T, d=d, p=p)
+    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p, experts_hit))
+
+
 def _with_copies(layer: LayerSpec, kids: list[Node], copies: list[Node]) -> Node:
     """A layer's node: its saved activations and, under autocast, its weight copies."""
     parts = [Node.of("activations", kids, "bytes")]
@@ -899,6 +975,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                             note="(1, s, rope_dim/2) complex64 whatever the dtype, shared by every layer"))
     elif indices and spec.model_type != "gpt2":  # GPT-2: learned positions, no cos/sin
         rope = _rope_dim(spec, family)
+        if spec.model_type == "gpt_oss":  # cos/sin of the h_d/2 frequencies, not cat'ed to h_d
+            rope //= 2
         rb = FP32 if spec.model_type == "olmo2" else p.residual  # OLMo-2 keeps cos/sin in fp32
         sets = 1
         if spec.model_type == "gemma3_text":  # one cos/sin pair per layer type used (local and global RoPE bases)
@@ -960,7 +1038,7 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     family = family or Family.from_config({**spec.options, "model_type": spec.model_type})
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     T, d, V = micro_batch * seq, spec.hidden_size, -(-spec.vocab_size // tp)
-    if spec.model_type == "olmo2":
+    if spec.model_type in ("olmo2", "gpt_oss"):
         saved = olmo2_rmsnorm_saved("norm", T, d)
     elif spec.model_type in ("gemma2", "gemma3_text"):
         saved = gemma_rmsnorm_saved("norm", T, d)
