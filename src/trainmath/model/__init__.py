@@ -51,7 +51,8 @@ def spec_from_config(data: dict[str, object], *, name: str, source: str) -> Mode
     return replace(spec, model_type=model_type, notes=tuple(notes) + spec.notes, options=config_options(cfg))
 
 
-OPTION_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logit_scale", "norm_topk_prob", "topk_method")
+OPTION_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logit_scale", "norm_topk_prob", "topk_method",
+               "new_decoder_architecture")
 
 
 def config_options(cfg: ConfigView) -> dict[str, object]:
