@@ -237,19 +237,11 @@ def load_checkpoint(paths: list[str]) -> Checkpoint:
 
 def from_hub(repo_id: str) -> Checkpoint:
     """Headers of a Hub repo via ``huggingface_hub.get_safetensors_metadata`` (HTTP range reads, no data)."""
-    hint = (f"{repo_id!r} is no local path, and its safetensors headers could not be read from the Hugging Face "
-            f"Hub; download its model.safetensors.index.json or .safetensors files and pass their paths instead")
-    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
-        raise TrainmathError(hint + " (HF_HUB_OFFLINE is set)")
-    try:
-        from huggingface_hub import get_safetensors_metadata
-    except ImportError:
-        raise TrainmathError(hint + " (or install huggingface_hub)") from None
-    try:
-        meta = get_safetensors_metadata(repo_id)
-    except Exception as e:  # network errors, 404, gated repos: one line
-        raise TrainmathError(f"{hint} ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})") \
-            from None
+    from trainmath.sources import call_hub
+
+    meta = call_hub("get_safetensors_metadata", f"{repo_id!r} is no local path, and its safetensors headers could "
+                    f"not be read from the Hugging Face Hub; download its model.safetensors.index.json or "
+                    f".safetensors files and pass their paths instead", repo_id)
     found: dict[str, StoredTensor] = {}
     for fname, fm in sorted(meta.files_metadata.items()):
         _merge(found, {name: _entry(f"hub:{repo_id}/{fname}", name, {"dtype": ti.dtype, "shape": list(ti.shape),

@@ -85,20 +85,28 @@ def resolve(model: str) -> ModelSource:
                          f"(see `trainmath models`) or a Hub repo id (org/name)")
 
 
-def _from_hub(repo_id: str) -> ModelSource:
-    """Fetch ``config.json`` of a Hub repo with huggingface_hub (imported here: the Hub is optional)."""
-    hint = (f"{repo_id!r} is not in the offline catalog and the Hugging Face Hub could not be reached; "
-            f"download its config.json and pass the file's path instead")
+def call_hub(function: str, hint: str, *args, **kwargs):
+    """``huggingface_hub.<function>(*args, **kwargs)``, the one way trainmath reaches the Hub (imported here: the
+    Hub is optional). Offline (HF_HUB_OFFLINE), not installed, or any failure (network, 404, gated repo) becomes
+    one ``TrainmathError``: ``hint`` (what to pass instead) and the reason."""
     if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
         raise TrainmathError(hint + " (HF_HUB_OFFLINE is set)")
     try:
-        from huggingface_hub import hf_hub_download
+        import huggingface_hub
     except ImportError:
         raise TrainmathError(f"{hint} (or install huggingface_hub: pip install 'trainmath[hub]')") from None
     try:
-        local = hf_hub_download(repo_id, "config.json", etag_timeout=5)
-    except Exception as e:  # network errors, 404, gated repos: all become one line
-        raise TrainmathError(f"{hint} ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+        return getattr(huggingface_hub, function)(*args, **kwargs)
+    except Exception as e:
+        reason = str(e).splitlines()[0][:160] if str(e) else ""
+        raise TrainmathError(f"{hint} ({type(e).__name__}: {reason})") from None
+
+
+def _from_hub(repo_id: str) -> ModelSource:
+    """Fetch ``config.json`` of a Hub repo."""
+    local = call_hub("hf_hub_download", f"{repo_id!r} is not in the offline catalog and the Hugging Face Hub could "
+                     f"not be reached; download its config.json and pass the file's path instead",
+                     repo_id, "config.json", etag_timeout=5)
     return ModelSource(name=repo_id, config=parse_config_text(_read(local), repo_id),
                        origin=f"hub:{repo_id}")
 
