@@ -262,6 +262,8 @@ def test_qwen2_moe_exact(mode, checkpoint):
 
 NO_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 FALCON = {"head_dim": UNSET, "ffn_hidden_size": 96}  # head_dim is a read-only property of FalconConfig
+LLAMA4 = {"num_hidden_layers": 3, "no_rope_layers": [1, 0, 1], "moe_layers": [1, 2], "num_local_experts": 4,
+          "num_experts_per_tok": 1, "intermediate_size_mlp": 80, "intermediate_size": 32}
 FAMILY_CASES = [
     # fused qkv_proj (value keeps the whole output) and gate_up_proj; cat-based rotary makes o_proj's input a copy
     ("phi3", {}, "sdpa"),
@@ -301,6 +303,13 @@ FAMILY_CASES = [
     # a sliding layer (window 8 < s) and a full one
     ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 48, "sliding_window": 8},
      "default"),
+    # Llama 4 text: every routed expert runs over all T tokens (scores 0 for unselected ones), shared expert,
+    # complex RoPE + weightless fp32 L2 q/k norm on chunked layers, temperature-tuned query on the no-RoPE layer;
+    # chunk 8 <= s: a chunked mask per layer and k/v repeated to h heads; chunk 32 > s: no mask, native GQA
+    ("llama4_text", {**LLAMA4, "attention_chunk_size": 8}, "sdpa"),
+    ("llama4_text", {**LLAMA4, "attention_chunk_size": 32, "num_experts_per_tok": 2, "use_qk_norm": False,
+                     "attn_temperature_tuning": False, "moe_layers": [0, 1, 2]}, "sdpa"),
+    ("llama4_text", {**LLAMA4, "attention_chunk_size": 16, "num_key_value_heads": 4}, "sdpa"),
 ]
 
 

@@ -23,9 +23,11 @@ attention and MLP, Cohere LayerNorms), gpt2 (Conv1D, fused c_attn, gelu_new; res
 dropout adds masks that are not modelled; ``reorder_and_upcast_attn`` not modelled), falcon (rotary, no bias;
 multi-head, multi-query and the new decoder architecture; see ``_falcon_layer``), gpt_oss (eager attention with
 sinks, its default; biased clamped SwiGLU experts; a bf16 model here is ``model.to(bfloat16)``: ``from_pretrained``
-with a bf16 dtype keeps the norms in fp32 (``_keep_in_fp32_modules``), which is not modelled). Config switches the spec does not carry
-(partial rotary, soft-capping, logit scale) come from ``Family``, router switches from ``Router``. Other families
-(llama4, qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
+with a bf16 dtype keeps the norms in fp32 (``_keep_in_fp32_modules``), which is not modelled). llama4_text (the text model of
+``llama4``; see ``_llama4_layer``: every routed expert runs over all T tokens, so expert activations scale with n,
+not top-k; needs ``attention_chunk_size``). Config switches the spec does not carry
+(partial rotary, soft-capping, logit scale, Llama 4's ``use_qk_norm`` and ``attn_temperature_tuning``) come from
+``Family``, router switches from ``Router``. Other families (qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
 transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
@@ -51,7 +53,7 @@ PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
-               "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon", "gpt_oss")
+               "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon", "gpt_oss", "llama4_text")
 ROTARY_CAT = ("phi3", "glm4_moe")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
@@ -113,6 +115,10 @@ class Family:
     """Cohere's ``logits = lm_head(h) * logit_scale``."""
     new_decoder_architecture: bool | None = None
     """Falcon's flag (None: inferred from the spec, see ``_falcon_layer``)."""
+    use_qk_norm: bool = True
+    """Llama 4's weightless L2 q/k norm on RoPE layers (config default True; Maverick sets False)."""
+    attn_temperature_tuning: bool = True
+    """Llama 4's query scaling on no-RoPE layers (config default True)."""
 
     @classmethod
     def default(cls, model_type: str) -> Family:
@@ -135,7 +141,9 @@ class Family:
                    final_logit_softcapping=config.get("final_logit_softcapping", base.final_logit_softcapping),
                    attn_logit_softcapping=config.get("attn_logit_softcapping", base.attn_logit_softcapping),
                    logit_scale=config.get("logit_scale", base.logit_scale),
-                   new_decoder_architecture=config.get("new_decoder_architecture"))
+                   new_decoder_architecture=config.get("new_decoder_architecture"),
+                   use_qk_norm=bool(config.get("use_qk_norm", base.use_qk_norm)),
+                   attn_temperature_tuning=bool(config.get("attn_temperature_tuning", base.attn_temperature_tuning)))
 
 
 def _norm_topk_default(model_type: str) -> bool:
@@ -534,6 +542,8 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
         return _gpt_oss_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, experts_hit=experts_hit)
     if model_type == "falcon" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
         return _falcon_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
+    if model_type == "llama4_text" and mixer is not None and mixer.kind == "attention":
+        return _llama4_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
     if model_type == "gpt2" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
         return _gpt2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
     if model_type in ("gemma2", "gemma3_text") and mixer is not None and mixer.kind == "attention" and \
@@ -824,6 +834,72 @@ def _gpt_oss_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int
     return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p, experts_hit))
 
 
+def _llama4_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
+                  eager: bool, family: Family) -> Node:
+    """Llama 4 text decoder layer (``Llama4TextDecoderLayer``, SDPA), derived from the code, checked by the oracle.
+
+    Attention: RoPE layers are the chunked ones (``attention_chunk_size``, carried as the sliding window); the others
+    (every ``no_rope_layer_interval``-th) use no RoPE and full causal attention. RoPE multiplies ``q.float()`` as
+    complex numbers by ``freqs_cis`` (shared, see ``activation_bytes``): nothing else is saved. ``use_qk_norm`` (RoPE
+    layers): a weightless L2 norm ``x.float() * rsqrt(mean(x²) + eps)``, keeping the fp32 rotary output (4·T·q,
+    4·T·kv) and rsqrt per head row (4·T·h, 4·T·h_kv). No-RoPE layers with ``attn_temperature_tuning``: the query is
+    multiplied by an fp32 (1, s, 1, 1) scale expanded over the batch (4·s bytes kept). SDPA: when s ≥ chunk size
+    the chunked mask exists (c·b·s², one per layer) and transformers then repeats k/v to h heads (``repeat_kv``:
+    c·T·q each), otherwise native GQA (c·T·kv each); query c·T·q, output (also o_proj's input) c·T·q, logsumexp.
+
+    MoE (``Llama4TextMoe``): the router (an autocast Linear) keeps top-k indices (8·T·k, saved by ``scatter_``), the
+    fp32 sigmoid of the scattered scores (4·T·n); every routed expert runs over all T tokens: the input repeated n
+    times (r·n·T·d, saved by the product with the scores), the scores transposed to (n·T, 1) (c·n·T, a copy), the
+    product as bmm input (c·n·T·d: the product itself, or its autocast cast), gate_up output (2c·n·T·f: gate and
+    up are views), activation output and product (c·n·T·f each). So expert activations scale with n, not top-k,
+    and the autocast expert weight copies are all n. The shared expert is a plain gated MLP reading the MoE input
+    (the router's storage without autocast); its output is added in place (nothing saved). Dense layers: a gated
+    MLP of width ``intermediate_size_mlp``. RMSNorms multiply by the weight in the input dtype (``rmsnorm_saved``).
+    """
+    if eager:
+        raise TrainmathError("llama4_text: the eager profile is not modelled; use profile='hf' (SDPA)")
+    dims = mixer.dims
+    T, c, r = b * s, p.compute, p.residual
+    h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
+    q, kv = h * hd, hkv * hd
+    rope = dims.sliding_window is not None
+    kids = rmsnorm_saved("input_layernorm", T, d, r)
+    kids += linear_inputs("self_attn.qkv", ["q_proj", "k_proj", "v_proj"], T, d, p)
+    if rope and family.use_qk_norm:
+        kids += [_leaf("self_attn.q_l2norm.x_fp32", FP32 * T * q, "fp32 rotary query"),
+                 _leaf("self_attn.q_l2norm.rsqrt", FP32 * T * h),
+                 _leaf("self_attn.k_l2norm.x_fp32", FP32 * T * kv, "fp32 rotary key"),
+                 _leaf("self_attn.k_l2norm.rsqrt", FP32 * T * hkv)]
+    if not rope and family.attn_temperature_tuning:
+        kids.append(_leaf("self_attn.attn_scales", FP32 * s, "(1, s, 1, 1) fp32, expanded over the batch"))
+    masked = rope and s >= dims.sliding_window
+    rep = masked and hkv < h
+    kids += [_leaf("sdpa.query", c * T * q),
+             _leaf("sdpa.key", c * T * (q if rep else kv), "repeat_kv copy to h heads" if rep else ""),
+             _leaf("sdpa.value", c * T * (q if rep else kv), "repeat_kv copy to h heads" if rep else "v_proj output"),
+             *([_leaf("sdpa.chunked_mask", c * b * s * s, "chunked causal mask, one per layer")] if masked else []),
+             _leaf("sdpa.output", c * T * q, "also o_proj's input"),
+             _leaf("sdpa.logsumexp", FP32 * b * h * s)]
+    kids += rmsnorm_saved("post_attention_layernorm", T, d, r)
+    if isinstance(ffn.dims, MoEDims):
+        n, k, f = ffn.dims.experts, ffn.dims.top_k, ffn.dims.expert_intermediate
+        kids += linear_inputs("feed_forward.router", ["router", "shared_expert.gate_proj",
+                                                      "shared_expert.up_proj"], T, d, p)
+        kids += [_leaf("router.topk_indices", INT64 * T * k, "saved by scatter_"),
+                 _leaf("router.sigmoid_fp32", FP32 * T * n),
+                 _leaf("experts.repeated_input", r * n * T * d, "input repeated n times, saved by the product"),
+                 _leaf("experts.scores_t", c * n * T, "(n·T, 1) transposed copy of the scores"),
+                 _leaf("experts.bmm_input", c * n * T * d, "scaled input (its cast under autocast)"),
+                 _leaf("experts.gate_up_out", 2 * c * n * T * f, "gate and up are views of it"),
+                 _leaf("experts.act_out", c * n * T * f),
+                 _leaf("experts.down_input", c * n * T * f)]
+        kids += gated_mlp_saved("feed_forward.shared_expert", T, d, ffn.dims.shared_intermediate, p,
+                                input_saved=False)
+    else:
+        kids += gated_mlp_saved("feed_forward", T, d, ffn.dims.intermediate, p)
+    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
+
+
 def _with_copies(layer: LayerSpec, kids: list[Node], copies: list[Node]) -> Node:
     """A layer's node: its saved activations and, under autocast, its weight copies."""
     parts = [Node.of("activations", kids, "bytes")]
@@ -937,6 +1013,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if spec.model_type not in HF_FAMILIES:
         raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use profile='megatron')")
+    if spec.model_type == "llama4_text" and not any(
+            isinstance(bl.dims, AttentionDims) and bl.dims.sliding_window is not None
+            for layer in spec.layers for bl in layer.blocks):
+        raise TrainmathError(f"{spec.name}: llama4_text without attention_chunk_size is not modelled (the spec then "
+                             f"cannot tell RoPE from no-RoPE layers); use profile='megatron'")
     config = {**spec.options, "model_type": spec.model_type}  # the config's switches, carried by the spec
     if norm_topk_prob is None:
         norm_topk_prob = Router.from_config(config).norm_topk_prob
@@ -969,7 +1050,12 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
             emb.append(_leaf("embed_scale", p.param, "sqrt(d) as a 0-dim tensor in the embedding dtype, saved by "
                                                      "the scaling product"))
         kids.append(Node.of("embedding", emb, "bytes"))
-    if indices and spec.model_type == "deepseek_v2":
+    l4_rope = spec.model_type == "llama4_text" and any(
+        isinstance(bl.dims, AttentionDims) and bl.dims.sliding_window is not None
+        for i in indices for bl in spec.layers[i].blocks)
+    if indices and spec.model_type == "llama4_text" and not l4_rope:
+        pass  # only no-RoPE layers on this rank: no freqs_cis is saved
+    elif indices and (spec.model_type == "deepseek_v2" or l4_rope):
         rope = _rope_dim(spec)
         kids.append(Node.of("rotary", [_leaf("freqs_cis", 8 * s * (rope // 2))], "bytes",
                             note="(1, s, rope_dim/2) complex64 whatever the dtype, shared by every layer"))
