@@ -30,7 +30,7 @@ UNSET = None.__class__.__name__ + ":unset"  # an extra's value that removes a BA
 
 def _model(model_type, attn, extra):
     cfg = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in {**BASE, **extra}.items() if v != UNSET})
-    moe = "moe" in model_type or model_type in ("mixtral", "gpt_oss", "llama4_text")
+    moe = "moe" in model_type or model_type in ("mixtral", "gpt_oss", "llama4_text", "qwen3_next")
     kw = {"experts_implementation": "eager"} if moe else {}
     torch.manual_seed(0)
     if attn != "default":  # "default": what transformers picks (Gemma-2: eager, it cannot soft-cap in SDPA)
@@ -264,6 +264,10 @@ NO_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 FALCON = {"head_dim": UNSET, "ffn_hidden_size": 96}  # head_dim is a read-only property of FalconConfig
 LLAMA4 = {"num_hidden_layers": 3, "no_rope_layers": [1, 0, 1], "moe_layers": [1, 2], "num_local_experts": 4,
           "num_experts_per_tok": 1, "intermediate_size_mlp": 80, "intermediate_size": 32}
+QWEN3_NEXT = {"num_hidden_layers": 2, "full_attention_interval": 2, "num_experts": 4, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "linear_num_key_heads": 2,
+              "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 12,
+              "linear_conv_kernel_dim": 4, "mlp_only_layers": [0]}
 FAMILY_CASES = [
     # fused qkv_proj (value keeps the whole output) and gate_up_proj; cat-based rotary makes o_proj's input a copy
     ("phi3", {}, "sdpa"),
@@ -310,6 +314,10 @@ FAMILY_CASES = [
     ("llama4_text", {**LLAMA4, "attention_chunk_size": 32, "num_experts_per_tok": 2, "use_qk_norm": False,
                      "attn_temperature_tuning": False, "moe_layers": [0, 1, 2]}, "sdpa"),
     ("llama4_text", {**LLAMA4, "attention_chunk_size": 16, "num_key_value_heads": 4}, "sdpa"),
+    # Qwen3-Next: Gated DeltaNet (torch fallback: conv1d, chunked delta rule padded to 64) then gated attention
+    # (q_proj emits query and gate, partial cat rotary); (1 + w) RMSNorms; dense first layer, then a softmax-routed
+    # MoE with a sigmoid-gated shared expert
+    ("qwen3_next", QWEN3_NEXT, "sdpa"),
 ]
 
 
@@ -342,4 +350,14 @@ def test_family_exact(model_type, extra, attn, mode, checkpoint):
         pytest.skip("checkpointing is covered with SDPA")
     hit, predicted, measured = _family_case(model_type, extra, attn, mode, checkpoint)
     assert set(hit) <= {4}, f"precondition: every expert of the (4-expert) MoE layers receives tokens ({hit})"
+    assert predicted == measured
+
+
+@pytest.mark.parametrize("mode", list(PREC))
+def test_qwen3_next_two_chunks_exact(mode, monkeypatch):
+    """s = 80 > 64: the delta rule runs two chunks, so the recurrent state carries gradient (decayed q/k, states,
+    per-chunk casts under autocast)."""
+    monkeypatch.setitem(globals(), "S", 80)
+    hit, predicted, measured = _family_case("qwen3_next", {**QWEN3_NEXT, "mlp_only_layers": [0, 1]}, "sdpa", mode,
+                                            False)
     assert predicted == measured

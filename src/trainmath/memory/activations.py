@@ -25,9 +25,10 @@ multi-head, multi-query and the new decoder architecture; see ``_falcon_layer``)
 sinks, its default; biased clamped SwiGLU experts; a bf16 model here is ``model.to(bfloat16)``: ``from_pretrained``
 with a bf16 dtype keeps the norms in fp32 (``_keep_in_fp32_modules``), which is not modelled). llama4_text (the text model of
 ``llama4``; see ``_llama4_layer``: every routed expert runs over all T tokens, so expert activations scale with n,
-not top-k; needs ``attention_chunk_size``). Config switches the spec does not carry
+not top-k; needs ``attention_chunk_size``), qwen3_next (Gated DeltaNet on transformers' torch fallback, chunked
+and padded to 64, see ``gated_deltanet_saved``; gated attention; shared expert with a sigmoid gate). Config switches the spec does not carry
 (partial rotary, soft-capping, logit scale, Llama 4's ``use_qk_norm`` and ``attn_temperature_tuning``) come from
-``Family``, router switches from ``Router``. Other families (qwen3_next, nemotron_h) raise a ``TrainmathError``. MoE runs
+``Family``, router switches from ``Router``. Other families (nemotron_h) raise a ``TrainmathError``. MoE runs
 transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
@@ -53,8 +54,8 @@ PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
-               "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon", "gpt_oss", "llama4_text")
-ROTARY_CAT = ("phi3", "glm4_moe")
+               "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon", "gpt_oss", "llama4_text", "qwen3_next")
+ROTARY_CAT = ("phi3", "glm4_moe", "qwen3_next")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
 FP32 = 4
@@ -129,6 +130,8 @@ class Family:
             return cls(partial_rotary_factor=0.5)
         if model_type == "cohere":
             return cls(logit_scale=0.0625)
+        if model_type == "qwen3_next":
+            return cls(partial_rotary_factor=0.25)
         return cls()
 
     @classmethod
@@ -542,6 +545,9 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
         return _gpt_oss_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, experts_hit=experts_hit)
     if model_type == "falcon" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
         return _falcon_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
+    if model_type == "qwen3_next" and mixer is not None and mixer.kind in ("attention", "linear_attention"):
+        return _qwen3_next_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager,
+                                 router=router or Router(norm_topk_prob=norm_topk_prob))
     if model_type == "llama4_text" and mixer is not None and mixer.kind == "attention":
         return _llama4_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
     if model_type == "gpt2" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
@@ -900,6 +906,128 @@ def _llama4_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int,
     return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
+GDN_CHUNK = 64
+"""``torch_chunk_gated_delta_rule``'s default chunk size: the sequence is padded to a multiple of it."""
+
+
+def gated_deltanet_saved(block: Block, *, b: int, s: int, d: int, p: Precision) -> list[Node]:
+    """Qwen3-Next's Gated DeltaNet (``Qwen3NextGatedDeltaNet``) on transformers' torch fallback (no
+    ``causal_conv1d``/``flash-linear-attention``: ``causal_conv1d_fn`` and ``torch_chunk_gated_delta_rule``), after
+    the input norm. Derived from the code, checked by the oracle.
+
+    Symbols: h_v value heads, d_k/d_v head dims, kd = h_k·d_k, vd = h_v·d_v, cd = 2·kd + vd conv channels, K conv
+    kernel, C = 64 chunk, L = s padded to a multiple of C, N = L/C chunks, G = b·h_v. Projections: the inputs of
+    in_proj_qkvz and in_proj_ba; the depthwise conv keeps its input (the cat of q, k, v: c·T·cd) and SiLU its
+    input, the whole padded conv output (c·b·cd·(s + K - 1)). beta = sigmoid(b) keeps c·T·h_v; the decay
+    g = -exp(A_log)·softplus(a + dt_bias) keeps the fp32 softplus input and output (4·T·h_v each) and exp(A_log)
+    and its negation (4·h_v each).
+
+    The chunked rule runs in fp32: the L2 norms of q and k (repeated to h_v heads) keep their fp32 inputs
+    (4·T·h_v·d_k each) and rsqrt (4·T·h_v each); the padded value (4·G·L·d_v), key, query and k·beta (4·G·L·d_k
+    each), padded beta and two exp(cumsum(g)) (4·G·L each); the (C, C) bool mask; five (G, L, C) fp32 tensors (the
+    decay exp, k_beta·kᵀ, q·kᵀ, ut_system = their product, intra-chunk attention); the two triangular solves'
+    results (4·G·L·d_v, 4·G·L·d_k); per chunk v_new (4·G·C·d_v) and the recurrent state the chunk reads (4·G·d_k·d_v,
+    the first one zeros). With N > 1 chunks the state carries gradient, adding the decayed query and key
+    (4·G·L·d_k each). exp(g_last - cumsum) (4·G·L) and the per-chunk decay exp (4·G·N) stay alive even with one
+    chunk (measured).
+
+    Output: the gated RMSNorm (``x.float()``, rsqrt per (token, head), ``w * y.to(c)``, then ``· silu(z.float())``)
+    keeps the fp32 x, rsqrt (4·T·h_v), y in c, the fp32 z and its silu, the weight product (param dtype), and
+    out_proj's input (c·T·vd)."""
+    dims = block.dims
+    c, T = p.compute, b * s
+    hv, dk, dv = dims.value_heads, dims.key_head_dim, dims.value_head_dim
+    kd, vd = dims.key_heads * dk, hv * dv
+    cd = 2 * kd + vd
+    C = GDN_CHUNK
+    N = -(-s // C)
+    L, G = N * C, b * hv
+    out = linear_inputs("linear_attn.in_proj", ["in_proj_qkvz", "in_proj_ba"], T, d, p)
+    out += [
+        _leaf("conv1d.input", c * T * cd, "cat of q, k, v"),
+        _leaf("conv1d.silu_input", c * b * cd * (s + dims.conv_kernel - 1), "the whole padded conv output"),
+        _leaf("beta.sigmoid", c * T * hv),
+        _leaf("g.softplus_input", FP32 * T * hv), _leaf("g.softplus_out", FP32 * T * hv),
+        _leaf("g.exp_A", FP32 * hv), _leaf("g.neg_exp_A", FP32 * hv),
+        _leaf("gdr.q_l2norm.x", FP32 * T * hv * dk), _leaf("gdr.q_l2norm.rsqrt", FP32 * T * hv),
+        _leaf("gdr.k_l2norm.x", FP32 * T * hv * dk), _leaf("gdr.k_l2norm.rsqrt", FP32 * T * hv),
+        _leaf("gdr.value_padded", FP32 * G * L * dv), _leaf("gdr.key_padded", FP32 * G * L * dk),
+        _leaf("gdr.query_padded", FP32 * G * L * dk), _leaf("gdr.k_beta", FP32 * G * L * dk),
+        _leaf("gdr.beta_padded", FP32 * G * L), _leaf("gdr.exp_cumsum", 2 * FP32 * G * L, "two exp(cumsum(g))"),
+        _leaf("gdr.upper_mask", C * C, "bool"),
+        _leaf("gdr.new_values", FP32 * G * L * dv), _leaf("gdr.k_cumdecay", FP32 * G * L * dk),
+        _leaf("gdr.exp_last_minus_cumsum", FP32 * G * L, "kept even when N = 1 (measured)"),
+        _leaf("gdr.chunk_decay", FP32 * G * N, "kept even when N = 1 (measured)"),
+    ]
+    if not p.autocast:
+        out += [
+            _leaf("gdr.chunk_matrices", 5 * FP32 * G * L * C,
+                  "decay exp, k_beta·kᵀ, q·kᵀ, ut_system, intra-chunk attention"),
+            _leaf("gdr.v_new", N * FP32 * G * C * dv, "per chunk"),
+            _leaf("gdr.states", N * FP32 * G * dk * dv, "the state each chunk reads"),
+        ]
+        if N > 1:
+            out += [_leaf("gdr.query_decayed", FP32 * G * L * dk), _leaf("gdr.key_decayed", FP32 * G * L * dk)]
+    else:  # every @ runs in c on casts of its fp32 operands
+        out += [
+            _leaf("gdr.chunk_matrices_fp32", 2 * FP32 * G * L * C, "decay exp, ut_system"),
+            _leaf("gdr.products_c", 2 * c * G * L * C, "k_beta·kᵀ and q·kᵀ in c, saved by the decay products"),
+            _leaf("gdr.intra_cast", c * G * L * C, "per-chunk casts of the intra-chunk attention"),
+            _leaf("gdr.operand_casts", 4 * c * G * L * dk, "kᵀ twice, k_beta, q"),
+            _leaf("gdr.state_casts", 2 * N * c * G * dk * dv, "each chunk's state, cast by two products"),
+            _leaf("gdr.v_new_casts", (2 * N - 1) * c * G * C * dv),
+            _leaf("gdr.chunk_operand_casts", 3 * (N - 1) * c * G * C * dk,
+                  "k_cumdecay, decayed query and key slices of the chunks after the first / before the last"),
+            _leaf("gdr.states_fp32", (N - 1) * FP32 * G * dk * dv, "kept by the state decay products"),
+            _leaf("conv1d.weight_cast", c * cd * dims.conv_kernel),
+        ]
+    out += [
+        _leaf("norm.x_fp32", FP32 * T * vd), _leaf("norm.rsqrt", FP32 * T * hv),
+        _leaf("norm.normalized", c * T * vd), _leaf("norm.weighted", p.param * T * vd),
+        _leaf("norm.z_fp32", FP32 * T * vd), _leaf("norm.silu_z", FP32 * T * vd),
+        _leaf("out_proj.input", c * T * vd),
+    ]
+    return out
+
+
+def _qwen3_next_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
+                      eager: bool, router: Router) -> Node:
+    """Qwen3-Next: (1 + w) RMSNorms (``gemma_rmsnorm_saved``), Gated DeltaNet (``gated_deltanet_saved``) or gated
+    full attention, then a Qwen2-MoE-style sparse block (softmax router, eager experts, sigmoid-gated shared
+    expert) or a gated MLP. Gated attention: q_proj emits query and gate (T, 2q); the per-head q norm's fp32 input
+    is, in fp32, that whole output (4·T·2q), else an fp32 copy of the query (4·T·q); partial rotary ends in
+    ``torch.cat``, so SDPA's output is (b, h, s, h_d) and the reshape before the gate is a copy (c·T·q), kept by
+    the gating product beside sigmoid(gate) (c·T·q); o_proj reads the product (c·T·q)."""
+    if eager:
+        raise TrainmathError("qwen3_next: the eager profile is not modelled; use profile='hf' (SDPA)")
+    T, c = b * s, p.compute
+    kids = gemma_rmsnorm_saved("input_layernorm", T, d)
+    if mixer.kind == "linear_attention":
+        kids += gated_deltanet_saved(mixer, b=b, s=s, d=d, p=p)
+    else:
+        dims = mixer.dims
+        h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
+        q, kv = h * hd, hkv * hd
+        kids += linear_inputs("self_attn.qkv", ["q_proj", "k_proj", "v_proj"], T, d, p)
+        kids += [
+            _leaf("self_attn.q_norm.x_fp32", FP32 * T * (2 * q if c == FP32 else q),
+                  "the whole q_proj output in fp32 (query is a view), else an fp32 copy of the query"),
+            *gemma_rmsnorm_saved("self_attn.q_norm", T * h, hd)[1:],
+            *gemma_rmsnorm_saved("self_attn.k_norm", T * hkv, hd),
+            _leaf("sdpa.query", c * T * q), _leaf("sdpa.key", c * T * kv), _leaf("sdpa.value", c * T * kv),
+            _leaf("sdpa.output", c * T * q), _leaf("sdpa.logsumexp", FP32 * b * h * s),
+            _leaf("gate.attn_output", c * T * q, "contiguous copy of the (b, h, s, h_d) output"),
+            _leaf("gate.sigmoid", c * T * q),
+            _leaf("o_proj.input", c * T * q),
+        ]
+    kids += gemma_rmsnorm_saved("post_attention_layernorm", T, d)
+    if isinstance(ffn.dims, MoEDims):
+        kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=router.norm_topk_prob)
+    else:
+        kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
+    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
+
+
 def _with_copies(layer: LayerSpec, kids: list[Node], copies: list[Node]) -> Node:
     """A layer's node: its saved activations and, under autocast, its weight copies."""
     parts = [Node.of("activations", kids, "bytes")]
@@ -1126,7 +1254,7 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     T, d, V = micro_batch * seq, spec.hidden_size, -(-spec.vocab_size // tp)
     if spec.model_type in ("olmo2", "gpt_oss"):
         saved = olmo2_rmsnorm_saved("norm", T, d)
-    elif spec.model_type in ("gemma2", "gemma3_text"):
+    elif spec.model_type in ("gemma2", "gemma3_text", "qwen3_next"):
         saved = gemma_rmsnorm_saved("norm", T, d)
     elif spec.model_type in ("starcoder2", "gpt2", "falcon"):
         saved = layernorm_saved("norm", T, d, p.residual)
