@@ -30,7 +30,7 @@ UNSET = None.__class__.__name__ + ":unset"  # an extra's value that removes a BA
 
 def _model(model_type, attn, extra):
     cfg = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in {**BASE, **extra}.items() if v != UNSET})
-    moe = "moe" in model_type or model_type in ("mixtral", "gpt_oss", "llama4_text", "qwen3_next")
+    moe = "moe" in model_type or model_type in ("mixtral", "gpt_oss", "llama4_text", "qwen3_next", "nemotron_h")
     kw = {"experts_implementation": "eager"} if moe else {}
     torch.manual_seed(0)
     if attn != "default":  # "default": what transformers picks (Gemma-2: eager, it cannot soft-cap in SDPA)
@@ -268,6 +268,10 @@ QWEN3_NEXT = {"num_hidden_layers": 2, "full_attention_interval": 2, "num_experts
               "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "linear_num_key_heads": 2,
               "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 12,
               "linear_conv_kernel_dim": 4, "mlp_only_layers": [0]}
+NEMOTRON_H = {"layers_block_type": ["mamba", "mlp", "attention", "moe"], "num_hidden_layers": 4,
+              "mamba_num_heads": 4, "mamba_head_dim": 12, "n_groups": 2, "ssm_state_size": 8, "conv_kernel": 4,
+              "chunk_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+              "moe_shared_expert_intermediate_size": 48}
 FAMILY_CASES = [
     # fused qkv_proj (value keeps the whole output) and gate_up_proj; cat-based rotary makes o_proj's input a copy
     ("phi3", {}, "sdpa"),
@@ -318,6 +322,9 @@ FAMILY_CASES = [
     # (q_proj emits query and gate, partial cat rotary); (1 + w) RMSNorms; dense first layer, then a softmax-routed
     # MoE with a sigmoid-gated shared expert
     ("qwen3_next", QWEN3_NEXT, "sdpa"),
+    # Nemotron-H: Mamba-2 (torch path: conv1d, fp32 chunked scan, gated group RMSNorm), relu² MLP, attention
+    # without rotary, MoE with DeepSeek-V3's sigmoid router over non-gated relu² experts and a shared expert
+    ("nemotron_h", NEMOTRON_H, "sdpa"),
 ]
 
 
@@ -360,4 +367,14 @@ def test_qwen3_next_two_chunks_exact(mode, monkeypatch):
     monkeypatch.setitem(globals(), "S", 80)
     hit, predicted, measured = _family_case("qwen3_next", {**QWEN3_NEXT, "mlp_only_layers": [0, 1]}, "sdpa", mode,
                                             False)
+    assert predicted == measured
+
+
+@pytest.mark.parametrize("seq", [64, 80])
+@pytest.mark.parametrize("mode", list(PREC))
+def test_nemotron_h_several_chunks_exact(mode, seq, monkeypatch):
+    """Mamba-2 chunk 32: s = 64 (two chunks, no padding) and s = 80 (three, padded): the einsums then copy x·dt
+    and all-but-the-last states (views with one chunk)."""
+    monkeypatch.setitem(globals(), "S", seq)
+    hit, predicted, measured = _family_case("nemotron_h", NEMOTRON_H, "sdpa", mode, False)
     assert predicted == measured

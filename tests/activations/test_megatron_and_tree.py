@@ -122,8 +122,8 @@ def test_errors():
         activation_bytes(spec, micro_batch=1, seq=8, tp=2)
     with pytest.raises(TrainmathError, match="selective"):
         activation_bytes(spec, micro_batch=1, seq=8, recompute="selective")
-    with pytest.raises(TrainmathError, match="hf activation profile"):
-        activation_bytes(load_spec("nvidia/Nemotron-H-56B-Base-8K"), micro_batch=1, seq=8)
+    with pytest.raises(TrainmathError, match="eager profile is not modelled"):
+        activation_bytes(load_spec("nvidia/Nemotron-H-56B-Base-8K"), micro_batch=1, seq=8, profile="eager")
 
 
 def test_core_imports_without_torch():

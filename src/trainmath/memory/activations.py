@@ -26,9 +26,11 @@ sinks, its default; biased clamped SwiGLU experts; a bf16 model here is ``model.
 with a bf16 dtype keeps the norms in fp32 (``_keep_in_fp32_modules``), which is not modelled). llama4_text (the text model of
 ``llama4``; see ``_llama4_layer``: every routed expert runs over all T tokens, so expert activations scale with n,
 not top-k; needs ``attention_chunk_size``), qwen3_next (Gated DeltaNet on transformers' torch fallback, chunked
-and padded to 64, see ``gated_deltanet_saved``; gated attention; shared expert with a sigmoid gate). Config switches the spec does not carry
+and padded to 64, see ``gated_deltanet_saved``; gated attention; shared expert with a sigmoid gate), nemotron_h
+(Mamba-2 on the torch path, see ``mamba2_saved``; relu² MLP; attention without rotary; non-gated relu² experts
+under DeepSeek-V3's router; ``moe_latent_size`` raises). Config switches the spec does not carry
 (partial rotary, soft-capping, logit scale, Llama 4's ``use_qk_norm`` and ``attn_temperature_tuning``) come from
-``Family``, router switches from ``Router``. Other families (nemotron_h) raise a ``TrainmathError``. MoE runs
+``Family``, router switches from ``Router``. Other families raise a ``TrainmathError``. MoE runs
 transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
@@ -54,7 +56,7 @@ PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
-               "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon", "gpt_oss", "llama4_text", "qwen3_next")
+               "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon", "gpt_oss", "llama4_text", "qwen3_next", "nemotron_h")
 ROTARY_CAT = ("phi3", "glm4_moe", "qwen3_next")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
@@ -548,6 +550,9 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     if model_type == "qwen3_next" and mixer is not None and mixer.kind in ("attention", "linear_attention"):
         return _qwen3_next_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager,
                                  router=router or Router(norm_topk_prob=norm_topk_prob))
+    if model_type == "nemotron_h":
+        return _nemotron_h_layer(layer, b=b, s=s, d=d, p=p, eager=eager,
+                                 router=router or Router(norm_topk_prob=norm_topk_prob))
     if model_type == "llama4_text" and mixer is not None and mixer.kind == "attention":
         return _llama4_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
     if model_type == "gpt2" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
@@ -1028,6 +1033,145 @@ def _qwen3_next_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: 
     return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
+def nemotron_rmsnorm_saved(prefix: str, rows: int, width: int, p: Precision) -> list[Node]:
+    """Nemotron-H's RMSNorm: ``(w.to(fp32) * (x.to(fp32) * rsqrt(mean(x²) + eps))).to(in_dtype)``: the fp32 x,
+    rsqrt per row, the fp32 y, and with bf16 parameters the fp32 copy of w (4·width). Derived, checked by the
+    oracle."""
+    out = olmo2_rmsnorm_saved(prefix, rows, width)
+    if p.param != FP32:
+        out.append(_leaf(f"{prefix}.weight_fp32", FP32 * width, "w.to(fp32) of a bf16 weight"))
+    return out
+
+
+def mamba2_saved(block: Block, *, b: int, s: int, d: int, p: Precision) -> list[Node]:
+    """Nemotron-H's Mamba-2 mixer on transformers' torch path (``causal_conv1d_fn`` + ``mamba2_chunk_scan``, no
+    mamba_ssm kernels), after the input norm. Derived from the code, checked by the oracle.
+
+    Symbols: h_m heads, P head dim, I = h_m·P, g groups, N state size, K conv kernel, Q chunk size, L = s padded
+    to a multiple of Q, n_c = L/Q chunks, W = 2I + 2gN + h_m the in_proj width. The in_proj output (gate, x/B/C,
+    dt are views of it) is kept whole by the conv in fp32 (c·T·W), the SiLU keeps the padded conv output
+    (c·b·(I + 2gN)·(s + K - 1)); dt + dt_bias → softplus → clamp keep c·T·h_m twice and dt.float() 4·T·h_m;
+    A = -exp(A_log) keeps 4·h_m twice. The scan runs in fp32: the SSM input x in fp32 (in fp32 the whole SiLU
+    output, 4·T·(I + 2gN)), its padded copy for D (4·b·L·I), x·dt padded (4·b·L·I); five (b, L, h_m, N) tensors
+    for B and C (einsum operand copies, B·decay); three (b, h_m, L, Q) tensors (exp(segsum), G, M = G·L); two
+    exp(cumsum) (4·b·h_m·L each); the chunk states and their decayed mix (4·b·(n_c + 1)·h_m·P·N each) and the
+    (n_c + 1)² decay; C·states (4·b·L·I) and the padded scan output (4·b·L·I); four bool masks (2·Q², 2·(n_c+1)²).
+    Gated RMSNorm (``norm_before_gate=False``): silu of the fp32 gate (input and output 4·T·I), the product (4·T·I),
+    rsqrt per group (4·T·g), the fp32 normalised y (4·T·I); out_proj's input (c·T·I)."""
+    dims = block.dims
+    c, T = p.compute, b * s
+    hm, P, g, N, K, Q = dims.heads, dims.head_dim, dims.groups, dims.state_size, dims.conv_kernel, dims.chunk_size
+    I = hm * P
+    cd = I + 2 * g * N
+    W = I + cd + hm
+    nc = -(-s // Q)
+    L = nc * Q
+    out = linear_inputs("mixer.in_proj", ["in_proj"], T, d, p)
+    ac = p.autocast
+    kept = nc + 1 if nc == 1 else nc  # states[:, :-1] as the last einsum keeps it (measured)
+    if ac:  # x/B/C.to(fp32 weight) copy, then conv1d casts it back: the cast and the weight's cast are kept
+        out += [_leaf("conv1d.input_cast", c * T * cd), _leaf("conv1d.weight_cast", c * cd * K)]
+    else:
+        out.append(_leaf("in_proj.output", c * T * W, "the conv input (and in fp32 the gate) are views of it"))
+    if c != FP32:
+        out.append(_leaf("norm.gate_fp32", FP32 * T * I, "gate.to(fp32), saved by silu"))
+    out += [
+        _leaf("conv1d.silu_input", c * b * cd * (s + K - 1), "the whole padded conv output"),
+        _leaf("dt.softplus_input", c * T * hm), _leaf("dt.clamp_input", c * T * hm),
+        _leaf("dt.fp32", (1 if c == FP32 else 2) * FP32 * T * hm, "dt.float(), once per use unless fp32"),
+        _leaf("A.exp", FP32 * hm), _leaf("A.neg", FP32 * hm),
+        _leaf("scan.x_fp32", FP32 * T * (cd if c == FP32 else I),
+              "the whole SiLU output in fp32 (x is a view of it), else x.float()"),
+        _leaf("scan.x_padded_for_D", FP32 * b * L * I),
+        _leaf("scan.exp_cumsum", 2 * FP32 * b * hm * L),
+        _leaf("scan.output_padded", FP32 * b * L * I),
+        _leaf("scan.masks", 2 * Q * Q + 2 * (nc + 1) ** 2, "bool"),
+    ]
+    if not ac:
+        out += [
+            _leaf("scan.x_dt", (1 if nc == 1 else 2) * FP32 * b * L * I,
+                  "x·dt, plus an einsum copy when there is more than one chunk"),
+            _leaf("scan.B_C", 5 * FP32 * b * L * hm * N, "einsum operand copies of B and C, B, B·decay"),
+            _leaf("scan.chunk_matrices", 3 * FP32 * b * hm * L * Q, "exp(segsum), G, M"),
+            _leaf("scan.states", FP32 * b * (nc + 1 + kept) * hm * P * N,
+                  "the n_c + 1 states and the einsum copy of all but the last (a view when n_c = 1)"),
+            _leaf("scan.decay_chunk", FP32 * b * hm * (nc + 1) ** 2),
+            _leaf("scan.C_times_states", FP32 * b * L * I),
+        ]
+    else:  # every einsum runs in c on casts of its fp32 operands
+        out += [
+            _leaf("scan.x_dt_casts", 2 * c * b * L * I, "one per einsum"),
+            _leaf("scan.B", FP32 * b * L * hm * N, "saved by B·decay"),
+            _leaf("scan.B_C_casts", 4 * c * b * L * hm * N, "C twice, B, B·decay"),
+            _leaf("scan.exp_segsum", FP32 * b * hm * L * Q), _leaf("scan.G", c * b * hm * L * Q),
+            _leaf("scan.M_cast", c * b * hm * L * Q),
+            _leaf("scan.states_casts", c * b * (nc + 1 + kept) * hm * P * N,
+                  "all states, then all but the last (whole when n_c = 1)"),
+            _leaf("scan.decay_chunk", FP32 * b * hm * (nc + 1) ** 2),
+            _leaf("scan.decay_chunk_cast", c * b * hm * (nc + 1) ** 2),
+            _leaf("scan.C_times_states", c * b * L * I),
+        ]
+    out += [
+        _leaf("norm.silu_gate_out", FP32 * T * I), _leaf("norm.gated", FP32 * T * I),
+        _leaf("norm.rsqrt", FP32 * T * g), _leaf("norm.normalized_fp32", FP32 * T * I),
+        _leaf("out_proj.input", c * T * I),
+    ]
+    return out
+
+
+def relu2_mlp_saved(prefix: str, tokens: int, d: int, f: int, p: Precision, *, input_saved: bool = True
+                    ) -> list[Node]:
+    """``down(relu(up(x))²)``: x, the relu output (saved by relu and by pow) and the square (down's input)."""
+    out = linear_inputs(f"{prefix}.up_proj", [f"{prefix}.up_proj"], tokens, d, p) if input_saved else []
+    return out + [_leaf(f"{prefix}.relu_out", p.compute * tokens * f),
+                  _leaf(f"{prefix}.down_proj.input", p.compute * tokens * f)]
+
+
+def _nemotron_h_layer(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager: bool, router: Router
+                      ) -> Node:
+    """Nemotron-H: each layer is one Nemotron RMSNorm and one mixer: Mamba-2 (``mamba2_saved``), attention
+    without rotary (SDPA), a relu² MLP, or a MoE with DeepSeek-V3's sigmoid router (fp32 linear, group selection,
+    renormalised top-k) over non-gated relu² experts (eager loop) plus a relu² shared expert."""
+    if eager:
+        raise TrainmathError("nemotron_h: the eager profile is not modelled; use profile='hf' (SDPA)")
+    T, c = b * s, p.compute
+    mixer = next(bl for bl in layer.blocks if bl.kind != "norm")
+    kids = nemotron_rmsnorm_saved("norm", T, d, p)
+    if mixer.kind == "mamba":
+        kids += mamba2_saved(mixer, b=b, s=s, d=d, p=p)
+    elif mixer.kind == "attention":
+        kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=False)
+    elif mixer.kind == "mlp":
+        kids += relu2_mlp_saved("mixer", T, d, mixer.dims.intermediate, p)
+    elif mixer.kind == "moe":
+        dims = mixer.dims
+        if any("latent" in t.name for t in mixer.tensors):
+            raise TrainmathError("nemotron_h with moe_latent_size is not yet modelled (use profile='megatron')")
+        n, k, f = dims.experts, dims.top_k, dims.expert_intermediate
+        rd = c if p.autocast else FP32
+        if p.autocast:
+            kids.append(_leaf("router.input_cast", c * T * d))
+        elif c == FP32:
+            kids.append(_leaf("mixer.input", FP32 * T * d, "read by the router and the shared expert"))
+        else:
+            kids += [_leaf("router.input_fp32", FP32 * T * d), _leaf("router.weight_fp32", FP32 * n * d)]
+        kids += [_leaf("router.sigmoid", rd * T * n),
+                 _leaf("router.topk_indices", INT64 * T * k, "saved by the gather of the weights")]
+        if router.norm_topk_prob:
+            kids += [_leaf("router.topk_sum", rd * T), _leaf("router.topk_weights", rd * T * k)]
+        tk = T * k
+        kids += [_leaf("experts.token_slot_indices", 2 * INT64 * tk), _leaf("experts.gathered_input", c * tk * d),
+                 _leaf("experts.relu_out", c * tk * f), _leaf("experts.down_proj.input", c * tk * f),
+                 _leaf("experts.routing_weight", rd * tk), _leaf("experts.down_out", c * tk * d),
+                 _leaf("experts.index_add_source", rd * tk * d, "in the routing weights' dtype")]
+        if dims.shared_intermediate:
+            kids += relu2_mlp_saved("mixer.shared_experts", T, d, dims.shared_intermediate, p,
+                                    input_saved=c != FP32 or p.autocast)
+    else:
+        raise TrainmathError(f"nemotron_h layer {layer.label!r} has an unknown mixer {mixer.kind!r}")
+    return _with_copies(layer, kids, weight_copies(mixer, p))
+
+
 def _with_copies(layer: LayerSpec, kids: list[Node], copies: list[Node]) -> Node:
     """A layer's node: its saved activations and, under autocast, its weight copies."""
     parts = [Node.of("activations", kids, "bytes")]
@@ -1187,7 +1331,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         rope = _rope_dim(spec)
         kids.append(Node.of("rotary", [_leaf("freqs_cis", 8 * s * (rope // 2))], "bytes",
                             note="(1, s, rope_dim/2) complex64 whatever the dtype, shared by every layer"))
-    elif indices and spec.model_type != "gpt2":  # GPT-2: learned positions, no cos/sin
+    elif indices and spec.model_type not in ("gpt2", "nemotron_h"):  # learned / no positions: no cos/sin
         rope = _rope_dim(spec, family)
         if spec.model_type == "gpt_oss":  # cos/sin of the h_d/2 frequencies, not cat'ed to h_d
             rope //= 2
@@ -1254,6 +1398,8 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     T, d, V = micro_batch * seq, spec.hidden_size, -(-spec.vocab_size // tp)
     if spec.model_type in ("olmo2", "gpt_oss"):
         saved = olmo2_rmsnorm_saved("norm", T, d)
+    elif spec.model_type == "nemotron_h":
+        saved = nemotron_rmsnorm_saved("norm", T, d, p)
     elif spec.model_type in ("gemma2", "gemma3_text", "qwen3_next"):
         saved = gemma_rmsnorm_saved("norm", T, d)
     elif spec.model_type in ("starcoder2", "gpt2", "falcon"):
