@@ -160,6 +160,15 @@ def _leaf(name: str, value: int, note: str = "") -> Node:
     return Node(name=name, value=value, unit="bytes", note=note)
 
 
+def _layer_node(layer: LayerSpec, kids: list[Node], copies: list[Node]) -> Node:
+    """A layer's tree: its saved activations, and the autocast weight copies when there are any."""
+    parts = [Node.of("activations", kids, "bytes")]
+    if copies:
+        parts.append(Node.of("autocast weight copies", copies, "bytes",
+                             note="compute-dtype casts of the fp32 weights, kept for backward"))
+    return Node.of(layer.label, parts, "bytes")
+
+
 def rmsnorm_saved(prefix: str, rows: int, width: int, in_bytes: int) -> list[Node]:
     """RMSNorm as transformers writes it: ``x.to(fp32)``; ``x * rsqrt(mean(x²) + eps)``; ``w * y.to(in_dtype)``.
 
@@ -612,12 +621,7 @@ def _gemma_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, 
     kids += gemma_rmsnorm_saved("pre_feedforward_layernorm", T, d)
     kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
     kids += gemma_rmsnorm_saved("post_feedforward_layernorm", T, d)
-    parts = [Node.of("activations", kids, "bytes")]
-    copies = weight_copies(mixer, p) + weight_copies(ffn, p)
-    if copies:
-        parts.append(Node.of("autocast weight copies", copies, "bytes",
-                             note="compute-dtype casts of the fp32 weights, kept for backward"))
-    return Node.of(layer.label, parts, "bytes")
+    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
 def _cohere_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
@@ -1193,12 +1197,7 @@ def _starcoder2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: 
     kids += layernorm_saved("post_attention_layernorm", T, d, r)
     kids += linear_inputs("mlp.c_fc", ["mlp.c_fc"], T, d, p)
     kids += [_leaf("mlp.c_fc_out", c * T * f, "the GELU's input"), _leaf("mlp.c_proj.input", c * T * f)]
-    parts = [Node.of("activations", kids, "bytes")]
-    copies = weight_copies(mixer, p) + weight_copies(ffn, p)
-    if copies:
-        parts.append(Node.of("autocast weight copies", copies, "bytes",
-                             note="compute-dtype casts of the fp32 weights, kept for backward"))
-    return Node.of(layer.label, parts, "bytes")
+    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
 def _olmo2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
@@ -1211,12 +1210,7 @@ def _olmo2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, 
     kids += olmo2_rmsnorm_saved("post_attention_layernorm", T, d)
     kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
     kids += olmo2_rmsnorm_saved("post_feedforward_layernorm", T, d)
-    parts = [Node.of("activations", kids, "bytes")]
-    copies = weight_copies(mixer, p) + weight_copies(ffn, p)
-    if copies:
-        parts.append(Node.of("autocast weight copies", copies, "bytes",
-                             note="compute-dtype casts of the fp32 weights, kept for backward"))
-    return Node.of(layer.label, parts, "bytes")
+    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
 def _rope_dim(spec: ModelSpec, family: Family | None = None) -> int:
