@@ -19,6 +19,7 @@ def test_correctness_matrix(n):
     assert not bad, bad[:5]
     ops = {(r["op"], r["impl"]) for r in rows}
     assert {("all_reduce", "ring"), ("all_reduce", "naive"), ("reduce_scatter", "ring"), ("all_gather", "ring")} <= ops
+    assert {("all_reduce", "ring/16B-seg"), ("reduce_scatter", "ring/16B-seg"), ("all_gather", "ring/16B-seg")} <= ops
     assert {r["dtype"] for r in rows} >= {"int32", "int64", "float32", "float64", "bfloat16"}
     assert any(r["length"] % n for r in rows) or n == 1  # uneven lengths are covered
 
@@ -52,8 +53,9 @@ def test_barrier_releases_everyone_after_the_last_arrival():
     assert records[0]["arrival_s"] < 0.3  # rank 0 did not sleep
 
 
-def _count_ring_sends(ctx, length):
-    """Wrap isend to count the bytes the ring actually sends: must equal the pure schedule's count."""
+def _count_ring_sends(ctx, length, segment_bytes=1 << 20):
+    """Wrap isend to count the bytes the ring actually sends: must equal the pure schedule's count.
+    Returns (bytes, messages)."""
     import torch.distributed as dist
 
     from trainmath.runtime import ring
@@ -67,18 +69,25 @@ def _count_ring_sends(ctx, length):
 
     ring.dist.isend = counting
     try:
-        ring.ring_all_reduce(torch.ones(length), ctx.group)
+        ring.ring_all_reduce(torch.ones(length), ctx.group, segment_bytes=segment_bytes)
     finally:
         ring.dist.isend = real
-    return sum(sent)
+    return sum(sent), len(sent)
 
 
 @pytest.mark.parametrize("length", [12, 13])
 def test_ring_sends_what_the_cost_model_counts(length):
     got = launch(JobSpec(nproc_per_node=3, timeout_s=20), _count_ring_sends, length)
-    assert got == {r: ring_bytes_sent("all_reduce", r, 3, length, 4) for r in range(3)}
+    assert {r: b for r, (b, _) in got.items()} == {r: ring_bytes_sent("all_reduce", r, 3, length, 4) for r in range(3)}
+    assert {m for _, m in got.values()} == {2 * 2}  # one message per step
     if length == 12:
-        assert set(got.values()) == {2 * 2 * 4 * 4}  # 2(n-1)/n · S = 4/3 · 48 bytes
+        assert {b for b, _ in got.values()} == {2 * 2 * 4 * 4}  # 2(n-1)/n · S = 4/3 · 48 bytes
+
+
+def test_segmented_ring_sends_the_same_bytes_in_more_messages():
+    # 3 ranks, 300 float32: chunks of 400 B cut into 400 // 64 = 6 segments; 4 steps x 6 messages.
+    got = launch(JobSpec(nproc_per_node=3, timeout_s=20), _count_ring_sends, 300, 64)
+    assert got == {r: (ring_bytes_sent("all_reduce", r, 3, 300, 4), 4 * 6) for r in range(3)}
 
 
 def test_oracle_can_fail():

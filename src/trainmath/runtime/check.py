@@ -18,7 +18,8 @@ import torch.distributed as dist
 from trainmath.comm.ring import chunk_bounds
 from trainmath.runtime import demo
 from trainmath.runtime.launch import RankContext
-from trainmath.runtime.ring import naive_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from trainmath.runtime.ring import (SEGMENT_BYTES, naive_all_reduce, ring_all_gather, ring_all_reduce,
+                                   ring_reduce_scatter)
 
 DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64, torch.bfloat16)
 REDUCE_OPS = ("sum", "avg", "max", "min", "product")
@@ -103,9 +104,24 @@ def _same(got: torch.Tensor, want: torch.Tensor, n: int) -> str:
     return ""
 
 
+# The longest case also runs with 16-byte segments, so that every chunk is cut into the most segments
+# (MAX_SEGMENTS, some of them empty when a chunk is short) and the segment pipeline is exercised.
+_SMALL_SEGMENT_BYTES = 16
+
+
+def _lengths(n: int) -> list[int]:
+    return sorted({1, n + 1, 5 * n, 1000 * n + 3})
+
+
+def _segmentings(length: int) -> list[tuple[str, int]]:
+    """(impl label, segment bytes) to run a ring case with."""
+    plain = [("ring", SEGMENT_BYTES)]
+    return plain + [("ring/16B-seg", _SMALL_SEGMENT_BYTES)] if length > 1000 else plain
+
+
 def _ring_cases(ctx: RankContext) -> list[dict]:
     n, g, rows = ctx.world_size, ctx.group, []
-    lengths = sorted({1, n + 1, 5 * n, 1000 * n + 3})
+    lengths = _lengths(n)
     native_ops = {k: v for k, v in demo.REDUCE_OPS.items()}
     case = 0
     for dtype in DTYPES:
@@ -118,23 +134,25 @@ def _ring_cases(ctx: RankContext) -> list[dict]:
                 ref = x.clone()
                 dist.all_reduce(ref, op=native_ops[reduce_op], group=g)
                 a, b = chunk_bounds(length, n)[ctx.rank]
-                got = x.clone()
-                ring_all_reduce(got, g, reduce_op)
-                rows.append(dict(op="all_reduce", impl="ring", dtype=str(dtype)[6:], length=length,
-                                 reduce_op=reduce_op, why=_same(got, ref, n)))
+                for impl, seg in _segmentings(length):
+                    got = x.clone()
+                    ring_all_reduce(got, g, reduce_op, segment_bytes=seg)
+                    rows.append(dict(op="all_reduce", impl=impl, dtype=str(dtype)[6:], length=length,
+                                     reduce_op=reduce_op, why=_same(got, ref, n)))
                 got = x.clone()
                 naive_all_reduce(got, g, reduce_op)
                 rows.append(dict(op="all_reduce", impl="naive", dtype=str(dtype)[6:], length=length,
                                  reduce_op=reduce_op, why=_same(got, ref, n)))
-                out = torch.empty(b - a, dtype=dtype, device=ctx.device)
-                ring_reduce_scatter(out, x, g, reduce_op)
                 if length % n == 0:
                     want = torch.empty(length // n, dtype=dtype, device=ctx.device)
                     dist.reduce_scatter_tensor(want, x, op=native_ops[reduce_op], group=g)
                 else:
                     want = ref[a:b]
-                rows.append(dict(op="reduce_scatter", impl="ring", dtype=str(dtype)[6:], length=length,
-                                 reduce_op=reduce_op, why=_same(out, want, n)))
+                for impl, seg in _segmentings(length):
+                    out = torch.empty(b - a, dtype=dtype, device=ctx.device)
+                    ring_reduce_scatter(out, x, g, reduce_op, segment_bytes=seg)
+                    rows.append(dict(op="reduce_scatter", impl=impl, dtype=str(dtype)[6:], length=length,
+                                     reduce_op=reduce_op, why=_same(out, want, n)))
             if reduce_op != "sum":
                 continue
             for length in lengths:  # all-gather has no reduce op: once per dtype
@@ -142,15 +160,16 @@ def _ring_cases(ctx: RankContext) -> list[dict]:
                 full_ref = _inputs(ctx, length, dtype, "sum", case)  # differs per rank
                 a, b = chunk_bounds(length, n)[ctx.rank]
                 mine = full_ref[a:b].clone()
-                got = torch.empty(length, dtype=dtype, device=ctx.device)
-                ring_all_gather(got, mine, g)
                 if length % n == 0:
                     want = torch.empty(length, dtype=dtype, device=ctx.device)
                     dist.all_gather_into_tensor(want, mine, group=g)
                 else:
                     want = torch.cat(padded_all_gather(mine, g))
-                rows.append(dict(op="all_gather", impl="ring", dtype=str(dtype)[6:], length=length,
-                                 reduce_op="-", why=_same(got, want, n)))
+                for impl, seg in _segmentings(length):
+                    got = torch.empty(length, dtype=dtype, device=ctx.device)
+                    ring_all_gather(got, mine, g, segment_bytes=seg)
+                    rows.append(dict(op="all_gather", impl=impl, dtype=str(dtype)[6:], length=length,
+                                     reduce_op="-", why=_same(got, want, n)))
     return rows
 
 

@@ -9,7 +9,8 @@ Buffers are flat views of contiguous tensors; a buffer of L elements is cut into
 ``torch.tensor_split`` (first L % n chunks one element longer), so any length works, including L < n.
 Reduce-scatter therefore gives rank r chunk r of that split: for L divisible by n it equals
 ``reduce_scatter_tensor``; otherwise it equals ``all_reduce`` followed by ``tensor_split(n)[r]``. The hot loop
-allocates no tensor storage: chunks are views, and one receive buffer of the largest chunk is reused.
+allocates no tensor storage: chunks and segments are views, and scratch space comes from a workspace kept
+between calls.
 """
 
 from __future__ import annotations
@@ -53,85 +54,154 @@ def _ring(group: dist.ProcessGroup) -> tuple[int, int, int, int]:
     return r, n, dist.get_global_rank(group, (r + 1) % n), dist.get_global_rank(group, (r - 1) % n)
 
 
-def _exchange(send: torch.Tensor, right: int, recv: torch.Tensor, left: int, group, pending: list) -> None:
-    """Send ``send`` to ``right`` while receiving ``recv`` from ``left``; empty tensors are skipped on both ends.
+# A ring collective is a sequence of steps; at step s every rank sends one chunk to its right neighbour and
+# receives one chunk from its left neighbour (reduce-scatter steps then add it into its own copy; all-gather
+# steps store it). The chunk a rank sends at step s+1 is always the one it received at step s, so each chunk
+# is cut into k segments and segment j moves on as soon as it has arrived (and been reduced): the steps
+# overlap, segment by segment, as in gloo's and NCCL's rings.
+#
+# Under gloo every receive is posted before the data it waits for can arrive, because a gloo send is a
+# rendezvous: its bytes move only after the receiver's "ready" notice reaches the sender. All-gather receives
+# go straight into their final chunks and are all posted at the start; reduce-scatter receives land in a
+# window of scratch segments, posted _RS_WINDOW_STEPS steps ahead and reused as they are reduced. Scratch
+# memory comes from a per-(device, dtype) workspace kept between calls (``release_workspace``): a fresh CPU
+# buffer of a few MiB costs a page fault per 4 KiB on first touch, which was a third of a 4 MiB all-reduce.
 
-    Only the receive is waited for here: the next step needs its data, but not the send's completion. Send
-    requests go to ``pending`` and are waited for once at the end of the phase (a chunk being sent is never
-    written again within the phase), which saves one blocking wait, and one chance of a scheduler stall, per step.
-    """
-    req = dist.irecv(recv, src=left, group=group) if recv.numel() else None
-    if send.numel():
-        pending.append(dist.isend(send, dst=right, group=group))
-    if req is not None:
-        req.wait()
+SEGMENT_BYTES = 1 << 20
+"""Default segment size: a chunk of C bytes is cut into clamp(C // SEGMENT_BYTES, 1, MAX_SEGMENTS) segments.
+Measured on gloo over loopback (docs/benchmarks.md): 1 MiB beat 128-512 KiB at 2 and 4 ranks (every message
+costs a rendezvous and two Python calls), and more than 8 segments per chunk did not help."""
+MAX_SEGMENTS = 8
+_RS_WINDOW_STEPS = 2
 
-
-# A reduce-scatter step is cut into segments of about this many bytes (at most _MAX_SEGMENTS), so that the
-# reduction of one segment overlaps the arrival of the next. Sender and receiver cut the same chunk the same way.
-_SEGMENT_BYTES = 1 << 20
-_MAX_SEGMENTS = 8
-
-
-def _segments(t: torch.Tensor) -> list[torch.Tensor]:
-    k = max(1, min(_MAX_SEGMENTS, t.numel() * t.element_size() // _SEGMENT_BYTES))
-    return [t[a:b] for a, b in chunk_bounds(t.numel(), k) if b > a]
+_WORKSPACE: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def _exchange_reduce(send: torch.Tensor, right: int, acc: torch.Tensor, incoming: torch.Tensor, left: int,
-                     group, op: str, pending: list) -> None:
-    """Send ``send`` while receiving into ``incoming`` segment by segment, reducing each into ``acc`` on arrival.
-    Sends are left in ``pending`` (see ``_exchange``)."""
-    recvs = [(dist.irecv(seg, src=left, group=group), a) for seg, a in zip(_segments(incoming), _segments(acc))]
-    pending.extend(dist.isend(seg, dst=right, group=group) for seg in _segments(send))
-    for (req, acc_seg), seg in zip(recvs, _segments(incoming)):
-        req.wait()
-        _reduce_into(acc_seg, seg, op)
+def _workspace(use: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A scratch buffer of at least ``numel`` elements for ``use``, reused between calls (grown, never shrunk);
+    buffers for different uses never overlap."""
+    key = (use, device, dtype)
+    buf = _WORKSPACE.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = _WORKSPACE[key] = torch.empty(numel, dtype=dtype, device=device)
+    return buf[:numel]
 
 
-def _reduce_scatter_inplace(chunks: list[torch.Tensor], recv: torch.Tensor, group, op: str) -> None:
+def release_workspace() -> None:
+    """Free the scratch buffers the ring collectives keep between calls."""
+    _WORKSPACE.clear()
+
+
+def _segment_count(chunks: list[torch.Tensor], segment_bytes: int) -> int:
+    if segment_bytes < 1:
+        raise TrainmathError(f"segment size must be >= 1 byte, got {segment_bytes}")
+    largest = max(c.numel() for c in chunks) * chunks[0].element_size()
+    return max(1, min(MAX_SEGMENTS, largest // segment_bytes))
+
+
+def _split(chunk: torch.Tensor, k: int) -> list[torch.Tensor]:
+    return [chunk[a:b] for a, b in chunk_bounds(chunk.numel(), k)]
+
+
+def _run_ring(chunks: list[torch.Tensor], group, op: str | None, *, reduce: bool, gather: bool,
+              segment_bytes: int) -> None:
+    """In place over ``chunks`` (this rank's n views of one buffer): the ring's n-1 reduce-scatter steps (if
+    ``reduce``, combining with ``op``) then its n-1 all-gather steps (if ``gather``)."""
     r, n, right, left = _ring(group)
-    pending: list = []
-    for send_c, recv_c in ring_reduce_scatter_schedule(r, n):
-        incoming = recv[: chunks[recv_c].numel()]
-        _exchange_reduce(chunks[send_c], right, chunks[recv_c], incoming, left, group, op, pending)
-    for req in pending:
+    if n == 1:
+        return
+    schedule = (ring_reduce_scatter_schedule(r, n) if reduce else []) + (ring_all_gather_schedule(r, n) if gather else [])
+    n_reduce = n - 1 if reduce else 0
+    if dist.get_backend(group) == "nccl":
+        _run_stepwise(chunks, group, op, schedule, n_reduce, right, left)
+        return
+    k = _segment_count(chunks, segment_bytes)
+    segs = [_split(c, k) for c in chunks]
+    window = min(_RS_WINDOW_STEPS, n_reduce) * k
+    slot_len = max(s.numel() for c in segs for s in c)
+    slots = _workspace("receive", window * slot_len, chunks[0].dtype, chunks[0].device) if window else None
+    total, n_red_msgs = len(schedule) * k, n_reduce * k
+    recvs: dict[int, tuple] = {}
+    sends: list = []
+
+    def post_recv(m: int) -> None:
+        step, j = divmod(m, k)
+        dest = segs[schedule[step][1]][j]
+        if dest.numel() == 0:
+            return
+        buf = slots[(m % window) * slot_len:][: dest.numel()] if m < n_red_msgs else dest
+        recvs[m] = (dist.irecv(buf, src=left, group=group, tag=m), buf)
+
+    def post_send(m: int) -> None:
+        step, j = divmod(m, k)
+        seg = segs[schedule[step][0]][j]
+        if seg.numel():
+            sends.append(dist.isend(seg, dst=right, group=group, tag=m))
+
+    for m in list(range(window)) + list(range(n_red_msgs, total)):
+        post_recv(m)
+    for m in range(k):
+        post_send(m)
+    for m in range(total):
+        step, j = divmod(m, k)
+        dest = segs[schedule[step][1]][j]
+        got = recvs.pop(m, None)
+        if got is not None:
+            got[0].wait()
+            if m < n_red_msgs:
+                _reduce_into(dest, got[1], op)
+        if m + window < n_red_msgs:
+            post_recv(m + window)
+        if step + 1 == n_reduce and op == "avg":
+            dest.div_(n)  # chunk r is complete: average it before it travels on
+        if step + 1 < len(schedule):
+            post_send(m + k)
+    for req in sends:
         req.wait()
 
 
-def _all_gather_inplace(chunks: list[torch.Tensor], group) -> None:
-    r, n, right, left = _ring(group)
-    pending: list = []
-    for send_c, recv_c in ring_all_gather_schedule(r, n):
-        _exchange(chunks[send_c], right, chunks[recv_c], left, group, pending)
-    for req in pending:
-        req.wait()
+def _run_stepwise(chunks, group, op, schedule, n_reduce, right, left) -> None:
+    """NCCL: one grouped send+receive per step (``batch_isend_irecv``), as NCCL needs a send and a receive
+    between the same two ranks to be in one group to progress; not pipelined, and not run on GPUs here."""
+    r, n = dist.get_rank(group), dist.get_world_size(group)
+    scratch = _workspace("receive", max(c.numel() for c in chunks), chunks[0].dtype, chunks[0].device)
+    for step, (send_c, recv_c) in enumerate(schedule):
+        reduce = step < n_reduce
+        dest = scratch[: chunks[recv_c].numel()] if reduce else chunks[recv_c]
+        ops = []
+        if chunks[send_c].numel():
+            ops.append(dist.P2POp(dist.isend, chunks[send_c], right, group))
+        if dest.numel():
+            ops.append(dist.P2POp(dist.irecv, dest, left, group))
+        for req in dist.batch_isend_irecv(ops) if ops else []:
+            req.wait()
+        if reduce:
+            _reduce_into(chunks[recv_c], dest, op)
+            if step + 1 == n_reduce and op == "avg":
+                chunks[r].div_(n)
 
 
 def _views(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
     return [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
 
 
-def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, op: str = "sum") -> None:
-    """In-place all-reduce: ring reduce-scatter then ring all-gather (Patarasuk & Yuan 2009).
+def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, op: str = "sum", *,
+                    segment_bytes: int = SEGMENT_BYTES) -> None:
+    """In-place all-reduce: ring reduce-scatter then ring all-gather (Patarasuk & Yuan 2009), pipelined by segment.
 
     Each rank sends 2(n-1) chunks, 2(n-1)/n of the buffer (``trainmath.comm.ring_bytes_sent``).
     """
     _check(tensor, op)
-    n = dist.get_world_size(group)
-    flat = tensor.view(-1)
-    chunks = _views(flat, n)
-    recv = torch.empty(max(c.numel() for c in chunks), dtype=tensor.dtype, device=tensor.device)
-    _reduce_scatter_inplace(chunks, recv, group, op)
-    if op == "avg":
-        chunks[dist.get_rank(group)].div_(n)
-    _all_gather_inplace(chunks, group)
+    chunks = _views(tensor.view(-1), dist.get_world_size(group))
+    _run_ring(chunks, group, op, reduce=True, gather=True, segment_bytes=segment_bytes)
 
 
-def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup, op: str = "sum") -> None:
+def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup, op: str = "sum", *,
+                        segment_bytes: int = SEGMENT_BYTES) -> None:
     """``output`` <- chunk r of the reduction of every rank's ``input`` (tensor_split chunking).
 
-    ``input`` is left unchanged (the ring works in a copy); ``output`` must have chunk r's length.
+    ``input`` is left unchanged (the ring works in a copy kept in the workspace); ``output`` must have chunk r's
+    length.
     """
     _check(input, op)
     _check(output)
@@ -142,16 +212,15 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: dist.P
             f"reduce-scatter output on group rank {r} must hold {b - a} elements (chunk {r} of {input.numel()} "
             f"split {n} ways), got {output.numel()}"
         )
-    work = input.reshape(-1).clone()
+    work = _workspace("reduce-scatter copy", input.numel(), input.dtype, input.device)
+    work.copy_(input.view(-1))
     chunks = _views(work, n)
-    recv = torch.empty(max(c.numel() for c in chunks), dtype=input.dtype, device=input.device)
-    _reduce_scatter_inplace(chunks, recv, group, op)
-    if op == "avg":
-        chunks[r].div_(n)
+    _run_ring(chunks, group, op, reduce=True, gather=False, segment_bytes=segment_bytes)
     output.view(-1).copy_(chunks[r])
 
 
-def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup) -> None:
+def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup, *,
+                    segment_bytes: int = SEGMENT_BYTES) -> None:
     """``output`` <- every rank's ``input`` concatenated in group-rank order; input r is chunk r of output."""
     _check(input)
     _check(output)
@@ -163,7 +232,7 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.Proce
             f"{output.numel()} split {n} ways), got {input.numel()}"
         )
     chunks[r].copy_(input.view(-1))
-    _all_gather_inplace(chunks, group)
+    _run_ring(chunks, group, None, reduce=False, gather=True, segment_bytes=segment_bytes)
 
 
 def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, op: str = "sum") -> None:
