@@ -5,7 +5,10 @@ Method (mirrors nccl-tests ``common.cu`` and stas00's ``all_reduce_bench.py``):
 1. Buffers are allocated and filled once per size, outside the timed region. The size column is the whole
    buffer as in nccl-tests (all-gather: the gathered output; reduce-scatter: the full input); the element count
    is rounded down to a multiple of the rank count where the op splits the buffer.
-2. ``warmup`` untimed iterations, then a barrier (and a device synchronise under NCCL).
+2. A barrier, then ``warmup`` untimed iterations (and a device synchronise under NCCL). Warm-up comes after
+   the barrier, not before as in nccl-tests: on CPU ranks gloo's barrier runs on its worker thread, and the
+   thread hand-offs it causes left a p2p ring's next few iterations up to 1.6x slower on a 2-core machine; the
+   warm-up collectives themselves line the ranks up again.
 3. ``iters`` iterations timed together with ``time.perf_counter`` (synchronising the device before reading the
    clock); a rank's time is the total divided by ``iters``.
 4. Ranks agree on one time: the maximum over ranks (``all_reduce`` MAX), the slowest rank being when the
@@ -95,10 +98,11 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, group, n: int, r: int) -> 
 
 def _timed(ctx: RankContext, fn: Callable[[], Any], warmup: int, iters: int) -> float:
     """Seconds per iteration, the maximum over ranks."""
-    for _ in range(warmup):
-        fn()
     _sync(ctx)
     dist.barrier(group=ctx.group)
+    for _ in range(warmup):  # after the barrier: its own thread hand-offs leave the CPU ranks cold again
+        fn()
+    _sync(ctx)
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()

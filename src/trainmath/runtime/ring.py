@@ -67,10 +67,11 @@ def _ring(group: dist.ProcessGroup) -> tuple[int, int, int, int]:
 # memory comes from a per-(device, dtype) workspace kept between calls (``release_workspace``): a fresh CPU
 # buffer of a few MiB costs a page fault per 4 KiB on first touch, which was a third of a 4 MiB all-reduce.
 
-SEGMENT_BYTES = 1 << 20
+SEGMENT_BYTES = 4 << 20
 """Default segment size: a chunk of C bytes is cut into clamp(C // SEGMENT_BYTES, 1, MAX_SEGMENTS) segments.
-Measured on gloo over loopback (docs/benchmarks.md): 1 MiB beat 128-512 KiB at 2 and 4 ranks (every message
-costs a rendezvous and two Python calls), and more than 8 segments per chunk did not help."""
+Measured on gloo over loopback, 2 and 4 ranks, 1-8 MiB buffers (docs/benchmarks.md): every segment costs a
+rendezvous and two Python calls, so fewer, larger messages won; 128 KiB-1 MiB segments were 5-50% slower than
+4 MiB, and forcing two segments per chunk (gloo's own rule) was slower too."""
 MAX_SEGMENTS = 8
 _RS_WINDOW_STEPS = 2
 
@@ -138,10 +139,10 @@ def _run_ring(chunks: list[torch.Tensor], group, op: str | None, *, reduce: bool
         if seg.numel():
             sends.append(dist.isend(seg, dst=right, group=group, tag=m))
 
+    for m in range(k):  # local data first: the peer's "ready" notice may not be here yet, and then gloo's
+        post_send(m)    # I/O thread writes it when the notice comes, instead of this thread in the loop below
     for m in list(range(window)) + list(range(n_red_msgs, total)):
         post_recv(m)
-    for m in range(k):
-        post_send(m)
     for m in range(total):
         step, j = divmod(m, k)
         dest = segs[schedule[step][1]][j]
