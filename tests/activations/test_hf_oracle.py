@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trainmath.memory.activations import Family, Router, activation_bytes, logits_bytes  # noqa: E402
+from trainmath.memory.activations import Router, activation_bytes, logits_bytes  # noqa: E402
 from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.sources import catalog_entry  # noqa: E402
 from trainmath.tree import check_sums  # noqa: E402
@@ -335,12 +335,11 @@ def _family_case(model_type, extra, attn, mode, checkpoint):
     data = cfg.to_dict()
     spec = spec_from_config(data, name="tiny", source="test")
     c, p = PREC[mode]
-    family = Family.from_config(data)
+    # No family/router passed: the switches must come from the spec itself (``spec.options``), as on the CLI.
     act = activation_bytes(spec, micro_batch=B, seq=S, profile="eager" if attn == "eager" else "hf",
-                           recompute="full" if checkpoint else "none", compute_dtype_bytes=c, param_dtype_bytes=p,
-                           family=family, router=Router.from_config(data))
+                           recompute="full" if checkpoint else "none", compute_dtype_bytes=c, param_dtype_bytes=p)
     assert check_sums(act) == []
-    head = logits_bytes(spec, B, S, compute_dtype_bytes=c, param_dtype_bytes=p, family=family)
+    head = logits_bytes(spec, B, S, compute_dtype_bytes=c, param_dtype_bytes=p)
     assert check_sums(head) == []
     predicted = act.value + head.child("saved").value
     if checkpoint:

@@ -28,9 +28,10 @@ with a bf16 dtype keeps the norms in fp32 (``_keep_in_fp32_modules``), which is 
 not top-k; needs ``attention_chunk_size``), qwen3_next (Gated DeltaNet on transformers' torch fallback, chunked
 and padded to 64, see ``gated_deltanet_saved``; gated attention; shared expert with a sigmoid gate), nemotron_h
 (Mamba-2 on the torch path, see ``mamba2_saved``; relu² MLP; attention without rotary; non-gated relu² experts
-under DeepSeek-V3's router; ``moe_latent_size`` raises). Config switches the spec does not carry
-(partial rotary, soft-capping, logit scale, Llama 4's ``use_qk_norm`` and ``attn_temperature_tuning``) come from
-``Family``, router switches from ``Router``. Other families raise a ``TrainmathError``. MoE runs
+under DeepSeek-V3's router; ``moe_latent_size`` raises). Config switches that change what is saved but not
+the parameters (partial rotary, soft-capping, logit scale, Llama 4's ``use_qk_norm`` and
+``attn_temperature_tuning``) come from ``Family``, router switches from ``Router``; by default both are read from
+the switches the spec carries (``ModelSpec.options``). Other families raise a ``TrainmathError``. MoE runs
 transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 

@@ -52,7 +52,7 @@ def spec_from_config(data: dict[str, object], *, name: str, source: str) -> Mode
 
 
 OPTION_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logit_scale", "norm_topk_prob", "topk_method",
-               "new_decoder_architecture")
+               "new_decoder_architecture", "use_qk_norm", "attn_temperature_tuning")
 
 
 def config_options(cfg: ConfigView) -> dict[str, object]:
