@@ -113,7 +113,7 @@ def _run_ring(chunks: list[torch.Tensor], group, op: str | None, *, reduce: bool
         return
     schedule = (ring_reduce_scatter_schedule(r, n) if reduce else []) + (ring_all_gather_schedule(r, n) if gather else [])
     n_reduce = n - 1 if reduce else 0
-    if dist.get_backend(group) == "nccl":
+    if not _pipelined(group):
         _run_stepwise(chunks, group, op, schedule, n_reduce, right, left)
         return
     k = _segment_count(chunks, segment_bytes)
@@ -161,9 +161,15 @@ def _run_ring(chunks: list[torch.Tensor], group, op: str | None, *, reduce: bool
         req.wait()
 
 
+def _pipelined(group) -> bool:
+    """The pipelined engine for gloo; NCCL takes the grouped step-by-step one (tests force it on gloo)."""
+    return dist.get_backend(group) != "nccl"
+
+
 def _run_stepwise(chunks, group, op, schedule, n_reduce, right, left) -> None:
     """NCCL: one grouped send+receive per step (``batch_isend_irecv``), as NCCL needs a send and a receive
-    between the same two ranks to be in one group to progress; not pipelined, and not run on GPUs here."""
+    between the same two ranks to be in one group to progress; not pipelined. Checked on gloo by the tests
+    (``_pipelined`` forced off); not run on GPUs here."""
     r, n = dist.get_rank(group), dist.get_world_size(group)
     scratch = _workspace("receive", max(c.numel() for c in chunks), chunks[0].dtype, chunks[0].device)
     for step, (send_c, recv_c) in enumerate(schedule):
