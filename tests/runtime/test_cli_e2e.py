@@ -69,6 +69,22 @@ def test_bench_json_fields():
                 "predicted_time_s"} <= set(r)
         assert r["busbw_bytes_per_s"] == pytest.approx(r["algbw_bytes_per_s"])  # 2(n-1)/n = 1 at n = 2
         assert r["predicted_time_s"] > 0
+        assert r["segment_bytes"] == 4 << 20
+
+
+def test_bench_ring_segment_option():
+    out = _run("bench", "--op", "reduce_scatter", "--impl", "ring", "--nproc", "2", "--sizes", "256K",
+               "--segment", "16K", "--iters", "2", "--warmup", "0", "--json")
+    assert out.returncode == 0, out.stderr
+    assert [r["segment_bytes"] for r in json.loads(out.stdout)] == [16384]
+
+
+def test_cli_segment_default_is_the_ring_default():
+    from trainmath.cli.comm import RING_SEGMENT_DEFAULT
+    from trainmath.comm.sizes import parse_size
+    from trainmath.runtime.ring import SEGMENT_BYTES
+
+    assert parse_size(RING_SEGMENT_DEFAULT) == SEGMENT_BYTES
 
 
 def test_bench_with_given_link_predicts_the_formula():
@@ -97,6 +113,8 @@ def test_layout_prints_the_seed_table():
     (["demo", "send_recv", "--nproc", "1"], "send_recv needs at least 2 ranks"),
     (["bench", "--sizes", "1Q"], "bad size '1Q'"),
     (["bench", "--op", "broadcast", "--impl", "ring"], "no ring implementation of broadcast"),
+    (["bench", "--segment", "1M"], "--segment applies to --impl ring only"),
+    (["bench", "--impl", "ring", "--segment", "0"], "--segment must be at least 1 byte"),
     (["demo", "all_reduce", "--nnodes", "2"], "--master-port is required"),
 ])
 def test_bad_input_is_one_line(args, msg):

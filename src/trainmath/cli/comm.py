@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 
-
 from trainmath.comm.busbw import OPS
 from trainmath.comm.layout import even_ranks, subgroup_table, world_table
-from trainmath.comm.sizes import format_size, parse_size_range
+from trainmath.comm.sizes import format_size, parse_size, parse_size_range
 from trainmath.errors import TrainmathError
+
+# trainmath.runtime.ring.SEGMENT_BYTES, written here so that --help needs no torch (a test keeps them equal).
+RING_SEGMENT_DEFAULT = "4M"
 
 _DEMO_NAMES = ("send_recv", "isend_irecv", "scatter", "broadcast", "gather", "reduce", "all_gather", "all_reduce",
                "reduce_scatter", "all_to_all", "barrier", "subgroup")
@@ -71,6 +73,9 @@ def register(subparsers) -> None:
     bench.add_argument("--sizes", default="64K:4M", help="bytes: 1K:64M (doubling), 1M,8M, or 4M (default 64K:4M)")
     bench.add_argument("--factor", type=int, default=2, help="multiplier between sizes of a range (default 2)")
     bench.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16", "int32", "int64"))
+    bench.add_argument("--segment", default=RING_SEGMENT_DEFAULT,
+                       help=f"ring only: segment size; chunks are cut into clamp(chunk/segment, 1, 8) segments that "
+                            f"move on as soon as they arrive (default {RING_SEGMENT_DEFAULT})")
     bench.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
     bench.add_argument("--warmup", type=int, default=5, help="untimed iterations per size (default 5)")
     bench.add_argument("--alpha-us", type=float, help="link latency α in µs (skips calibration; needs --link-gbps)")
@@ -209,6 +214,9 @@ def cmd_layout(args) -> int:
 
 def cmd_bench(args) -> int:
     sizes = parse_size_range(args.sizes, args.factor)
+    segment = parse_size(args.segment)
+    if segment < 1:
+        raise TrainmathError(f"--segment must be at least 1 byte, got {args.segment!r}")
     if args.iters < 1 or args.warmup < 0:
         raise TrainmathError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
     link = None
@@ -228,10 +236,12 @@ def cmd_bench(args) -> int:
     if not supported(args.op, args.impl):
         raise TrainmathError(f"no {args.impl} implementation of {args.op}; ring: all_reduce, reduce_scatter, "
                              f"all_gather; naive: all_reduce")
+    if args.segment != RING_SEGMENT_DEFAULT and args.impl != "ring":
+        raise TrainmathError(f"--segment applies to --impl ring only (got --impl {args.impl})")
     from trainmath.runtime.bench import run_bench
 
     cfg = {"op": args.op, "impl": args.impl, "sizes": sizes, "dtype": args.dtype, "warmup": args.warmup,
-           "iters": args.iters, "link": None if link is None else vars(link)}
+           "iters": args.iters, "link": None if link is None else vars(link), "segment_bytes": segment}
     _, results = _launch(args, run_bench, cfg, deadline_s=None)
     out = results.get(0)
     if out is None:  # a launcher without global rank 0 measures but does not report
@@ -245,8 +255,9 @@ def cmd_bench(args) -> int:
     if args.json:
         print(json.dumps(out["rows"], indent=1))
         return 0
-    print(f"# {args.op} ({args.impl}) on {world} ranks, {args.backend}; {args.warmup} warm-up + {args.iters} timed "
-          f"iterations per size; time = max over ranks")
+    seg = f", {format_size(segment)} segments" if args.impl == "ring" else ""
+    print(f"# {args.op} ({args.impl}{seg}) on {world} ranks, {args.backend}; {args.warmup} warm-up + {args.iters} "
+          f"timed iterations per size; time = max over ranks")
     red = (f", reduce {lk['reduce_bytes_per_s'] / 1e9:.2f} GB/s" if lk["reduce_bytes_per_s"] else "")
     print(f"# model link ({source}): alpha {lk['alpha_s'] * 1e6:.1f} us, {lk['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s{red}")
     headers = ["size", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "predicted(us)", "pred/meas"]

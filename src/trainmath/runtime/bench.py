@@ -33,7 +33,7 @@ from trainmath.comm.busbw import algbw_bytes_per_s, busbw_bytes_per_s
 from trainmath.comm.cost import Link, fit_link, predict_time_s
 from trainmath.errors import TrainmathError
 from trainmath.runtime.launch import RankContext
-from trainmath.runtime.ring import RING_IMPLS
+from trainmath.runtime.ring import RING_IMPLS, SEGMENT_BYTES
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "int32": torch.int32, "int64": torch.int64}
@@ -53,8 +53,10 @@ def _sync(ctx: RankContext) -> None:
         torch.cuda.synchronize()
 
 
-def _make(ctx: RankContext, op: str, impl: str, size_bytes: int, dtype: torch.dtype) -> tuple[Callable[[], Any], int]:
-    """A closure running one iteration of ``op`` on preallocated buffers, and the element count."""
+def _make(ctx: RankContext, op: str, impl: str, size_bytes: int, dtype: torch.dtype,
+          segment_bytes: int = SEGMENT_BYTES) -> tuple[Callable[[], Any], int]:
+    """A closure running one iteration of ``op`` on preallocated buffers, and the element count.
+    ``segment_bytes``: the ring's segment size (ring impl only)."""
     g, n, r = ctx.group, ctx.world_size, ctx.rank
     esize = torch.tensor([], dtype=dtype).element_size()
     count = size_bytes // esize
@@ -78,11 +80,12 @@ def _make(ctx: RankContext, op: str, impl: str, size_bytes: int, dtype: torch.dt
         part_out = torch.empty_like(full)
         return calls[op], count
     fn = RING_IMPLS[(op, impl)]
+    seg = {"segment_bytes": segment_bytes} if impl == "ring" else {}
     if op == "all_reduce":
-        return (lambda: fn(full, g)), count
+        return (lambda: fn(full, g, **seg)), count
     if op == "reduce_scatter":
-        return (lambda: fn(part, full, g)), count
-    return (lambda: fn(full, part, g)), count  # all_gather
+        return (lambda: fn(part, full, g, **seg)), count
+    return (lambda: fn(full, part, g, **seg)), count  # all_gather
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor, group, n: int, r: int) -> None:
@@ -129,7 +132,8 @@ def calibrate(ctx: RankContext, dtype: torch.dtype, iters: int = 5) -> Link:
 
 
 def run_bench(ctx: RankContext, cfg: dict) -> dict | None:
-    """Worker entry. ``cfg``: op, impl, sizes (bytes), dtype, warmup, iters, link (dict or None).
+    """Worker entry. ``cfg``: op, impl, sizes (bytes), dtype, warmup, iters, link (dict or None), and optionally
+    segment_bytes (ring impl).
 
     Returns (on global rank 0 only) ``{"link": {...}, "calibrated": bool, "rows": [...]}``.
     """
@@ -142,8 +146,9 @@ def run_bench(ctx: RankContext, cfg: dict) -> dict | None:
     else:
         link, calibrated = Link(alpha_s=0.0, bandwidth_bytes_per_s=1.0), False  # n = 1: the model says 0 s
     rows = []
+    segment = cfg.get("segment_bytes") or SEGMENT_BYTES
     for size in cfg["sizes"]:
-        fn, count = _make(ctx, op, impl, size, dtype)
+        fn, count = _make(ctx, op, impl, size, dtype, segment)
         actual_bytes = count * torch.tensor([], dtype=dtype).element_size()
         t = _timed(ctx, fn, cfg["warmup"], cfg["iters"])
         rows.append({
@@ -152,6 +157,7 @@ def run_bench(ctx: RankContext, cfg: dict) -> dict | None:
             "algbw_bytes_per_s": algbw_bytes_per_s(actual_bytes, t),
             "busbw_bytes_per_s": busbw_bytes_per_s(op, actual_bytes, t, n),
             "predicted_time_s": predict_time_s(op, impl, actual_bytes, n, link, ctx.backend),
+            **({"segment_bytes": segment} if impl == "ring" else {}),
         })
     if ctx.rank != 0:
         return None
