@@ -635,7 +635,7 @@ def _cohere_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int,
     kids = cohere_layernorm_saved("input_layernorm", T, d, d, p)
     kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, cohere=True)
     kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p, input_saved=p.autocast)
-    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
+    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
 def gelu_new_saved(prefix: str, tokens: int, f: int, p: Precision) -> list[Node]:
@@ -691,7 +691,7 @@ def _gpt2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d
     kids += linear_inputs("mlp.c_fc", ["mlp.c_fc"], T, d, p)
     kids += gelu_new_saved("mlp.act", T, f, p)
     kids.append(_leaf("mlp.c_proj.input", c * T * f))
-    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
+    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
 def _falcon_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
@@ -775,7 +775,7 @@ def _falcon_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int,
         kids += layernorm_saved("post_attention_layernorm", T, d, r)
         kids += linear_inputs("mlp.dense_h_to_4h", ["mlp.dense_h_to_4h"], T, d, p)
     kids += [_leaf("mlp.dense_h_to_4h_out", c * T * f, "the GELU's input"), _leaf("mlp.dense_4h_to_h.input", c * T * f)]
-    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
+    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
 def sink_attention_saved(block: Block, *, b: int, s: int, p: Precision) -> list[Node]:
@@ -847,7 +847,7 @@ def _gpt_oss_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int
     kids += sink_attention_saved(mixer, b=b, s=s, p=p)
     kids += olmo2_rmsnorm_saved("post_attention_layernorm", T, d)
     kids += gpt_oss_moe_saved(ffn, T=T, d=d, p=p)
-    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p, experts_hit))
+    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p, experts_hit))
 
 
 def _llama4_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
@@ -913,7 +913,7 @@ def _llama4_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int,
                                 input_saved=False)
     else:
         kids += gated_mlp_saved("feed_forward", T, d, ffn.dims.intermediate, p)
-    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
+    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
 GDN_CHUNK = 64
@@ -1035,7 +1035,7 @@ def _qwen3_next_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: 
         kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=router.norm_topk_prob)
     else:
         kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
-    return _with_copies(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
+    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
 def nemotron_rmsnorm_saved(prefix: str, rows: int, width: int, p: Precision) -> list[Node]:
@@ -1174,16 +1174,7 @@ def _nemotron_h_layer(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision,
                                     input_saved=c != FP32 or p.autocast)
     else:
         raise TrainmathError(f"nemotron_h layer {layer.label!r} has an unknown mixer {mixer.kind!r}")
-    return _with_copies(layer, kids, weight_copies(mixer, p))
-
-
-def _with_copies(layer: LayerSpec, kids: list[Node], copies: list[Node]) -> Node:
-    """A layer's node: its saved activations and, under autocast, its weight copies."""
-    parts = [Node.of("activations", kids, "bytes")]
-    if copies:
-        parts.append(Node.of("autocast weight copies", copies, "bytes",
-                             note="compute-dtype casts of the fp32 weights, kept for backward"))
-    return Node.of(layer.label, parts, "bytes")
+    return _layer_node(layer, kids, weight_copies(mixer, p))
 
 
 def _starcoder2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,

@@ -109,10 +109,6 @@ def _same(got: torch.Tensor, want: torch.Tensor, n: int) -> str:
 _SMALL_SEGMENT_BYTES = 16
 
 
-def _lengths(n: int) -> list[int]:
-    return sorted({1, n + 1, 5 * n, 1000 * n + 3})
-
-
 def _segmentings(length: int) -> list[tuple[str, int]]:
     """(impl label, segment bytes) to run a ring case with."""
     plain = [("ring", SEGMENT_BYTES)]
@@ -121,7 +117,7 @@ def _segmentings(length: int) -> list[tuple[str, int]]:
 
 def _ring_cases(ctx: RankContext) -> list[dict]:
     n, g, rows = ctx.world_size, ctx.group, []
-    lengths = _lengths(n)
+    lengths = sorted({1, n + 1, 5 * n, 1000 * n + 3})
     native_ops = {k: v for k, v in demo.REDUCE_OPS.items()}
     case = 0
     for dtype in DTYPES:

@@ -103,8 +103,9 @@ def _segment_count(chunks: list[torch.Tensor], segment_bytes: int) -> int:
     return max(1, min(MAX_SEGMENTS, largest // segment_bytes))
 
 
-def _split(chunk: torch.Tensor, k: int) -> list[torch.Tensor]:
-    return [chunk[a:b] for a, b in chunk_bounds(chunk.numel(), k)]
+def _split(flat: torch.Tensor, k: int) -> list[torch.Tensor]:
+    """k views of a 1-D tensor, cut like ``torch.tensor_split`` (rank chunks of a buffer, segments of a chunk)."""
+    return [flat[a:b] for a, b in chunk_bounds(flat.numel(), k)]
 
 
 def _run_ring(chunks: list[torch.Tensor], group, op: str | None, *, reduce: bool, gather: bool,
@@ -117,7 +118,7 @@ def _run_ring(chunks: list[torch.Tensor], group, op: str | None, *, reduce: bool
     schedule = (ring_reduce_scatter_schedule(r, n) if reduce else []) + (ring_all_gather_schedule(r, n) if gather else [])
     n_reduce = n - 1 if reduce else 0
     if not _pipelined(group):
-        _run_stepwise(chunks, group, op, schedule, n_reduce, right, left)
+        _run_stepwise(chunks, group, op, schedule, n_reduce, r, n, right, left)
         return
     k = _segment_count(chunks, segment_bytes)
     segs = [_split(c, k) for c in chunks]
@@ -169,11 +170,10 @@ def _pipelined(group) -> bool:
     return dist.get_backend(group) != "nccl"
 
 
-def _run_stepwise(chunks, group, op, schedule, n_reduce, right, left) -> None:
+def _run_stepwise(chunks, group, op, schedule, n_reduce, r, n, right, left) -> None:
     """NCCL: one grouped send+receive per step (``batch_isend_irecv``), as NCCL needs a send and a receive
     between the same two ranks to be in one group to progress; not pipelined. Checked on gloo by the tests
     (``_pipelined`` forced off); not run on GPUs here."""
-    r, n = dist.get_rank(group), dist.get_world_size(group)
     scratch = _workspace("receive", max(c.numel() for c in chunks), chunks[0].dtype, chunks[0].device)
     for step, (send_c, recv_c) in enumerate(schedule):
         reduce = step < n_reduce
@@ -191,10 +191,6 @@ def _run_stepwise(chunks, group, op, schedule, n_reduce, right, left) -> None:
                 chunks[r].div_(n)
 
 
-def _views(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
-    return [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
-
-
 def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, op: str = "sum", *,
                     segment_bytes: int = SEGMENT_BYTES) -> None:
     """In-place all-reduce: ring reduce-scatter then ring all-gather (Patarasuk & Yuan 2009), pipelined by segment.
@@ -202,7 +198,7 @@ def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, op: str = "s
     Each rank sends 2(n-1) chunks, 2(n-1)/n of the buffer (``trainmath.comm.ring_bytes_sent``).
     """
     _check(tensor, op)
-    chunks = _views(tensor.view(-1), dist.get_world_size(group))
+    chunks = _split(tensor.view(-1), dist.get_world_size(group))
     _run_ring(chunks, group, op, reduce=True, gather=True, segment_bytes=segment_bytes)
 
 
@@ -224,7 +220,7 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: dist.P
         )
     work = _workspace("reduce-scatter copy", input.numel(), input.dtype, input.device)
     work.copy_(input.view(-1))
-    chunks = _views(work, n)
+    chunks = _split(work, n)
     _run_ring(chunks, group, op, reduce=True, gather=False, segment_bytes=segment_bytes)
     output.view(-1).copy_(chunks[r])
 
@@ -235,7 +231,7 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.Proce
     _check(input)
     _check(output)
     r, n = dist.get_rank(group), dist.get_world_size(group)
-    chunks = _views(output.view(-1), n)
+    chunks = _split(output.view(-1), n)
     if input.numel() != chunks[r].numel():
         raise TrainmathError(
             f"all-gather input on group rank {r} must hold {chunks[r].numel()} elements (chunk {r} of "
