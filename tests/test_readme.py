@@ -19,8 +19,10 @@ def test_readme_has_exactly_two_setup_commands():
     assert "trainmath " in SETUP[0] and "pytest" in SETUP[1]
 
 
-def test_ci_runs_the_readme_test_command():
-    assert SETUP[1] in (ROOT / ".ci" / "run").read_text()
+def test_ci_runs_both_readme_setup_commands():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert SETUP[0] in ci  # the plain, non-editable install and the main job
+    assert SETUP[1] in ci
 
 
 @pytest.mark.parametrize("command", EXAMPLES)
