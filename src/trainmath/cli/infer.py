@@ -25,18 +25,26 @@ def parse_bytes(text: str) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "infer",
-        help="inference memory: weights (bf16/fp8/int8/int4), KV cache after a prefill, and what fits a GPU",
-        description="Memory to serve a model on one tensor-parallel rank: weights in a serving format (with "
-                    "quantisation scales), the cache after a prefill of CONTEXT tokens for BATCH sequences "
-                    "(K/V, MLA latent, sliding windows, linear-attention and Mamba states), and with --gpu the "
-                    "free memory and the largest batch / context that fit. Conventions are printed with the result.",
+        help="inference memory: weights (bf16/fp8/int8/int4/mxfp4), KV cache after a prefill, and what fits a GPU",
+        description="Memory to serve a model, per GPU: weights in a serving format (by default the one the "
+                    "checkpoint ships in, from its quantization_config), the cache after a prefill of CONTEXT "
+                    "tokens for BATCH sequences (K/V, MLA latent, sliding windows, linear-attention and Mamba "
+                    "states), and with --gpu the free memory, the largest batch / context that fit, and when it "
+                    "does not fit what would. Conventions are printed with the result.",
     )
     p.add_argument("model", metavar="MODEL", help="config.json path, directory, catalog name or Hub id")
     p.add_argument("--batch", type=int, required=True, help="sequences in the cache")
     p.add_argument("--context", type=int, required=True, help="tokens per sequence held (prompt + generated)")
-    p.add_argument("--dtype", default="bf16", help="weights: fp32, bf16, fp16, fp8, int8, int4 (default bf16)")
+    p.add_argument("--dtype", default="auto",
+                   help="weights: auto (default: the format the checkpoint ships in, read from its "
+                        "quantization_config; bf16 without one), fp32, bf16, fp16, fp8, int8, int4, mxfp4")
     p.add_argument("--kv-dtype", default="bf16", help="K/V cache: fp32, bf16, fp16, fp8, int8 (default bf16)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; figures are per rank (default 1)")
+    p.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel degree of attention and dense weights (default: --gpus); figures are per rank")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel degree: routed experts split over EP ranks (default 1)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPUs of one serving instance (default: --tp); GPUS/TP attention replicas share the batch")
     p.add_argument("--gpu", help="GPU preset (h100, h200, a100, a100-40gb, b200, l40s, 4090, mi300x)")
     p.add_argument("--mem-util", type=int, default=90, metavar="PERCENT",
                    help="share of GPU memory usable (default 90, vLLM's gpu_memory_utilization)")
@@ -67,13 +75,24 @@ def run(args: argparse.Namespace) -> int:
     from trainmath.infer.dtypes import KV_DTYPES, dtype_name
     from trainmath.sources import load_spec
 
+    from dataclasses import replace
+
+    from trainmath.infer.dtypes import shipped_format
+
     floats = ("fp32", "bf16", "fp16")
+    spec = load_spec(args.model)
+    keep = dtype_name(args.keep_dtype, floats)
+    scale = dtype_name(args.scale_dtype, (*floats, "e8m0"), "scale dtype") if args.scale_dtype else None
+    if args.dtype.strip().lower() == "auto":
+        weights = replace(shipped_format(spec.options.get("quantization_config"), source=spec.name),
+                          keep_dtype=keep, scale_dtype=scale, zero_point=args.zero_point)
+    else:
+        weights = WeightFormat(dtype=dtype_name(args.dtype, what="weight dtype"), keep_dtype=keep,
+                               group_size=args.group_size, zero_point=args.zero_point, scale_dtype=scale)
+    tp = args.tp if args.tp is not None else (args.gpus if args.gpus and args.ep == 1 else 1)
     setup = InferenceSetup(
-        batch=args.batch, context=args.context, tp=args.tp, workspace_bytes=args.workspace,
-        weights=WeightFormat(
-            dtype=dtype_name(args.dtype, what="weight dtype"), keep_dtype=dtype_name(args.keep_dtype, floats),
-            group_size=args.group_size, zero_point=args.zero_point,
-            scale_dtype=dtype_name(args.scale_dtype, floats, "scale dtype") if args.scale_dtype else None),
+        batch=args.batch, context=args.context, tp=tp, ep=args.ep, gpus=args.gpus, workspace_bytes=args.workspace,
+        weights=weights,
         cache=CacheFormat(
             kv_dtype=dtype_name(args.kv_dtype, KV_DTYPES, "kv dtype"), mla_cache=args.mla_cache,
             sliding_tokens=args.sliding_tokens, conv_tokens=args.conv_tokens,
@@ -85,7 +104,6 @@ def run(args: argparse.Namespace) -> int:
         from trainmath.hardware import gpu as find_gpu
 
         gpu = find_gpu(args.gpu)
-    spec = load_spec(args.model)
     report = infer_memory(spec, setup, gpu=gpu, mem_util_percent=args.mem_util)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
@@ -98,7 +116,7 @@ def render(report) -> str:
     from trainmath.render import human_bytes, table
 
     s = report.setup
-    per = f"per rank, tp={s.tp}" if s.tp > 1 else "one device"
+    per = f"per GPU of {s.ranks}: tp={s.tp}, ep={s.ep}" if s.ranks > 1 else "one device"
     lines = [f"{report.model}: batch {s.batch} x context {s.context:,}, weights {s.weights.dtype}, "
              f"kv {s.cache.kv_dtype} ({per})", ""]
     rows = []
@@ -122,9 +140,22 @@ def render(report) -> str:
     if f is not None:
         lines.append("")
         lines.append(f"{f.gpu}: {human_bytes(f.memory_bytes)} x {f.mem_util_percent}% = {f.usable_bytes:,} bytes "
-                     f"usable; free {f.free_bytes:,} bytes ({human_bytes(f.free_bytes)})"
-                     + ("" if f.fits else "  -- DOES NOT FIT"))
-        lines.append(f"largest batch at context {s.context:,}: {f.max_batch:,}")
+                     f"usable; free {f.free_bytes:,} bytes ({human_bytes(f.free_bytes)})")
+        if f.fits:
+            lines.append(f"fits: {human_bytes(f.free_bytes)} to spare per GPU")
+        elif not f.weights_fit:
+            lines.append(f"does not fit: the weights alone ({human_bytes(report.weights_bytes)}"
+                         + (f" + workspace {human_bytes(s.workspace_bytes)}" if s.workspace_bytes else "")
+                         + f") exceed the usable {human_bytes(f.usable_bytes)}, so no batch fits")
+        else:
+            lines.append(f"does not fit: weights {human_bytes(report.weights_bytes)} + cache "
+                         f"{human_bytes(report.kv_cache_bytes)} exceed the usable {human_bytes(f.usable_bytes)} by "
+                         f"{human_bytes(-f.free_bytes)}")
+        if not f.fits:
+            lines.append("would fit with: " + ("; ".join(f.levers) if f.levers else
+                                               "none of --dtype, --kv-dtype, more GPUs (up to 1024) or a smaller batch"))
+        lines.append(f"largest batch at context {s.context:,}: {f.max_batch:,}"
+                     + ("" if f.weights_fit else " (the weights do not fit)"))
         if f.max_context is None:
             ctx = "unbounded (no layer's cache grows with the context)"
         else:

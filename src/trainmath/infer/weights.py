@@ -11,9 +11,16 @@ Megatron's (and ``trainmath.placement``'s). Two refinements serving engines make
 
 Any other split that tp does not divide is an error naming the tensor. Quantised bytes of a sharded weight are
 those of its shard: each rank keeps the scales of its own rows/groups (``ceil_div`` at a ragged edge).
+
+Expert parallelism (``ep``) over an instance of ``gpus`` ranks: each rank holds ``experts / ep`` whole routed
+experts, whose matrices are split by the same axis rule over the remaining ``gpus / ep`` ranks (vLLM's
+``--enable-expert-parallel``: EP over the TP × DP ranks); everything else is split over ``tp`` and replicated on
+``gpus / tp`` ranks.
 """
 
 from __future__ import annotations
+
+from fnmatch import fnmatchcase
 
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
@@ -55,22 +62,45 @@ def rank_shape(t: TensorSpec, block: Block | None, tp: int) -> tuple[int, ...]:
     return tuple(_split(t, s, block, tp) if i == axis else s for i, s in enumerate(t.shape))
 
 
-def is_quantised(t: TensorSpec, fmt: WeightFormat) -> bool:
-    """Whether ``fmt`` quantises this tensor: decoder ``linear`` weights only (module docstring of dtypes)."""
-    return fmt.quantised and t.kind == "linear" and len(t.shape) == 2 and t.component not in KEPT_COMPONENTS
+def skipped(name: str, fmt: WeightFormat) -> bool:
+    """Whether a tensor's full checkpoint name lies in a module ``fmt.skip_modules`` keeps unquantised: a pattern
+    matches the module's name or any name below it (``model.layers.*.self_attn`` covers its q_proj.weight)."""
+    return any(fnmatchcase(name, pat) or fnmatchcase(name, pat + ".*") for pat in fmt.skip_modules)
 
 
-def tensor_rank_bytes(t: TensorSpec, block: Block | None, fmt: WeightFormat, tp: int) -> tuple[int, int]:
-    """(data, scale) bytes of all copies of one tensor on one TP rank."""
-    shape = rank_shape(t, block, tp)
-    if is_quantised(t, fmt):
+def is_quantised(t: TensorSpec, fmt: WeightFormat, name: str = "") -> bool:
+    """Whether ``fmt`` quantises this tensor: decoder ``linear`` weights only (module docstring of dtypes), less
+    the modules the format skips (``name`` is the tensor's full checkpoint name)."""
+    return (fmt.quantised and t.kind == "linear" and len(t.shape) == 2 and t.component not in KEPT_COMPONENTS
+            and not (fmt.skip_modules and skipped(name, fmt)))
+
+
+def expert_copies(t: TensorSpec, ep: int) -> int:
+    """Copies of a tensor on one rank: a routed expert's tensor has ``experts / ep`` (ep must divide them)."""
+    if not t.experts or ep == 1:
+        return t.copies
+    if t.experts % ep:
+        raise TrainmathError(f"expert parallel size {ep} must divide the {t.experts} routed experts "
+                             f"(try --ep {max(e for e in range(1, ep) if t.experts % e == 0)})")
+    return t.experts // ep
+
+
+def tensor_rank_bytes(t: TensorSpec, block: Block | None, fmt: WeightFormat, tp: int, *, name: str = "",
+                      ep: int = 1, expert_tp: int | None = None) -> tuple[int, int]:
+    """(data, scale) bytes of all copies of one tensor on one rank: split over ``tp`` (a routed expert's tensor
+    over ``expert_tp``, default ``tp``, with ``experts / ep`` copies)."""
+    if t.experts:
+        shape, copies = rank_shape(t, block, tp if expert_tp is None else expert_tp), expert_copies(t, ep)
+    else:
+        shape, copies = rank_shape(t, block, tp), t.copies
+    if is_quantised(t, fmt, name):
         out_f, in_f = (shape[1], shape[0]) if t.transposed else shape
         data, scales = quantised_weight_bytes(out_f, in_f, fmt)
-        return data * t.copies, scales * t.copies
+        return data * copies, scales * copies
     numel = 1
     for s in shape:
         numel *= s
-    return tensor_bytes(numel, fmt.kept_bits) * t.copies, 0
+    return tensor_bytes(numel, fmt.kept_bits) * copies, 0
 
 
 def validate_tp(spec: ModelSpec, tp: int) -> None:
@@ -94,25 +124,31 @@ def validate_tp(spec: ModelSpec, tp: int) -> None:
                 heads_per_rank(d.groups, tp, "n_groups")
 
 
-def weights_tree(spec: ModelSpec, *, fmt: WeightFormat, tp: int) -> Node:
-    """Weight bytes on one TP rank, per component; a quantised component splits into ``data`` and ``scales``.
-    Tied tensors (a tied lm_head) add nothing; tensors transformers does not build (``spec.extras``) are left out."""
+def weights_tree(spec: ModelSpec, *, fmt: WeightFormat, tp: int, ep: int = 1, gpus: int | None = None) -> Node:
+    """Weight bytes on one rank, per component; a quantised component splits into ``data`` and ``scales``.
+    Tied tensors (a tied lm_head) add nothing; tensors transformers does not build (``spec.extras``) are left out.
+    Routed experts are split over ``ep`` ranks and their matrices over ``gpus / ep`` (module docstring)."""
     data = dict.fromkeys(COMPONENTS, 0)
     scales = dict.fromkeys(COMPONENTS, 0)
+    expert_tp = (gpus or tp) // ep
 
-    def add(t: TensorSpec, block: Block | None, times: int) -> None:
+    def add(t: TensorSpec, block: Block | None, times: int, name: str) -> None:
         if t.tied:
             return
-        d, s = tensor_rank_bytes(t, block, fmt, tp)
+        d, s = tensor_rank_bytes(t, block, fmt, tp, name=name, ep=ep, expert_tp=expert_tp)
         data[t.component] += d * times
         scales[t.component] += s * times
 
     for t in spec.pre + spec.post:
-        add(t, None, 1)
+        add(t, None, 1, t.name)
     for layer, idx in spec.layer_groups():
         for b in layer.blocks:
             for t in b.tensors:
-                add(t, b, len(idx))
+                if fmt.skip_modules:  # patterns may name layers: decide per layer (names as in named_tensors)
+                    for i in idx:
+                        add(t, b, 1, spec.layer_prefix.format(i=i) + t.name)
+                else:
+                    add(t, b, len(idx), "")
     children = []
     for c in COMPONENTS:
         if not data[c] and not scales[c]:

@@ -62,4 +62,6 @@ def config_options(cfg: ConfigView) -> dict[str, object]:
     factor = cfg.data.get("partial_rotary_factor", rope.get("partial_rotary_factor") if isinstance(rope, dict) else None)
     if factor is not None:
         out["partial_rotary_factor"] = factor
+    if "quantization_config" in cfg.data:  # the format the checkpoint ships in (read by trainmath.infer)
+        out["quantization_config"] = cfg.data["quantization_config"]
     return out
