@@ -27,6 +27,8 @@ COMMANDS = {
     "check-checkpoint": ("check_checkpoint", "compare a safetensors checkpoint with the ledger, tensor by tensor "
                                              "(headers only)"),
     "comm": ("comm", "run, check and benchmark torch.distributed collectives"),
+    "report": ("report", "one self-contained HTML page: parameters, FLOPs, memory and fit, KV cache, charts"),
+    "serve": ("serve", "a local web calculator over the same core (127.0.0.1 by default)"),
 }
 
 
