@@ -131,3 +131,28 @@ def test_report_and_serve_never_import_matplotlib_or_torch():
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().endswith("ok"), out.stderr
+
+
+def test_serve_command_starts_answers_and_stops():
+    """`trainmath serve --port 0` prints its URL, answers, and ends cleanly on Ctrl-C (SIGINT)."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "trainmath", "serve", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("trainmath serve: http://127.0.0.1:")
+        base = line.split()[2].rstrip("/")
+        with urllib.request.urlopen(base + "/", timeout=30) as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("argv,needle", [(["--port", "70000"], "--port must be in 0..65535"),
+                                         (["--host", "203.0.113.9"], "cannot listen on 203.0.113.9")])
+def test_serve_bad_address_is_one_line(argv, needle, capsys):
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err

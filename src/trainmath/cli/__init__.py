@@ -19,7 +19,8 @@ from trainmath.errors import TrainmathError
 COMMANDS = {
     "params": ("params", "exact parameter counts per component, per layer type, and activated per token"),
     "models": ("models", "list the bundled catalog of published configs (usable offline)"),
-    "plot": ("plot", "plot each model's parameter share per component (needs matplotlib)"),
+    "plot": ("plot", "charts: parameter shares, memory per GPU, bus bandwidth, step timeline, plan "
+                     "(needs matplotlib)"),
     "flops": ("flops", "training FLOPs per GEMM: forward, backward, recompute; per token, sequence and step"),
     "memory": ("memory", "training memory per GPU: weights, grads, optimizer states, activations, transients"),
     "infer": ("infer", "inference memory: weights (bf16/fp8/int8/int4), KV cache after a prefill, and what fits a "

@@ -38,7 +38,8 @@ class _KindOrParams(argparse._SubParsersAction):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plot", help="plot each model's parameter share per component (needs matplotlib)",
+    p = sub.add_parser("plot", help="charts: parameter shares, memory per GPU, bus bandwidth, step timeline, plan "
+                                    "(needs matplotlib)",
                        description="Charts of trainmath's results, written as PNG, SVG or PDF (by the suffix of "
                                    "-o). `trainmath plot MODEL... -o FILE` is `plot params`. Needs matplotlib: "
                                    'pip install "trainmath[plot]".')

@@ -114,6 +114,12 @@ def gib(n: float) -> float:
     return n / GIB
 
 
+def peak_phase(report) -> str:
+    """Where a ``MemoryReport`` peaks: its ``peak_event`` when it has a timeline, else its peak stage's phase."""
+    event = getattr(report, "peak_event", None)
+    return event if event else report.stages[report.stage].phase
+
+
 # ------------------------------------------------------------------------------------------------ parameters
 
 def param_groups(node) -> dict[str, int]:
@@ -190,7 +196,7 @@ def memory_chart(variants, *, title: str, gpu=None) -> BarChart:
     notes.append("peak of torch.cuda.max_memory_allocated for one step: live tensors only (no CUDA context or "
                  "cached-free memory); GiB = 2**30 bytes")
     return BarChart(title=title, ylabel="memory per GPU (GiB, 2**30 bytes)",
-                    bars=tuple(f"{label}\npeak: {r.stages[r.stage].phase}" for label, r in ok),
+                    bars=tuple(f"{label}\npeak: {peak_phase(r)}" for label, r in ok),
                     stacks=tuple(stacks), totals=tuple(f"{gib(p):.2f} GiB" for _, _, p in groups), hline=hline,
                     notes=tuple(notes))
 
@@ -208,5 +214,6 @@ def serving_chart(report) -> BarChart:
         hline = (f"{f.gpu} × {f.mem_util_percent}%: {gib(f.usable_bytes):.1f} GiB", gib(f.usable_bytes))
         notes.append(f"{'fits' if f.fits else 'does NOT fit'}; largest batch at this context {f.max_batch:,}")
     return BarChart(title=f"Serving memory: batch {s.batch} × context {s.context:,}",
-                    ylabel="memory per GPU (GiB, 2**30 bytes)", bars=(f"weights {s.weights.dtype}, kv {s.cache.kv_dtype}",),
+                    ylabel="memory per GPU (GiB, 2**30 bytes)",
+                    bars=(f"weights {s.weights.dtype}, kv {s.cache.kv_dtype}",),
                     stacks=stacks, totals=(f"{gib(report.total_bytes):.2f} GiB",), hline=hline, notes=tuple(notes))

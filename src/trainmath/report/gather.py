@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trainmath.errors import TrainmathError
+from trainmath.plot.charts import peak_phase
 
 COMPARE = ("recompute", "zero", "none")
 
@@ -100,7 +101,7 @@ def summary(data: ReportData) -> dict:
         "model": data.spec.name,
         "total_params": p.total_params, "activated_params": p.activated_params,
         "training_flops": data.flops.training.value, "tokens": data.flops.tokens,
-        "peak_bytes": m.peak_bytes, "peak_phase": m.stages[m.stage].phase,
+        "peak_bytes": m.peak_bytes, "peak_phase": peak_phase(m),
         "breakdown": m.breakdown.flat(), "layout": m.layout.describe(),
         "fit": data.fit,
         "kv_cache_bytes": s.kv_cache_bytes, "serving_weights_bytes": s.weights_bytes,

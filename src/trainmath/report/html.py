@@ -9,6 +9,7 @@ from __future__ import annotations
 from html import escape
 
 from trainmath import __version__
+from trainmath.plot.charts import peak_phase
 from trainmath.plot.svg import bar_chart_svg
 from trainmath.render import human_bytes, human_count
 from trainmath.report.gather import ReportData, charts
@@ -18,7 +19,8 @@ CSS = """
 * { box-sizing: border-box; }
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--ink);
        max-width: 1040px; margin: 0 auto; padding: 24px; }
-h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 26px 0 8px; border-bottom: 1px solid var(--line); }
+h1 { font-size: 22px; margin: 0 0 4px; }
+h2 { font-size: 17px; margin: 26px 0 8px; border-bottom: 1px solid var(--line); }
 .sub { color: var(--mute); margin: 0 0 12px; }
 table { border-collapse: collapse; margin: 6px 0 10px; }
 th, td { padding: 3px 10px; border-bottom: 1px solid var(--line); text-align: right; vertical-align: top; }
@@ -107,7 +109,7 @@ def memory_section(d: ReportData, svg: str) -> str:
             f'{escape(s.optimizer)} ({escape(s.optimizer_impl)}), recompute {escape(s.recompute)}, attention '
             f'{escape(s.attention)}, profile {escape(s.profile)}</p>'
             f'<p>peak <b id="peak-bytes" data-bytes="{peak}">{_b(peak)} bytes ({human_bytes(peak)})</b> at '
-            f'{escape(m.stages[m.stage].phase)} — {verdict_html(d.fit)}</p>'
+            f'{escape(peak_phase(m))} — {verdict_html(d.fit)}</p>'
             + _table(["term", "bytes", "GiB", "share", ""], rows, ["peak_bytes", _b(peak), human_bytes(peak),
                                                                    "100%", ""])
             + stages + svg + "</section>")

@@ -112,7 +112,8 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 15  # seconds a client may take to send its request: a stalled client does not hold a thread
 
     def log_message(self, fmt, *args) -> None:  # one quiet line per request on stderr
-        sys.stderr.write(f"trainmath serve: {self.command} {urlsplit(self.path).path} {args[1] if len(args) > 1 else ''}\n")
+        status = args[1] if len(args) > 1 else ""
+        sys.stderr.write(f"trainmath serve: {self.command} {urlsplit(self.path).path} {status}\n")
 
     def _send(self, status: int, ctype: str, body: str) -> None:
         data = body.encode("utf-8")
