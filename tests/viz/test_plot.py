@@ -32,6 +32,9 @@ def kinds(files):
         "params": ["params", "qwen3-0.6b", "qwen3-8b", "qwen3-32b"],
         "params-activated": ["params", "qwen3-30b-a3b", "qwen3-235b-a22b", "--activated"],
         "legacy": ["qwen3-0.6b", "qwen3-1.7b"],
+        "params-many": ["params", "qwen3-next-80b-a3b-thinking", "nemotron-h-56b-base-8k", "deepseek-v3",
+                        "gpt-oss-120b", "llama-4-scout-17b-16e-instruct", "gemma-3-1b-it", "phi-4-mini-instruct",
+                        "mixtral-8x22b-v0.1", "--activated"],
         "memory": ["memory", "qwen3-0.6b", *MEM, "--gpu", "h100"],
         "memory-zero": ["memory", "qwen3-0.6b", *MEM, "--dp", "8", "--compare", "zero"],
         "comm": ["comm", str(files / "comm.json")],
@@ -40,7 +43,7 @@ def kinds(files):
     }
 
 
-KINDS = ["params", "params-activated", "legacy", "memory", "memory-zero", "comm", "timeline", "plan"]
+KINDS = ["params", "params-activated", "legacy", "params-many", "memory", "memory-zero", "comm", "timeline", "plan"]
 
 
 def _charts(argv):
@@ -67,6 +70,18 @@ def test_png_is_a_real_picture(kind, files, tmp_path, capsys):
     assert not list(tmp_path.glob("*.part"))
 
 
+def _overlap(a, b, renderer) -> bool:
+    """Whether two drawn texts overlap. Two labels slanted by the same angle (tick labels) are parallel strips:
+    they overlap when their anchors are closer, across the slant, than a line of text is high (their upright
+    bounding boxes overlap long before the glyphs do). Otherwise: their bounding boxes."""
+    ra, rb = a.get_rotation() % 180, b.get_rotation() % 180
+    if ra and ra == rb:
+        (xa, ya), (xb, yb) = (t.get_transform().transform(t.get_position()) for t in (a, b))
+        across = abs((xb - xa) * math.sin(math.radians(ra)) - (yb - ya) * math.cos(math.radians(ra)))
+        return across < a.get_fontsize() * renderer.points_to_pixels(1.0)
+    return a.get_window_extent(renderer).overlaps(b.get_window_extent(renderer))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_legend_lists_the_series_and_no_text_overlaps(kind, files):
     charts = _charts(kinds(files)[kind])
@@ -88,11 +103,10 @@ def test_legend_lists_the_series_and_no_text_overlaps(kind, files):
         renderer = fig.canvas.get_renderer()
         from matplotlib.text import Text
 
-        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in fig.findobj(Text)
-                 if t.get_visible() and t.get_text().strip() and t.get_figure() is not None]
-        for i, (a, ba) in enumerate(boxes):
-            for b, bb in boxes[i + 1:]:
-                assert not ba.overlaps(bb), f"{a!r} overlaps {b!r}"
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip() and t.get_figure()]
+        for i, a in enumerate(texts):
+            for b in texts[i + 1:]:
+                assert not _overlap(a, b, renderer), f"{a.get_text()!r} overlaps {b.get_text()!r}"
     finally:
         import matplotlib.pyplot as plt
 
@@ -191,3 +205,13 @@ def test_output_onto_a_directory_is_one_line_and_leaves_nothing(tmp_path, capsys
     assert main(["plot", "params", "qwen3-0.6b", "-o", str(target)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert [p.name for p in tmp_path.iterdir()] == ["chart.png"] and target.is_dir()
+
+
+@pytest.mark.parametrize("suffix,magic", [(".svg", b"<?xml"), (".pdf", b"%PDF-")])
+def test_svg_and_pdf_by_suffix(suffix, magic, tmp_path, capsys):
+    out = tmp_path / f"chart{suffix}"
+    assert main(["plot", "params", "qwen3-0.6b", "-o", str(out)]) == 0
+    data = out.read_bytes()
+    assert data.startswith(magic) and len(data) > 5_000
+    if suffix == ".svg":
+        assert b"Embedding" in data and b"Where the parameters live" in data

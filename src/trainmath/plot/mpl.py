@@ -27,6 +27,10 @@ LABEL_MIN = 0.045
 """A segment is labelled only when it is at least this share of the axis: smaller ones have no room for text."""
 
 
+CHAR_IN = 7 * 0.6 / 72
+"""Width of one character of a 7 pt segment label, inches (DejaVu Sans averages 0.6 em)."""
+
+
 def _ink(hex_colour: str) -> str:
     """Black or white text, whichever reads better on ``hex_colour`` (WCAG relative luminance)."""
     r, g, b = (int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
@@ -47,10 +51,15 @@ def _bars(ax, c: BarChart) -> None:
     top = max([sum(s.values[i] for s in c.stacks) for i in pos] + [c.hline[1] if c.hline else 0.0])
     span = c.ymax or top or 1.0
     draw = ax.barh if c.horizontal else ax.bar
+    bar_in = 0.7 * (_width(c) - 3.2) / max(len(c.bars), 1)  # a vertical bar's width on paper, inches
     for s in c.stacks:
         kw = {"left": base} if c.horizontal else {"bottom": base}
         draw(pos, s.values, 0.7, color=s.colour, label=s.name, edgecolor="white", linewidth=0.6, **kw)
         for i, (v, text) in enumerate(zip(s.values, s.labels)):
+            if not c.horizontal and len(text) * CHAR_IN > 0.95 * bar_in:
+                text = text.split(" (")[0]  # the count alone, without the share in parentheses
+            if not c.horizontal and len(text) * CHAR_IN > 0.95 * bar_in:
+                text = ""  # no room inside the bar: the legend and the axis tell the rest
             if text and v >= LABEL_MIN * span:
                 mid = base[i] + v / 2
                 xy = (mid, i) if c.horizontal else (i, mid)
@@ -125,7 +134,7 @@ DRAW = {BarChart: _bars, LineChart: _lines, ScatterChart: _scatter}
 
 def _width(c) -> float:
     if isinstance(c, BarChart) and not c.horizontal:
-        return max(6.5, 0.9 * len(c.bars) + 4.5)
+        return min(16.0, max(6.5, 0.9 * len(c.bars) + 4.5))
     return 7.0
 
 

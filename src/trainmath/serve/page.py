@@ -96,7 +96,9 @@ def _control(action) -> str:
         return f'<label title="{help_}">gpu<select name="gpu">{opts}</select></label>'
     kind = ' type="number" min="1"' if action.type is int else ""
     value = "" if action.default is None else escape(str(action.default))
-    return f'<label title="{help_}">{name}<input name="{name}"{kind} value="{value}"></label>'
+    hint = {"context": "= seq", "micro-batches": "≥ pp"}.get(name, "")
+    hint = f' placeholder="{hint}"' if hint else ""
+    return f'<label title="{help_}">{name}<input name="{name}"{kind} value="{value}"{hint}></label>'
 
 
 def page(default_model: str = "Qwen/Qwen3-8B") -> str:
