@@ -129,3 +129,19 @@ def test_the_harness_sees_console_errors(browser):
     browser.wait_for("document.readyState === 'complete'")
     found = " | ".join(browser.problems())
     assert "console.error: boom" in found and "nope is not defined" in found
+
+
+def test_report_prints(browser, tmp_path):
+    """The print stylesheet gives a real multi-page PDF (Chromium's own print path)."""
+    import base64
+    import re
+
+    out = tmp_path / "report.html"
+    assert main(["report", "qwen3-8b", "--micro-batch", "1", "--seq", "4096", "--gpu", "h100", "-o", str(out)]) == 0
+    browser.open(out.as_uri())
+    pdf = base64.b64decode(browser.call("Page.printToPDF", {"paperWidth": 8.27, "paperHeight": 11.69},
+                                        session=True)["data"])
+    assert pdf.startswith(b"%PDF-")
+    pages = len(re.findall(rb"/Type\s*/Page[^s]", pdf))
+    assert 2 <= pages <= 8
+    assert browser.problems() == []

@@ -67,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_training_flags(q)
     q.add_argument("--compare", choices=("recompute", "zero", "none"), default="recompute",
                    help="one bar per recompute setting (default), per ZeRO stage, or the setup alone")
+    q.add_argument("--layout", action="append", default=[], metavar="DEGREES", dest="layouts",
+                   help="one bar per layout instead, e.g. --layout dp=8,zero=1 --layout dp=4,ep=2,zero=3 "
+                        "(degrees not named keep the flags' values)")
     out(q)
 
     q = kinds.add_parser("comm", help="bus bandwidth vs message size from `comm bench --json` files",
@@ -118,7 +121,7 @@ def charts(args: argparse.Namespace):
         setup, layout, gpu = training_from_args(args)
         spec = load_spec(args.model)
         title = f"Training memory per GPU: {spec.name.split('/')[-1]}, {setup.micro_batch} × {setup.seq} tokens"
-        return [ch.memory_chart(memory_variants(spec, setup, layout, args.compare), title=title, gpu=gpu)]
+        return [ch.memory_chart(memory_variants(spec, setup, layout, args.compare, tuple(args.layouts)), title=title, gpu=gpu)]
     if args.kind == "comm":
         rows = []
         for path in args.results:

@@ -59,9 +59,9 @@ def bar_chart_svg(c: BarChart, *, width: int = 720, height: int = 380, chart_id:
     bw = min(0.62 * band, 120)
     note_lines = [ln for note in c.notes for ln in textwrap.wrap(note, width // 6)]
     full_h = height + 15 * len(note_lines) + (6 if note_lines else 0)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {full_h}" role="img" '
-           f'class="chart" {f"id={chr(34)}{escape(chart_id)}{chr(34)} " if chart_id else ""}'
-           f'font-family="sans-serif" font-size="12">',
+    id_attr = f' id="{escape(chart_id)}"' if chart_id else ""
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {full_h}" role="img" class="chart"'
+           f'{id_attr} font-family="sans-serif" font-size="12">',
            f'<title>{escape(c.title)}</title>',
            f'<text x="{width / 2:.0f}" y="22" text-anchor="middle" font-size="15">{escape(c.title)}</text>']
     for t in ticks:

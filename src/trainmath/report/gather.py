@@ -40,14 +40,41 @@ class ReportData:
                 "margin_bytes": margin}
 
 
-def memory_variants(spec, setup, layout, compare: str = "recompute") -> tuple:
+LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp")
+
+
+def parse_layout(text: str, base):
+    """'dp=8,tp=2,zero=3' → ``base`` (a ParallelLayout) with those degrees replaced; ``sp=1`` turns SP on."""
+    changes = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, eq, value = item.partition("=")
+        if key not in LAYOUT_KEYS or not eq or not value.strip().isdigit():
+            raise TrainmathError(f"layout {text!r}: {item!r} is not KEY=INTEGER with KEY one of "
+                                 f"{', '.join(LAYOUT_KEYS)} (e.g. dp=8,tp=2,zero=3)")
+        changes[key] = bool(int(value)) if key == "sp" else int(value)
+    if not changes:
+        raise TrainmathError(f"layout {text!r} names no degree (e.g. dp=8,tp=2,zero=3)")
+    return replace(base, **changes)
+
+
+def memory_variants(spec, setup, layout, compare: str = "recompute", layouts: tuple[str, ...] = ()) -> tuple:
     """The setup's memory under each recompute setting (``compare="recompute"``), each ZeRO stage
-    (``"zero"``), or the setup alone (``"none"``): (label, MemoryReport or error text) pairs."""
+    (``"zero"``), the setup alone (``"none"``), or — when ``layouts`` are given ('dp=8,zero=3', ...) — each of
+    those layouts: (label, MemoryReport or error text) pairs."""
+    from trainmath.layout import layout_problems
     from trainmath.memory.training import training_memory
 
     if compare not in COMPARE:
         raise TrainmathError(f"--compare must be one of {', '.join(COMPARE)}, got {compare!r}")
-    if compare == "recompute":
+    if layouts:
+        cases = []
+        for text in layouts:
+            lay = parse_layout(text, layout)
+            bad = layout_problems(lay)
+            if bad:
+                raise TrainmathError(f"layout {text!r}: {'; '.join(bad)}")
+            cases.append((text, setup, lay))
+    elif compare == "recompute":
         cases = [(f"recompute {r}", setup if r == setup.recompute else replace(setup, recompute=r), layout)
                  for r in ("none", "selective", "full")]
     elif compare == "zero":
