@@ -145,3 +145,17 @@ def test_report_prints(browser, tmp_path):
     pages = len(re.findall(rb"/Type\s*/Page[^s]", pdf))
     assert 2 <= pages <= 8
     assert browser.problems() == []
+
+
+def test_report_button_posts_the_same_setup(browser, url):
+    """The page's report button posts the form to /report: the report shows the page's peak."""
+    browser.open(url)
+    browser.wait_for("document.getElementById('peak-bytes').dataset.bytes")
+    _set(browser, "model", "Qwen/Qwen3-4B")
+    browser.wait_for("document.getElementById('model-name').textContent === 'Qwen/Qwen3-4B'")
+    form = browser.eval("[document.getElementById('setup').action, document.getElementById('setup').method, "
+                        "document.getElementById('setup').target]")
+    assert form == [url + "report", "post", "_blank"]
+    html = browser.eval("fetch('/report', {method: 'POST', body: new URLSearchParams(new FormData("
+                        "document.getElementById('setup')))}).then(r => r.text())")
+    assert f'id="peak-bytes" data-bytes="{_peak(browser)}"' in html and "Qwen/Qwen3-4B" in html

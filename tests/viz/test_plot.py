@@ -225,3 +225,17 @@ def test_svg_and_pdf_by_suffix(suffix, magic, tmp_path, capsys):
     assert data.startswith(magic) and len(data) > 5_000
     if suffix == ".svg":
         assert b"Embedding" in data and b"Where the parameters live" in data
+
+
+@pytest.mark.parametrize("argv", [["plot", "params", "qwen3-0.6b"],
+                                  ["report", "qwen3-0.6b", "--micro-batch", "1", "--seq", "64"]])
+def test_unwritable_directory_is_one_line(argv, capsys):
+    """/sys refuses new files even to root (a chmod'ed directory would not stop a root test run)."""
+    import os
+
+    if not os.path.isdir("/sys"):
+        pytest.skip("needs Linux /sys")
+    suffix = ".html" if argv[0] == "report" else ".png"
+    assert main([*argv, "-o", f"/sys/trainmath-test{suffix}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("trainmath: error: cannot write /sys/trainmath-test")
