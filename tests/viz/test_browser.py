@@ -1,5 +1,5 @@
 """The report and the served page in a real headless Chromium (Debian's `chromium`, driven over the DevTools
-pipe by tests/viz/browser.py): no console errors, screenshots, and the page driven like a user — choose a model,
+pipe by tests/viz/headless.py): no console errors, screenshots, and the page driven like a user — choose a model,
 change the batch, read the new peak, compare it with `trainmath memory --json`."""
 
 import json
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from browser import CHROMIUM, Browser
+from headless import CHROMIUM, Browser
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"needs {CHROMIUM} (Debian package chromium)", allow_module_level=True)

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-import synthetic  # noqa: E402
+import vizdata  # noqa: E402
 from PIL import Image  # noqa: E402  (matplotlib depends on pillow)
 
 from trainmath.cli import build_parser, main  # noqa: E402
@@ -22,7 +22,7 @@ MEM = ["--micro-batch", "1", "--seq", "2048"]
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("json")
-    for name, doc in (("comm", synthetic.comm_rows()), ("timeline", synthetic.timeline()), ("plan", synthetic.plan())):
+    for name, doc in (("comm", vizdata.comm_rows()), ("timeline", vizdata.timeline()), ("plan", vizdata.plan())):
         (d / f"{name}.json").write_text(json.dumps(doc))
     return d
 
@@ -156,7 +156,7 @@ def test_memory_chart_totals_are_training_memory():
 def test_comm_predicted_busbw_is_the_model():
     from trainmath.plot.fromjson import comm_chart
 
-    rows = synthetic.comm_rows()
+    rows = vizdata.comm_rows()
     chart = comm_chart(rows)
     pred = next(ln for ln in chart.lines if ln.name == "all_reduce ring (4 ranks) predicted")
     r = next(r for r in rows if r["impl"] == "ring" and r["size_bytes"] == 2**20)
@@ -166,7 +166,7 @@ def test_comm_predicted_busbw_is_the_model():
 def test_timeline_marks_the_peak():
     from trainmath.plot.fromjson import timeline_chart
 
-    doc = synthetic.timeline()
+    doc = vizdata.timeline()
     c = timeline_chart(doc)
     peak = max(e["bytes"] for e in doc["timeline"])
     assert c.marks[0][1] == peak / GIB and doc["peak_event"] in c.marks[0][2]
