@@ -19,7 +19,8 @@ from trainmath.errors import TrainmathError
 COMMANDS = {
     "params": ("params", "exact parameter counts per component, per layer type, and activated per token"),
     "models": ("models", "list the bundled catalog of published configs (usable offline)"),
-    "plot": ("plot", "plot each model's parameter share per component (needs matplotlib)"),
+    "plot": ("plot", "charts: parameter shares, memory per GPU, bus bandwidth, step timeline, plan "
+                     "(needs matplotlib)"),
     "flops": ("flops", "training FLOPs per GEMM: forward, backward, recompute; per token, sequence and step"),
     "memory": ("memory", "training memory per GPU: weights, grads, optimizer states, activations, transients"),
     "infer": ("infer", "inference memory: weights (bf16/fp8/int8/int4), KV cache after a prefill, and what fits a "
@@ -27,6 +28,8 @@ COMMANDS = {
     "check-checkpoint": ("check_checkpoint", "compare a safetensors checkpoint with the ledger, tensor by tensor "
                                              "(headers only)"),
     "comm": ("comm", "run, check and benchmark torch.distributed collectives"),
+    "report": ("report", "one self-contained HTML page: parameters, FLOPs, memory and fit, KV cache, charts"),
+    "serve": ("serve", "a local web calculator over the same core (127.0.0.1 by default)"),
 }
 
 

@@ -1,0 +1,137 @@
+"""Everything the report and the web page show, computed once from a model and a setup. Pure: it calls the
+calculator and returns values (no printing, no files, no matplotlib), so ``report``, ``serve`` and
+``plot memory`` share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from trainmath.errors import TrainmathError
+from trainmath.plot.charts import peak_phase
+
+COMPARE = ("recompute", "zero", "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportData:
+    spec: object
+    params: object
+    """``ParamReport``."""
+    flops: object
+    """``FlopsReport`` of one micro-batch (batch = micro-batch, the whole model: no division by TP/PP)."""
+    closed: object
+    memory: object
+    """``MemoryReport`` of the chosen setup and layout."""
+    variants: tuple
+    """(label, MemoryReport or the reason it cannot be built), one per recompute setting."""
+    gpu: object
+    """``GPU`` preset or None."""
+    serving: object
+    """``InferenceReport`` of the serving setup (KV cache and fit on ``gpu``)."""
+
+    @property
+    def fit(self) -> dict | None:
+        """Training fit verdict on the GPU: peak per GPU against the preset's memory (no CUDA context counted)."""
+        if self.gpu is None:
+            return None
+        margin = self.gpu.memory_bytes - self.memory.peak_bytes
+        return {"gpu": self.gpu.name, "memory_bytes": self.gpu.memory_bytes, "fits": margin >= 0,
+                "margin_bytes": margin}
+
+
+LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp")
+
+
+def parse_layout(text: str, base):
+    """'dp=8,tp=2,zero=3' → ``base`` (a ParallelLayout) with those degrees replaced; ``sp=1`` turns SP on."""
+    changes = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, eq, value = item.partition("=")
+        if key not in LAYOUT_KEYS or not eq or not value.strip().isdigit():
+            raise TrainmathError(f"layout {text!r}: {item!r} is not KEY=INTEGER with KEY one of "
+                                 f"{', '.join(LAYOUT_KEYS)} (e.g. dp=8,tp=2,zero=3)")
+        changes[key] = bool(int(value)) if key == "sp" else int(value)
+    if not changes:
+        raise TrainmathError(f"layout {text!r} names no degree (e.g. dp=8,tp=2,zero=3)")
+    return replace(base, **changes)
+
+
+def memory_variants(spec, setup, layout, compare: str = "recompute", layouts: tuple[str, ...] = ()) -> tuple:
+    """The setup's memory under each recompute setting (``compare="recompute"``), each ZeRO stage
+    (``"zero"``), the setup alone (``"none"``), or — when ``layouts`` are given ('dp=8,zero=3', ...) — each of
+    those layouts: (label, MemoryReport or error text) pairs."""
+    from trainmath.layout import layout_problems
+    from trainmath.memory.training import training_memory
+
+    if compare not in COMPARE:
+        raise TrainmathError(f"--compare must be one of {', '.join(COMPARE)}, got {compare!r}")
+    if layouts:
+        cases = []
+        for text in layouts:
+            lay = parse_layout(text, layout)
+            bad = layout_problems(lay)
+            if bad:
+                raise TrainmathError(f"layout {text!r}: {'; '.join(bad)}")
+            cases.append((text, setup, lay))
+    elif compare == "recompute":
+        cases = [(f"recompute {r}", setup if r == setup.recompute else replace(setup, recompute=r), layout)
+                 for r in ("none", "selective", "full")]
+    elif compare == "zero":
+        cases = [(f"ZeRO-{z}", setup, replace(layout, zero=z)) for z in range(4)]
+    else:
+        cases = [(f"{layout.describe()}, recompute {setup.recompute}", setup, layout)]
+    out = []
+    for label, s, lay in cases:
+        try:
+            out.append((label, training_memory(spec, s, lay)))
+        except TrainmathError as e:
+            out.append((label, str(e)))
+    return tuple(out)
+
+
+def gather(spec, setup, layout, *, gpu=None, serving=None) -> ReportData:
+    """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
+    from trainmath.flops import closed_form_flops, count_flops
+    from trainmath.infer import InferenceSetup, infer_memory
+    from trainmath.memory.training import training_memory
+    from trainmath.params import count_params
+
+    memory = training_memory(spec, setup, layout)  # the chosen setup must work: its error is the answer
+    serving = serving or InferenceSetup(batch=1, context=setup.seq, tp=layout.tp)
+    return ReportData(
+        spec=spec, params=count_params(spec),
+        flops=count_flops(spec, batch=setup.micro_batch, seq=setup.seq, recompute=setup.recompute),
+        closed=closed_form_flops(spec, batch=setup.micro_batch, seq=setup.seq),
+        memory=memory, variants=memory_variants(spec, setup, layout, "recompute"), gpu=gpu,
+        serving=infer_memory(spec, serving, gpu=gpu),
+    )
+
+
+def charts(data: ReportData) -> dict:
+    """name → chart object (``trainmath.plot.charts``) of the report."""
+    from trainmath.plot.charts import memory_chart, params_chart, serving_chart
+
+    p = data.params
+    return {
+        "params": params_chart([p], activated=p.activated_params != p.total_params),
+        "memory": memory_chart(data.variants, title=f"Training memory per GPU: {data.memory.layout.describe()}",
+                               gpu=data.gpu),
+        "serving": serving_chart(data.serving),
+    }
+
+
+def summary(data: ReportData) -> dict:
+    """The headline numbers as exact integers (what the web page shows and a test compares with the CLI)."""
+    p, m, s = data.params, data.memory, data.serving
+    return {
+        "model": data.spec.name,
+        "total_params": p.total_params, "activated_params": p.activated_params,
+        "training_flops": data.flops.training.value, "tokens": data.flops.tokens,
+        "peak_bytes": m.peak_bytes, "peak_phase": peak_phase(m),
+        "breakdown": m.breakdown.flat(), "layout": m.layout.describe(),
+        "fit": data.fit,
+        "kv_cache_bytes": s.kv_cache_bytes, "serving_weights_bytes": s.weights_bytes,
+        "serving_total_bytes": s.total_bytes, "kv_bytes_per_token": s.kv_bytes_per_token,
+        "serving_fit": s.fit.to_dict() if s.fit is not None else None,
+    }

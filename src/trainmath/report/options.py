@@ -1,0 +1,87 @@
+"""The setup flags shared by ``plot memory``, ``report`` and ``serve`` — one definition, so the web page
+validates a value exactly as the command line does and shows the same one-line message.
+
+Standard library and the pure core only (imported at CLI start-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from trainmath.errors import TrainmathError
+
+PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16", "fp8")
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit", "lion")
+WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+
+
+class RaisingParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are a ``TrainmathError`` (the page shows the line; nothing exits)."""
+
+    def error(self, message: str):
+        raise TrainmathError(message)
+
+
+def add_training_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """``trainmath memory``'s flags: the step (micro-batch, sequence, precision, optimizer, recompute, ...) and
+    the parallel layout, with the same names, choices and defaults."""
+    g = p.add_argument_group("training step (as trainmath memory)")
+    g.add_argument("--micro-batch", type=int, required=required, default=None if required else 1,
+                   help="sequences per micro-batch per DP rank")
+    g.add_argument("--seq", type=int, required=required, default=None if required else 4096,
+                   help="tokens per sequence")
+    g.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    g.add_argument("--optimizer-impl", choices=("foreach", "fused"), default="foreach")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    g.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
+    g.add_argument("--profile", choices=("hf", "megatron"), default="hf")
+    g.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (default: at least pp)")
+    lay = p.add_argument_group("parallel layout")
+    lay.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over data parallel")
+    for name in ("dp", "tp", "pp", "cp", "ep"):
+        lay.add_argument(f"--{name}", type=int, default=1)
+    lay.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
+    p.add_argument("--gpu", default=None, help="GPU preset to fit against (h100, h200, a100, b200, ...)")
+
+
+def add_serving_flags(p: argparse.ArgumentParser) -> None:
+    """The serving setup of the report's KV-cache section (a subset of ``trainmath infer``)."""
+    g = p.add_argument_group("serving (as trainmath infer)")
+    g.add_argument("--serve-batch", type=int, default=1, help="sequences in the KV cache (default 1)")
+    g.add_argument("--context", type=int, default=None, help="tokens per sequence held (default: --seq)")
+    g.add_argument("--weights-dtype", choices=WEIGHT_DTYPES, default="bf16", help="serving weights (default bf16)")
+    g.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="K/V cache format (default bf16)")
+
+
+def training_from_args(args: argparse.Namespace):
+    """(TrainingSetup, ParallelLayout, GPU or None) from parsed flags; every problem in one error."""
+    from trainmath.layout import ParallelLayout, layout_problems
+    from trainmath.memory.training import TrainingSetup, check_setup
+
+    setup = TrainingSetup(micro_batch=args.micro_batch, seq=args.seq, precision=args.precision,
+                          optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
+                          attention=args.attention, profile=args.profile, micro_batches=args.micro_batches)
+    layout = ParallelLayout(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp, zero=args.zero)
+    bad = check_setup(setup) + layout_problems(layout)
+    if bad:
+        raise TrainmathError("; ".join(bad))
+    gpu = None
+    if args.gpu:
+        from trainmath.hardware import gpu as find_gpu
+
+        gpu = find_gpu(args.gpu)
+    return setup, layout, gpu
+
+
+def serving_from_args(args: argparse.Namespace):
+    """The ``InferenceSetup`` of the serving flags (context defaults to the training sequence length)."""
+    from trainmath.infer import CacheFormat, InferenceSetup, WeightFormat
+
+    context = args.context if args.context is not None else args.seq
+    for name, v in (("serve-batch", args.serve_batch), ("context", context)):
+        if not isinstance(v, int) or v < 1:
+            raise TrainmathError(f"{name} must be a positive integer, got {v!r}")
+    return InferenceSetup(batch=args.serve_batch, context=context, tp=args.tp,
+                          weights=WeightFormat(dtype=args.weights_dtype), cache=CacheFormat(kv_dtype=args.kv_dtype))

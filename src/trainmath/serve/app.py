@@ -1,0 +1,179 @@
+"""Requests to responses for ``trainmath serve``, and the HTTP server around them (standard library only).
+
+Routes: ``GET /`` the page; ``POST /api/calc`` (form-encoded fields) → JSON with the numbers and the charts'
+SVG, or ``{"ok": false, "error": "trainmath: error: ..."}`` — the line the CLI would print; ``GET|POST /report``
+the HTML report of the same fields. The fields are the flags of ``trainmath report`` (``micro-batch``, ``seq``,
+``zero``, ``gpu``, ...), plus ``model`` (a catalog name) or ``config`` (the text of a config.json).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from trainmath.errors import TrainmathError
+
+MAX_BODY_BYTES = 1 << 20
+"""Largest request body accepted (a config.json is a few KiB; the largest in the catalog is under 64 KiB)."""
+
+
+def parser():
+    """The flags of ``trainmath report`` (without MODEL and -o), raising instead of exiting."""
+    from trainmath.report.options import RaisingParser, add_serving_flags, add_training_flags
+
+    p = RaisingParser(prog="trainmath serve", add_help=False)
+    add_training_flags(p)
+    add_serving_flags(p)
+    return p
+
+
+def _argv(fields: dict[str, str]) -> list[str]:
+    """Form fields → command-line flags; an unknown field is an error naming it."""
+    known = {a.option_strings[0][2:]: a for a in parser()._actions if a.option_strings}
+    argv = []
+    for name, value in fields.items():
+        if name in ("model", "config", "config_name"):
+            continue
+        action = known.get(name)
+        if action is None:
+            raise TrainmathError(f"unknown field {name!r}; known: model, config, {', '.join(sorted(known))}")
+        if action.nargs == 0:  # a checkbox: present means on
+            if value not in ("", "off", "false", "0"):
+                argv.append(f"--{name}")
+        elif value != "":
+            argv += [f"--{name}", value]
+    return argv
+
+
+def _spec(fields: dict[str, str]):
+    from trainmath.model import spec_from_config
+    from trainmath.model.config import parse_config_text
+    from trainmath.sources import catalog_entry, find_in_catalog
+
+    text = fields.get("config", "").strip()
+    if text:
+        name = fields.get("config_name") or "dropped config.json"
+        return spec_from_config(parse_config_text(text, name), name=name, source=name)
+    model = fields.get("model", "")
+    repo = find_in_catalog(model) if model else None
+    if repo is None:  # never a path on the server, never the network
+        raise TrainmathError(f"model {model!r} is not in the catalog; pick one or drop a config.json")
+    src = catalog_entry(repo)
+    return spec_from_config(src.config, name=src.name, source=src.name)
+
+
+def compute(fields: dict[str, str]):
+    """ReportData for the form's fields: the same parsing and checks as ``trainmath report``."""
+    from trainmath.report.gather import gather
+    from trainmath.report.options import serving_from_args, training_from_args
+
+    args = parser().parse_args(_argv(fields))
+    setup, layout, gpu = training_from_args(args)
+    return gather(_spec(fields), setup, layout, gpu=gpu, serving=serving_from_args(args))
+
+
+def calc(fields: dict[str, str]) -> dict:
+    """The JSON the page shows: numbers (exact integers), the memory table and the charts' SVG."""
+    from trainmath.plot.svg import bar_chart_svg
+    from trainmath.report.gather import charts, summary
+    from trainmath.render import human_bytes
+
+    try:
+        data = compute(fields)
+    except TrainmathError as e:
+        return {"ok": False, "error": f"trainmath: error: {e}"}
+    peak = data.memory.peak_bytes
+    return {"ok": True, "summary": summary(data),
+            "memory_rows": [[n.name, f"{n.value:,}", human_bytes(n.value), f"{100 * n.value / peak:.1f}%"]
+                            for n in data.memory.breakdown.children if n.value],
+            "charts": {k: bar_chart_svg(c, chart_id=f"chart-{k}") for k, c in charts(data).items()}}
+
+
+def report(fields: dict[str, str]) -> tuple[int, str]:
+    from trainmath.report.html import page
+
+    try:
+        return 200, page(compute(fields))
+    except TrainmathError as e:
+        from html import escape
+
+        return 400, f"<!DOCTYPE html><meta charset=utf-8><title>error</title><p>trainmath: error: {escape(str(e))}</p>"
+
+
+def _fields(query: str) -> dict[str, str]:
+    """Form-encoded text → field → value (the last value of a repeated field)."""
+    return {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True, max_num_fields=200).items()}
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "trainmath"
+    timeout = 15  # seconds a client may take to send its request: a stalled client does not hold a thread
+
+    def log_message(self, fmt, *args) -> None:  # one quiet line per request on stderr
+        status = args[1] if len(args) > 1 else ""
+        sys.stderr.write(f"trainmath serve: {self.command} {urlsplit(self.path).path} {status}\n")
+
+    def _send(self, status: int, ctype: str, body: str) -> None:
+        data = body.encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", f"{ctype}; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
+                         "style-src 'unsafe-inline'; img-src data:; connect-src 'self'; form-action 'self'")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> str | None:
+        try:
+            n = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            n = -1
+        if not 0 <= n <= MAX_BODY_BYTES:
+            self._send(413, "text/plain", f"trainmath: error: request body must be at most {MAX_BODY_BYTES} bytes")
+            return None
+        try:
+            return self.rfile.read(n).decode("utf-8")
+        except UnicodeDecodeError:
+            self._send(400, "text/plain", "trainmath: error: request body is not UTF-8")
+            return None
+
+    def _route(self, fields: dict[str, str] | None) -> None:
+        path = urlsplit(self.path).path
+        if path == "/" and self.command == "GET":
+            from trainmath.serve.page import page
+
+            return self._send(200, "text/html", page())
+        if path == "/api/calc" and self.command == "POST":
+            return self._send(200, "application/json", json.dumps(calc(fields or {})))
+        if path == "/report":
+            status, html = report(fields or {})
+            return self._send(status, "text/html", html)
+        return self._send(404, "text/plain", f"trainmath: error: no page {path}")
+
+    def _safely(self, fields) -> None:
+        try:
+            self._route(fields)
+        except Exception as e:  # a bug must not show a stack trace in the page: one line, here and on stderr
+            sys.stderr.write(f"trainmath serve: internal error: {type(e).__name__}: {e}\n")
+            self._send(500, "text/plain", f"trainmath: internal error ({type(e).__name__}); see the server log")
+
+    def do_GET(self) -> None:
+        self._safely(_fields(urlsplit(self.path).query))
+
+    def do_POST(self) -> None:
+        body = self._body()
+        if body is not None:
+            self._safely(_fields(body))
+
+
+def make_server(host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
+    """A server bound to ``host:port`` (port 0: a free one; read ``server.server_address``)."""
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as e:
+        raise TrainmathError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    server.daemon_threads = True
+    return server

@@ -1,0 +1,65 @@
+"""`trainmath report`: one self-contained page whose numbers are the calculator's, written whole."""
+
+import re
+
+import pytest
+
+from trainmath.cli import main
+from trainmath.hardware import gpu
+from trainmath.infer import InferenceSetup, infer_memory
+from trainmath.layout import ParallelLayout
+from trainmath.memory.training import TrainingSetup, training_memory
+from trainmath.params import count_params
+from trainmath.sources import load_spec
+
+ARGS = ["qwen3-30b-a3b", "--micro-batch", "2", "--seq", "2048", "--dp", "8", "--ep", "8", "--zero", "3",
+        "--recompute", "full", "--gpu", "h100", "--serve-batch", "4", "--context", "8192"]
+
+
+@pytest.fixture(scope="module")
+def html(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "r.html"
+    assert main(["report", *ARGS, "-o", str(out)]) == 0
+    return out.read_text()
+
+
+def _data_bytes(html: str, id_: str) -> int:
+    return int(re.search(rf'id="{id_}" data-bytes="(\d+)"', html).group(1))
+
+
+def test_numbers_are_the_calculators(html):
+    spec = load_spec("qwen3-30b-a3b")
+    mem = training_memory(spec, TrainingSetup(micro_batch=2, seq=2048, recompute="full"),
+                          ParallelLayout(dp=8, ep=8, zero=3))
+    assert _data_bytes(html, "peak-bytes") == mem.peak_bytes
+    kv = infer_memory(spec, InferenceSetup(batch=4, context=8192)).kv_cache_bytes
+    assert _data_bytes(html, "kv-bytes") == kv
+    p = count_params(spec)
+    assert f"{p.total_params:,}" in html and f"{p.activated_params:,}" in html
+    fits = mem.peak_bytes <= gpu("h100").memory_bytes
+    assert ('class="verdict fits"' if fits else 'class="verdict nofit"') in html
+
+
+def test_self_contained_and_printable(html):
+    assert html.count("<svg") == 3
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "fetches something when viewed"
+    assert "<script" not in html and "@import" not in html and "url(" not in html
+    assert "@media print" in html
+    for section in ("params", "flops", "memory", "layout", "serving", "conventions"):
+        assert f'<section id="{section}">' in html
+    assert "GiB = 2**30" in html
+
+
+@pytest.mark.parametrize("out,needle", [("r.txt", "must end in .html"), ("nodir/r.html", "does not exist")])
+def test_bad_output_is_one_line(tmp_path, capsys, out, needle):
+    assert main(["report", *ARGS, "-o", str(tmp_path / out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_impossible_setup_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", "qwen3-8b", "--micro-batch", "1", "--seq", "4096", "--tp", "2", "-o", str(out)]) == 2
+    assert "hf profile is single-device" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
