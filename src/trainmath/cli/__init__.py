@@ -23,8 +23,8 @@ COMMANDS = {
                      "(needs matplotlib)"),
     "flops": ("flops", "training FLOPs per GEMM: forward, backward, recompute; per token, sequence and step"),
     "memory": ("memory", "training memory per GPU: weights, grads, optimizer states, activations, transients"),
-    "infer": ("infer", "inference memory: weights (bf16/fp8/int8/int4), KV cache after a prefill, and what fits a "
-                       "GPU"),
+    "infer": ("infer", "inference memory: weights (bf16/fp8/int8/int4/mxfp4), KV cache after a prefill, and what "
+                       "fits a GPU"),
     "check-checkpoint": ("check_checkpoint", "compare a safetensors checkpoint with the ledger, tensor by tensor "
                                              "(headers only)"),
     "comm": ("comm", "run, check and benchmark torch.distributed collectives"),
