@@ -26,8 +26,6 @@ attention core (Korthikanti et al. 2022 §5).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-
 from trainmath.flops import count_flops
 from trainmath.hardware import GPU, Efficiency
 from trainmath.layout import ParallelLayout
@@ -72,9 +70,30 @@ class LayerTime:
     """The attention core's share of ``forward_s`` (what context-parallel exchange can hide behind)."""
 
 
-@lru_cache(maxsize=64)
+_CACHES: dict[int, tuple[ModelSpec, dict]] = {}
+
+
+def spec_cache(spec: ModelSpec) -> dict:
+    """A memo dict for ``spec``, found by identity: hashing a whole ModelSpec costs more than the arithmetic it
+    would save (a 126-layer spec hashes every tensor), and the planner asks about one spec thousands of times."""
+    entry = _CACHES.get(id(spec))
+    if entry is None or entry[0] is not spec:
+        if len(_CACHES) > 32:
+            _CACHES.clear()
+        entry = _CACHES[id(spec)] = (spec, {})
+    return entry[1]
+
+
+def memo(spec: ModelSpec, key: tuple, make):
+    cache = spec_cache(spec)
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
 def _ledger(spec: ModelSpec, micro_batch: int, seq: int, causal: str):
-    return count_flops(spec, batch=micro_batch, seq=seq, causal=causal)
+    return memo(spec, ("ledger", micro_batch, seq, causal),
+                lambda: count_flops(spec, batch=micro_batch, seq=seq, causal=causal))
 
 
 def _gemm_parts(gemms, layout: ParallelLayout, experts: int, gpu: GPU, eff: Efficiency, dtype: str, c: int,
@@ -105,6 +124,13 @@ def layer_times(spec: ModelSpec, *, micro_batch: int, seq: int, layout: Parallel
                 eff: Efficiency, recompute: str, dtype: str = "bf16", compute_bytes: int = 2,
                 attention: str = "flash") -> tuple[dict[int, LayerTime], LayerTime]:
     """(layer index → its time, the LM head's time) for one micro-batch of ``micro_batch`` × ``seq`` tokens."""
+    key = ("layers", micro_batch, seq, layout.tp, layout.cp, layout.ep, layout.sp, gpu, eff, recompute, dtype,
+           compute_bytes, attention)
+    return memo(spec, key, lambda: _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype,
+                                                compute_bytes, attention))
+
+
+def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, compute_bytes, attention):
     ledger = _ledger(spec, micro_batch, seq, "half" if attention == "flash" else "executed")
     tokens = micro_batch * seq / layout.cp
     elem_split = layout.tp if layout.sp else 1

@@ -18,7 +18,7 @@ from trainmath.layout import ParallelLayout
 
 def placed_group(size: int, stride: int, gpus_per_node: int) -> Group:
     """The group {0, stride, 2·stride, ...} of ``size`` ranks: how many of them share node 0."""
-    local = sum(1 for i in range(size) if (i * stride) // gpus_per_node == 0)
+    local = min(size, -(-gpus_per_node // stride))  # members i with i·stride < gpus_per_node
     local = gcd(size, max(1, local))  # uneven spans (72-GPU nodes, odd strides): the largest even split
     return Group(size=size, local=local)
 

@@ -18,7 +18,6 @@ and the breakdown's entries sum to the step time. Utilisation conventions (state
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from trainmath.flops import count_flops
 from trainmath.hardware import GPU, Hardware, presets
@@ -27,7 +26,7 @@ from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
 from trainmath.comm.twolevel import Topology
 from trainmath.perf import comm as cm
-from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, layer_times
+from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, layer_times, memo
 from trainmath.perf.placement import Groups, place_groups
 from trainmath.placement import place, stage_layers
 
@@ -36,7 +35,9 @@ BREAKDOWN = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm"
 """Every key of an estimate's ``breakdown`` (seconds), in order; their sum is ``step_time_s``."""
 
 _TP_BLOCKS = ("attention", "mla", "linear_attention", "mamba", "mlp", "moe")
-_OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "adam8bit": 2, "lion": 1, "momentum": 1, "sgd": 0, "adafactor": 1}
+_OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "adam-amsgrad": 3, "adam8bit": 2, "adamw8bit": 2, "lion": 1,
+                     "sgd-momentum": 1, "sgd": 0, "adafactor": 0}
+"""Per-parameter state tensors the optimizer step reads and writes (adafactor's factored rows/columns: ~0)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,7 +128,7 @@ class Estimate:
 
 def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | None = None) -> list[str]:
     """Every reason the job cannot run as laid out, each naming its values; empty when it can."""
-    bad = layout_problems(layout, spec)
+    bad = list(memo(spec, ("layout", layout), lambda: layout_problems(layout, spec)))
     if gpus is not None and layout.ranks != gpus and not bad:
         bad.append(f"dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.ranks} must equal "
                    f"the GPU count ({gpus})")
@@ -162,17 +163,19 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
     return bad
 
 
-@lru_cache(maxsize=256)
 def _flops_per_sequence(spec: ModelSpec, seq: int, causal: str, recompute: str) -> int:
-    return count_flops(spec, batch=1, seq=seq, causal=causal, recompute=recompute).training_flops
+    return memo(spec, ("flops", seq, causal, recompute),
+                lambda: count_flops(spec, batch=1, seq=seq, causal=causal, recompute=recompute).training_flops)
 
 
-@lru_cache(maxsize=4096)
-def _stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tuple[int, int, tuple[int, ...]]:
+def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tuple[int, int, tuple[int, ...]]:
     """(dense, expert) parameters of one rank of ``stage`` before ZeRO, and each layer's (ZeRO-3 gathers)."""
-    p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep), stage)
-    units = p.unit_params()
-    return p.dense_params, p.expert_params, tuple(units.get(f"layer.{i}", 0) for i in p.layers)
+    def make():
+        p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep), stage)
+        units = p.unit_params()
+        return p.dense_params, p.expert_params, tuple(units.get(f"layer.{i}", 0) for i in p.layers)
+
+    return memo(spec, ("params", tp, pp, ep, stage), make)
 
 
 def _memory(spec, layout, job, micro_batches):
@@ -185,12 +188,13 @@ def _memory(spec, layout, job, micro_batches):
 
 
 def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, hardware: Hardware | None = None,
-             memory: bool = True, peak_bytes: int | None = None) -> Estimate:
+             memory: bool = True, peak_bytes: int | None = None, validate: bool = True) -> Estimate:
     """The step of ``job`` on ``layout`` over dp·tp·pp·cp GPUs of type ``gpu`` (see the module docstring).
-    ``memory=False`` skips the memory model (``peak_bytes`` and ``fits`` None) unless ``peak_bytes`` is given."""
+    ``memory=False`` skips the memory model (``peak_bytes`` and ``fits`` None) unless ``peak_bytes`` is given;
+    ``validate=False`` skips ``job_problems`` (the planner has checked)."""
     from trainmath.errors import TrainmathError
 
-    bad = job_problems(spec, layout, job)
+    bad = job_problems(spec, layout, job) if validate else []
     if bad:
         raise TrainmathError(f"impossible job ({layout.describe()}, micro-batch {job.micro_batch}, "
                              f"{job.virtual_stages} virtual stages) for {spec.name}: " + "; ".join(bad))
@@ -213,7 +217,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     busiest = max(range(layout.pp), key=lambda s: sum(times[s]))
     f, b, r = times[busiest]
     layers = stages[busiest]
-    dense_p, expert_p, layer_p = _stage_params(spec, layout.tp, layout.pp, layout.ep, busiest)
+    dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest)
 
     # ---- per micro-batch communication on the busiest stage --------------------------------------------
     tokens = job.micro_batch * job.seq // layout.cp
@@ -228,18 +232,21 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     else:
         items.append(cm.item("tp_comm", tp_op, "tp", groups.tp, act, M * n_tp * passes, topo))
     if layout.cp > 1:
+        ring: dict[tuple[int, float], int] = {}  # (K+V bytes per rank, attention forward s) → layers like it
         for i in layers:
             for blk in spec.layers[i].blocks:
                 if blk.kind in ("attention", "mla"):
                     d = blk.dims
                     kv = (d.kv_heads * (d.head_dim + d.v_head_dim) if blk.kind == "attention"
                           else d.heads * (d.qk_head_dim + d.v_head_dim)) // layout.tp
-                    attn = per_layer[i].attention_forward_s
-                    steps = layout.cp - 1
-                    items.append(cm.item("cp_comm", "send_recv", "cp", groups.cp, tokens * kv * c, M * steps, topo,
-                                         hidden_behind_s=M * attn))
-                    items.append(cm.item("cp_comm", "send_recv", "cp", groups.cp, 2 * tokens * kv * c, M * steps,
-                                         topo, hidden_behind_s=M * attn * FLASH_BACKWARD_FACTOR))
+                    key = (tokens * kv * c, per_layer[i].attention_forward_s)
+                    ring[key] = ring.get(key, 0) + 1
+        steps = layout.cp - 1
+        for (size, attn), count in ring.items():
+            items.append(cm.item("cp_comm", "send_recv", "cp", groups.cp, size, M * steps * count, topo,
+                                 hidden_behind_s=M * attn * count))
+            items.append(cm.item("cp_comm", "send_recv", "cp", groups.cp, 2 * size, M * steps * count, topo,
+                                 hidden_behind_s=M * attn * count * FLASH_BACKWARD_FACTOR))
     if layout.ep > 1:
         moe = [blk for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe"]
         if moe:
@@ -264,8 +271,11 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                                  hidden_behind_s=last_bwd,
                                  floor_s=cm.bucket_floor_s("all_reduce", params * g, group, topo)))
         elif layout.zero in (1, 2):
-            items.append(cm.item("dp_grad_sync", "reduce_scatter", gname, group, params * g, 1, topo,
-                                 hidden_behind_s=last_bwd,
+            # ZeRO-2 keeps only its gradient shard, so every micro-batch's backward reduce-scatters (DeepSpeed
+            # stage 2 with accumulation); ZeRO-1 accumulates whole gradients and reduce-scatters once.
+            k = M if layout.zero == 2 else 1
+            items.append(cm.item("dp_grad_sync", "reduce_scatter", gname, group, params * g, k, topo,
+                                 hidden_behind_s=k * last_bwd,
                                  floor_s=cm.bucket_floor_s("reduce_scatter", params * g, group, topo)))
             items.append(cm.item("zero_param_gather", "all_gather", gname, group, params * w, 1, topo,
                                  hidden_behind_s=f,

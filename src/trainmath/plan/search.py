@@ -1,0 +1,339 @@
+"""The layout planner: every DP×TP×PP×CP×EP split of N GPUs, with ZeRO stage, recompute, micro-batch and virtual
+stages, checked, fitted to memory and ranked by step time.
+
+Search (exact, branch and bound):
+
+1. Enumerate degrees whose product is N (tp within a node), and every option; each impossible combination is
+   rejected with its reason (``trainmath.perf.job_problems``: heads, layers, experts, batch divisibility, ...).
+2. Reject a layout whose model states alone (weights, gradients, master weights, optimizer states after ZeRO
+   sharding; no activations) exceed the memory: a cheap lower bound of the memory model's peak.
+3. Reject an option whose cheap memory lower bound (``memory_lower_bound``: states plus the saved GEMM inputs of
+   the micro-batches in flight) exceeds the memory.
+4. Best-first search: every candidate waits in a heap keyed by a lower bound of its step time (compute and
+   pipeline bubble only; every other term of the step is ≥ 0). Popped, it is estimated and re-queued keyed by its
+   exact step time; popped again, no candidate left can be faster, so the memory model
+   (``trainmath.memory.training.training_memory``, cached per distinct key) decides whether it is the next
+   result. A layout needing no less memory than one that failed (same degrees, larger micro-batch, less
+   recompute, lower ZeRO stage) is rejected without asking. Stop after K results; what is left in the heap is
+   counted as not needed.
+
+The result is the same top K an exhaustive search gives, with the memory model asked only about candidates
+faster than the K-th result.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from dataclasses import dataclass, field, replace
+
+from trainmath.errors import TrainmathError
+from trainmath.hardware import GPU, Hardware, presets
+from trainmath.layout import ParallelLayout
+from trainmath.memory.precision import get_precision
+from trainmath.model.spec import ModelSpec, MoEDims
+from trainmath.perf.compute import layer_times, memo, spec_cache
+from trainmath.perf.step import Estimate, Job, estimate, job_problems, stage_params
+from trainmath.placement import stage_layers
+
+RECOMPUTES = ("none", "selective", "full")
+MICRO_BATCHES = (1, 2, 4, 8)
+VIRTUAL_STAGES = (1, 2, 4)
+ZERO_STAGES = (0, 1, 2, 3)
+MIN_TOKENS_PER_CP_RANK = 1024
+"""Context parallelism is tried only while each rank keeps at least this many tokens of a sequence."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rejected:
+    layout: ParallelLayout
+    micro_batch: int
+    recompute: str
+    virtual_stages: int
+    reason: str
+    """Category (values stripped), the key of ``PlanResult.rejected``."""
+    detail: str
+    """The full message, with values."""
+    peak_bytes: int | None = None
+    count: int = 1
+    """Candidates this rejection stands for (a layout-level reason removes every option under it at once)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    model: str
+    gpu: str
+    gpus: int
+    gpus_per_node: int
+    layouts: tuple[Estimate, ...]
+    """The top K that fit, fastest first."""
+    rejected: dict
+    """reason → how many candidates it removed."""
+    rejected_list: tuple[Rejected, ...]
+    closest: tuple[Rejected, ...]
+    """When nothing fits: the candidates that missed memory by the least."""
+    candidates: int
+    memory_checks: int
+    bounded: int
+    """Candidates never evaluated: their step-time lower bound was already slower than the K-th best."""
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "gpu": self.gpu, "gpus": self.gpus, "gpus_per_node": self.gpus_per_node,
+                "layouts": [e.to_dict() for e in self.layouts], "rejected": dict(self.rejected),
+                "candidates": self.candidates, "memory_checks": self.memory_checks, "bounded": self.bounded,
+                "closest": [{**_describe(r), "reason": r.detail, "peak_bytes": r.peak_bytes} for r in self.closest]}
+
+
+def _describe(r: Rejected) -> dict:
+    lay = r.layout
+    return {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp, "zero": lay.zero,
+            "micro_batch": r.micro_batch, "recompute": r.recompute, "virtual_stages": r.virtual_stages}
+
+
+def reason_category(message: str) -> str:
+    """'tp (8) must divide attention heads (12)' → 'tp must divide attention heads': counts group by kind."""
+    text = re.sub(r"\s*\([^)]*\)", "", message)
+    text = re.sub(r"\s*=\s*[\d·×\s]+", " ", text)
+    return re.sub(r"\s+", " ", text).strip(" ;:")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _experts(spec: ModelSpec) -> int:
+    return next((b.dims.experts for layer in spec.layers for b in layer.blocks if isinstance(b.dims, MoEDims)), 0)
+
+
+def _states(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int) -> int:
+    return memo(spec, ("states", layout, job.precision, job.optimizer, stage),
+                lambda: _states_bytes(spec, layout, job, stage))
+
+
+def _states_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int) -> int:
+    prec = get_precision(job.precision)
+    states = {"sgd": 0, "sgd-momentum": 1, "lion": 1, "adafactor": 0}.get(job.optimizer, 2)
+    dense, expert, _ = stage_params(spec, layout.tp, layout.pp, layout.ep, stage)
+    total = 0
+    for params, degree in ((dense, layout.zero_degree), (expert, layout.expert_zero_degree)):
+        z = layout.zero
+        total += prec.weight_bytes * params // (degree if z >= 3 else 1)
+        total += prec.grad_bytes * params // (degree if z >= 2 else 1)
+        total += (prec.master_bytes + states * prec.state_bytes) * params // (degree if z >= 1 else 1)
+    return total
+
+
+def _saved_inputs_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, layer: int) -> int:
+    """Bytes one micro-batch must keep for the backward of ``layer``, at least: the distinct inputs of its
+    weight GEMMs (every profile saves a linear's input; q, k, v share one; routers and shared experts read the
+    same tensor as the routed experts' gather, so they are left out), or only the layer's input under full
+    recomputation. Sharded by cp (tokens) and by tp where tp splits it (the smaller figure when unsure)."""
+    c = get_precision(job.precision).compute_bytes
+    tokens = job.micro_batch * job.seq // layout.cp
+    sp = layout.tp if layout.sp else 1
+    if job.recompute == "full":
+        return tokens * spec.hidden_size * c // sp
+    ledger = memo(spec, ("ledger1", job.seq), lambda: __import__("trainmath.flops", fromlist=["count_flops"])
+                  .count_flops(spec, batch=1, seq=job.seq, causal="half"))
+    lt = next(t for t in ledger.layer_types if layer in t.layers)
+    seen, total = set(), 0
+    for g in lt.gemms:
+        if not g.weighted or g.component in ("router", "shared_experts") or (g.component, g.k) in seen:
+            continue
+        seen.add((g.component, g.k))
+        k = g.k // layout.tp if g.k >= g.n else g.k // sp
+        total += g.m * job.micro_batch // layout.cp * k * c * g.count
+    return total
+
+
+def memory_lower_bound(spec: ModelSpec, layout: ParallelLayout, job: Job) -> int:
+    """A cheap lower bound of the memory model's peak: the busiest rank's model states after ZeRO (Rajbhandari
+    et al. 2020, §5: ZeRO 1 shards master weights and optimizer states, 2 gradients, 3 weights), and on the first
+    stage those plus the saved GEMM inputs of its min(pp, M) in-flight micro-batches (1F1B). Never above
+    ``training_memory(...).peak_bytes`` (tests/perf check it on many layouts)."""
+    worst = max(_states(spec, layout, job, s) for s in range(layout.pp))
+    in_flight = min(layout.pp, job.global_batch // (layout.dp * job.micro_batch))
+
+    def first_stage() -> int:
+        return sum(_saved_inputs_bytes(spec, layout, job, i) for i in stage_layers(spec.num_layers, layout.pp)[0])
+
+    act = memo(spec, ("saved", layout.tp, layout.cp, layout.sp, layout.pp, job.micro_batch, job.seq,
+                      job.recompute, job.precision), first_stage) * in_flight
+    return max(worst, _states(spec, layout, job, 0) + act)
+
+
+def _time_lower_bound(spec, layout, job, gpu, eff) -> float:
+    """M·(f + b + r) + (pp − 1)/v·(f + b + r) of the busiest stage: the step without any communication."""
+    def make():
+        per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu,
+                                      eff=eff, recompute=job.recompute, dtype=job.dtype,
+                                      compute_bytes=get_precision(job.precision).compute_bytes,
+                                      attention=job.attention)
+        stages = stage_layers(spec.num_layers, layout.pp)
+        best = 0.0
+        for s, layers in enumerate(stages):
+            ts = [per_layer[i] for i in layers] + ([head] if s == layout.pp - 1 else [])
+            best = max(best, sum(t.forward_s + t.backward_s + t.recompute_s for t in ts))
+        return best
+
+    key = ("bound", layout.tp, layout.cp, layout.ep, layout.sp, layout.pp, job.micro_batch, job.seq,
+           job.recompute, job.dtype, job.attention, job.precision, gpu, eff)
+    per_mb = memo(spec, key, make)
+    m = job.global_batch // (layout.dp * job.micro_batch)
+    return (m + (layout.pp - 1) / job.virtual_stages) * per_mb
+
+
+def _structures(spec: ModelSpec, gpus: int, gpus_per_node: int, seq: int):
+    """Every layout (degrees and ZeRO stage) of ``gpus`` GPUs the planner considers, tp within a node."""
+    experts = _experts(spec)
+    for tp in _divisors(gpus):
+        if tp > gpus_per_node:
+            continue
+        for pp in _divisors(gpus // tp):
+            for cp in _divisors(gpus // (tp * pp)):
+                if cp > 1 and seq // cp < MIN_TOKENS_PER_CP_RANK:
+                    continue
+                dp = gpus // (tp * pp * cp)
+                for ep in [e for e in _divisors(dp * cp) if experts and experts % e == 0] or [1]:
+                    for zero in ZERO_STAGES:
+                        yield ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sp=tp > 1, zero=zero)
+
+
+def _options(layout: ParallelLayout, job: Job):
+    for mb in MICRO_BATCHES:
+        for v in (VIRTUAL_STAGES if layout.pp > 1 else (1,)):
+            for rc in RECOMPUTES:
+                yield replace(job, micro_batch=mb, virtual_stages=v, recompute=rc)
+
+
+_HEAVIER = {"none": 0, "selective": 1, "full": 2}
+
+
+class _FitFailures:
+    """Checked layouts that did not fit, to reject without the memory model what they dominate: per-rank memory
+    never falls with a larger micro-batch, less recomputation or a lower ZeRO stage (tests/perf check it)."""
+
+    def __init__(self) -> None:
+        self.by_degrees: dict[tuple, list[tuple[int, int, int, int]]] = {}
+
+    @staticmethod
+    def _key(lay: ParallelLayout) -> tuple:
+        return (lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.sp)
+
+    def add(self, lay: ParallelLayout, job: Job, peak: int) -> None:
+        self.by_degrees.setdefault(self._key(lay), []).append((lay.zero, job.micro_batch, _HEAVIER[job.recompute],
+                                                               peak))
+
+    def dominated(self, lay: ParallelLayout, job: Job) -> int | None:
+        """The peak of a failed layout that needs no more memory than this one, if any."""
+        r = _HEAVIER[job.recompute]
+        for zero, mb, rc, peak in self.by_degrees.get(self._key(lay), ()):
+            if lay.zero <= zero and job.micro_batch >= mb and r <= rc:
+                return peak
+        return None
+
+
+def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int | None = None, top: int = 5,
+         hardware: Hardware | None = None) -> PlanResult:
+    """The ``top`` fastest layouts of ``job`` on ``gpus`` GPUs of type ``gpu`` that fit, and every rejection.
+    ``job``'s micro-batch, recompute and virtual stages are ignored (searched)."""
+    if not isinstance(gpus, int) or gpus < 1:
+        raise TrainmathError(f"--gpus must be a positive integer, got {gpus!r}")
+    if top < 1:
+        raise TrainmathError(f"--top must be at least 1, got {top}")
+    hw = hardware or presets()
+    gpn = gpus_per_node or gpu.gpus_per_node
+    if gpn < 1:
+        raise TrainmathError(f"--gpus-per-node must be a positive integer, got {gpn}")
+    if gpn != gpu.gpus_per_node:
+        gpu = replace(gpu, gpus_per_node=gpn)
+    eff = hw.efficiency(gpu)
+    limit = gpu.memory_bytes * job.mem_util_percent // 100
+    rejected: list[Rejected] = []
+
+    def reject(lay, jb, reason, detail, peak=None, count=1):
+        rejected.append(Rejected(layout=lay, micro_batch=jb.micro_batch if jb else 0,
+                                 recompute=jb.recompute if jb else "*", virtual_stages=jb.virtual_stages if jb else 0,
+                                 reason=reason, detail=detail, peak_bytes=peak, count=count))
+
+    live: list[tuple[float, int, ParallelLayout, Job]] = []
+    n = 0
+    for lay in _structures(spec, gpus, gpn, job.seq):
+        options = list(_options(lay, job))
+        n += len(options)
+        bad = job_problems(spec, lay, replace(job, micro_batch=1, virtual_stages=1), gpus)
+        if bad:
+            reject(lay, None, reason_category(bad[0]), "; ".join(bad), count=len(options))
+            continue
+        states = max(_states(spec, lay, job, st) for st in range(lay.pp))
+        if states > limit:
+            reject(lay, None, "model states alone exceed memory",
+                   f"model states {states / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable", states, len(options))
+            continue
+        for jb in options:
+            bad = job_problems(spec, lay, jb, gpus)
+            if bad:
+                reject(lay, jb, reason_category(bad[0]), "; ".join(bad))
+                continue
+            low = memory_lower_bound(spec, lay, jb)
+            if low > limit:
+                reject(lay, jb, "does not fit memory", f"at least {low / 2**30:.1f} GiB (model states + saved "
+                                                       f"inputs) > {limit / 2**30:.1f} GiB usable", low)
+                continue
+            live.append((_time_lower_bound(spec, lay, jb, gpu, eff), len(live), lay, jb))
+    # Best-first: a candidate enters keyed by its step-time lower bound; popped once, it is estimated and
+    # re-entered keyed by its exact step time; popped again, nothing left can be faster, so its memory decides.
+    heap = [(bound, order, 0, lay, jb, None) for bound, order, lay, jb in live]
+    heapq.heapify(heap)
+    found: list[Estimate] = []
+    failures = _FitFailures()
+    checks = 0
+    while heap and len(found) < top:
+        key, order, exact, lay, jb, est = heapq.heappop(heap)
+        if not exact:
+            est = estimate(spec, lay, jb, gpu, hardware=hw, memory=False, validate=False)
+            heapq.heappush(heap, (est.step_time_s, order, 1, lay, jb, est))
+            continue
+        known = failures.dominated(lay, jb)
+        if known is not None:
+            reject(lay, jb, "does not fit memory", f"needs at least the {known / 2**30:.1f} GiB of a layout with "
+                                                   f"less memory that did not fit", known)
+            continue
+        mem_key = ("memory", lay, jb.micro_batch, jb.seq, jb.precision, jb.optimizer, jb.recompute, jb.profile,
+                   min(est.micro_batches, lay.pp))
+        try:
+            if mem_key not in spec_cache(spec):
+                checks += 1
+            peak = memo(spec, mem_key, lambda: _peak(spec, lay, jb, est.micro_batches))
+        except TrainmathError as e:
+            reject(lay, jb, reason_category(str(e)), str(e))
+            continue
+        if peak > limit:
+            failures.add(lay, jb, peak)
+            reject(lay, jb, "does not fit memory", f"peak {peak / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable",
+                   peak)
+            continue
+        found.append(replace(est, peak_bytes=peak, fits=True))
+    bounded = len(heap)
+    layouts = tuple(found)
+    counts: dict[str, int] = {}
+    for r in rejected:
+        counts[r.reason] = counts.get(r.reason, 0) + r.count
+    if bounded:
+        counts["not needed: slower than the top K"] = bounded
+    closest = ()
+    if not layouts:
+        mem = [r for r in rejected if r.peak_bytes is not None]
+        closest = tuple(sorted(mem, key=lambda r: r.peak_bytes)[:top])
+    return PlanResult(model=spec.name, gpu=gpu.name, gpus=gpus, gpus_per_node=gpn, layouts=layouts,
+                      rejected=counts, rejected_list=tuple(rejected), closest=closest, candidates=n,
+                      memory_checks=checks, bounded=bounded)
+
+
+def _peak(spec, layout, job, micro_batches) -> int:
+    from trainmath.memory.training import TrainingSetup, training_memory
+
+    setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
+                          optimizer=job.optimizer, recompute=job.recompute, profile=job.profile,
+                          micro_batches=micro_batches)
+    return training_memory(spec, setup, layout).peak_bytes
