@@ -8,6 +8,7 @@ from trainmath.cli import main
 from trainmath.hardware import gpu
 from trainmath.memory.training import TrainingSetup, training_memory
 from trainmath.perf import Job, estimate, job_problems
+from trainmath.perf.step import memory_recompute
 from trainmath.plan import plan, reason_category
 from trainmath.plan.search import _options, _structures
 from trainmath.sources import load_spec
@@ -27,7 +28,7 @@ def test_best_first_search_equals_exhaustive():
             if job_problems(SMALL, lay, jb, 8):
                 continue
             e = estimate(SMALL, lay, jb, g, memory=False)
-            peak = training_memory(SMALL, TrainingSetup(micro_batch=jb.micro_batch, seq=jb.seq, recompute=jb.recompute,
+            peak = training_memory(SMALL, TrainingSetup(micro_batch=jb.micro_batch, seq=jb.seq, recompute=memory_recompute(jb),
                                                         profile="megatron", micro_batches=e.micro_batches),
                                    lay).peak_bytes
             if peak <= limit:

@@ -32,8 +32,17 @@ Expert parameters use the expert data-parallel group (dp·cp / ep ranks) for the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-from trainmath.comm.twolevel import Group, Topology, time_s
+from trainmath.comm.twolevel import Group, Topology
+from trainmath.comm.twolevel import time_s as _time_s
+
+
+@lru_cache(maxsize=65536)
+def time_s(op: str, size: float, group: Group, topo: Topology) -> float:
+    """``trainmath.comm.twolevel.time_s`` with the ``auto`` algorithm, memoised: the planner prices the same
+    collectives for thousands of candidates."""
+    return _time_s(op, size, group, topo)
 
 BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default ``bucket_cap_mb`` (25 MiB): the part of the gradient sync that cannot hide."""

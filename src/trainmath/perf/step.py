@@ -128,7 +128,11 @@ class Estimate:
 
 def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | None = None) -> list[str]:
     """Every reason the job cannot run as laid out, each naming its values; empty when it can."""
-    bad = list(memo(spec, ("layout", layout), lambda: layout_problems(layout, spec)))
+    bad = layout_problems(layout)
+    if not bad:  # the model-dependent rules read only tp, pp and ep (trainmath.layout): checked once per triple
+        t, p, e = layout.tp, layout.pp, layout.ep
+        bad = list(memo(spec, ("layout", t, p, e),
+                        lambda: layout_problems(ParallelLayout(tp=t, pp=p, ep=e, dp=e), spec)))
     if gpus is not None and layout.ranks != gpus and not bad:
         bad.append(f"dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.ranks} must equal "
                    f"the GPU count ({gpus})")
@@ -163,6 +167,10 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
     return bad
 
 
+def _layer_types(spec: ModelSpec):
+    return memo(spec, ("layer_types",), spec.layer_groups)
+
+
 def _flops_per_sequence(spec: ModelSpec, seq: int, causal: str, recompute: str) -> int:
     return memo(spec, ("flops", seq, causal, recompute),
                 lambda: count_flops(spec, batch=1, seq=seq, causal=causal, recompute=recompute).training_flops)
@@ -170,6 +178,13 @@ def _flops_per_sequence(spec: ModelSpec, seq: int, causal: str, recompute: str) 
 
 def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tuple[int, int, tuple[int, ...]]:
     """(dense, expert) parameters of one rank of ``stage`` before ZeRO, and each layer's (ZeRO-3 gathers)."""
+    if len(_layer_types(spec)) == 1 and 0 < stage < pp - 1:
+        # one layer type: an inner stage is known by its length alone (no embeddings, no head)
+        stages = stage_layers(spec.num_layers, pp)
+        twin = next(s for s in range(1, pp - 1) if len(stages[s]) == len(stages[stage]))
+        if twin != stage:
+            return stage_params(spec, tp, pp, ep, twin)[:2] + (stage_params(spec, tp, pp, ep, twin)[2],)
+
     def make():
         p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep), stage)
         units = p.unit_params()
@@ -178,11 +193,21 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tupl
     return memo(spec, ("params", tp, pp, ep, stage), make)
 
 
-def _memory(spec, layout, job, micro_batches):
+def memory_recompute(job: Job) -> str:
+    """The recompute setting the memory model is asked with. Its ``megatron`` profile is Korthikanti et al.
+    2022's, whose no-recompute set keeps the 5as²b attention scores of an eager kernel; a flash kernel keeps no
+    s² tensor, which is that profile's ``selective`` set (§5: everything but the core attention)."""
+    if job.attention == "flash" and job.recompute == "none" and job.profile == "megatron":
+        return "selective"
+    return job.recompute
+
+
+def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_batches: int) -> int:
+    """``training_memory(...).peak_bytes`` for ``job`` on ``layout`` (the memory model's entry point)."""
     from trainmath.memory.training import TrainingSetup, training_memory
 
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
-                          optimizer=job.optimizer, recompute=job.recompute, profile=job.profile,
+                          optimizer=job.optimizer, recompute=memory_recompute(job), profile=job.profile,
                           micro_batches=micro_batches)
     return training_memory(spec, setup, layout).peak_bytes
 
@@ -284,8 +309,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
             share = params / max(1, dense_p + expert_p)
             exposed = 0.0
             total = 0.0
-            from trainmath.comm.twolevel import time_s as coll
-
+            coll = cm.time_s
             for i, lp in zip(layers, layer_p):
                 lt = per_layer[i]
                 ag = coll("all_gather", lp * share * w, group, topo)
@@ -322,7 +346,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     hw_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, job.recompute) * job.global_batch
     peak = gpu.peak_flops_per_s(job.dtype)
     if peak_bytes is None and memory:
-        peak_bytes = _memory(spec, layout, job, M)
+        peak_bytes = memory_peak_bytes(spec, layout, job, M)
     fits = None if peak_bytes is None else peak_bytes <= gpu.memory_bytes * job.mem_util_percent // 100
     conventions = (
         f"MFU: model FLOPs (GEMM ledger forward + backward, no recompute, attention causal={job.mfu_causal}) / "
@@ -334,7 +358,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
-        f"fit: peak_bytes <= {job.mem_util_percent}% of {gpu.memory_bytes / 2**30:.0f} GiB",
+        f"memory: the {job.profile} activation profile with recompute={memory_recompute(job)}"
+        + (" (flash attention keeps no s² scores)" if memory_recompute(job) != job.recompute else "")
+        + f"; fits when peak_bytes <= {job.mem_util_percent}% of {gpu.memory_bytes / 2**30:.0f} GiB",
     )
     return Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
                     step_time_s=step, breakdown=breakdown, comm=tuple(items), groups=groups,

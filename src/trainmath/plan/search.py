@@ -33,7 +33,8 @@ from trainmath.layout import ParallelLayout
 from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec, MoEDims
 from trainmath.perf.compute import layer_times, memo, spec_cache
-from trainmath.perf.step import Estimate, Job, estimate, job_problems, stage_params
+from trainmath.perf.step import (_TP_BLOCKS, Estimate, Job, estimate, job_problems, memory_peak_bytes, memory_recompute,
+                                  stage_params)
 from trainmath.placement import stage_layers
 
 RECOMPUTES = ("none", "selective", "full")
@@ -123,6 +124,12 @@ def _states_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int)
     return total
 
 
+def _ledger1(spec: ModelSpec, seq: int):
+    from trainmath.flops import count_flops
+
+    return memo(spec, ("ledger1", seq), lambda: count_flops(spec, batch=1, seq=seq, causal="half"))
+
+
 def _saved_inputs_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, layer: int) -> int:
     """Bytes one micro-batch must keep for the backward of ``layer``, at least: the distinct inputs of its
     weight GEMMs (every profile saves a linear's input; q, k, v share one; routers and shared experts read the
@@ -133,9 +140,7 @@ def _saved_inputs_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, layer
     sp = layout.tp if layout.sp else 1
     if job.recompute == "full":
         return tokens * spec.hidden_size * c // sp
-    ledger = memo(spec, ("ledger1", job.seq), lambda: __import__("trainmath.flops", fromlist=["count_flops"])
-                  .count_flops(spec, batch=1, seq=job.seq, causal="half"))
-    lt = next(t for t in ledger.layer_types if layer in t.layers)
+    lt = next(t for t in _ledger1(spec, job.seq).layer_types if layer in t.layers)
     seen, total = set(), 0
     for g in lt.gemms:
         if not g.weighted or g.component in ("router", "shared_experts") or (g.component, g.k) in seen:
@@ -151,36 +156,88 @@ def memory_lower_bound(spec: ModelSpec, layout: ParallelLayout, job: Job) -> int
     et al. 2020, §5: ZeRO 1 shards master weights and optimizer states, 2 gradients, 3 weights), and on the first
     stage those plus the saved GEMM inputs of its min(pp, M) in-flight micro-batches (1F1B). Never above
     ``training_memory(...).peak_bytes`` (tests/perf check it on many layouts)."""
+    return _memory_lb(spec, layout, job, job.micro_batch, job.recompute)
+
+
+def _memory_lb(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, rc: str) -> int:
     worst = max(_states(spec, layout, job, s) for s in range(layout.pp))
-    in_flight = min(layout.pp, job.global_batch // (layout.dp * job.micro_batch))
+    in_flight = min(layout.pp, job.global_batch // (layout.dp * mb))
 
     def first_stage() -> int:
-        return sum(_saved_inputs_bytes(spec, layout, job, i) for i in stage_layers(spec.num_layers, layout.pp)[0])
+        jb = replace(job, micro_batch=mb, recompute=rc)
+        first = stage_layers(spec.num_layers, layout.pp)[0]
+        total = 0
+        for lt in _ledger1(spec, job.seq).layer_types:  # layers of one type save the same
+            n = sum(1 for i in lt.layers if i in first)
+            if n:
+                total += n * _saved_inputs_bytes(spec, layout, jb, lt.layers[0])
+        return total
 
-    act = memo(spec, ("saved", layout.tp, layout.cp, layout.sp, layout.pp, job.micro_batch, job.seq,
-                      job.recompute, job.precision), first_stage) * in_flight
+    act = memo(spec, ("saved", layout.tp, layout.cp, layout.sp, layout.pp, mb, job.seq, rc, job.precision),
+               first_stage) * in_flight
     return max(worst, _states(spec, layout, job, 0) + act)
 
 
-def _time_lower_bound(spec, layout, job, gpu, eff) -> float:
-    """M·(f + b + r) + (pp − 1)/v·(f + b + r) of the busiest stage: the step without any communication."""
+def _time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> float:
+    """(M + (pp − 1)/v) · per-micro-batch time of the busiest stage counting only compute and the tensor- and
+    expert-parallel collectives (always exposed in the model): every other term of the step is ≥ 0."""
     def make():
-        per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu,
-                                      eff=eff, recompute=job.recompute, dtype=job.dtype,
-                                      compute_bytes=get_precision(job.precision).compute_bytes,
-                                      attention=job.attention)
+        from trainmath.comm.twolevel import Topology
+        from trainmath.perf import comm as cm
+        from trainmath.perf.placement import placed_group
+
+        c = get_precision(job.precision).compute_bytes
+        per_layer, head = layer_times(spec, micro_batch=mb, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
+                                      recompute=rc, dtype=job.dtype, compute_bytes=c, attention=job.attention)
         stages = stage_layers(spec.num_layers, layout.pp)
+        topo = Topology.of_gpu(gpu, eff.link_fraction)
+        tp_group = placed_group(layout.tp, 1, gpu.gpus_per_node)
+        act = mb * job.seq // layout.cp * spec.hidden_size * c
+        if layout.tp > 1:
+            ops = ("reduce_scatter", "all_gather") if layout.sp else ("all_reduce",)
+            one_tp = sum(cm.item("tp_comm", op, "tp", tp_group, act, 1, topo).time_s for op in ops)
+        else:
+            one_tp = 0.0
+        passes = 3 if rc == "full" else 2
+        one_ep = 0.0
+        if layout.ep > 1:
+            moe = next((b for layer in spec.layers for b in layer.blocks if b.kind == "moe"), None)
+            if moe is not None:
+                ep_group = placed_group(layout.ep, layout.tp, gpu.gpus_per_node)
+                size = mb * job.seq // layout.cp * moe.dims.top_k * spec.hidden_size * c
+                one_ep = 2 * cm.item("ep_comm", "all_to_all", "ep", ep_group, size, 1, topo).time_s
         best = 0.0
         for s, layers in enumerate(stages):
             ts = [per_layer[i] for i in layers] + ([head] if s == layout.pp - 1 else [])
-            best = max(best, sum(t.forward_s + t.backward_s + t.recompute_s for t in ts))
+            n_tp = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind in _TP_BLOCKS)
+            n_moe = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe")
+            best = max(best, sum(t.forward_s + t.backward_s + t.recompute_s for t in ts)
+                       + passes * (n_tp * one_tp + n_moe * one_ep))
         return best
 
-    key = ("bound", layout.tp, layout.cp, layout.ep, layout.sp, layout.pp, job.micro_batch, job.seq,
-           job.recompute, job.dtype, job.attention, job.precision, gpu, eff)
+    key = ("bound", layout.tp, layout.cp, layout.ep, layout.sp, layout.pp, mb, job.seq, rc, job.dtype,
+           job.attention, job.precision, gpu, eff)
     per_mb = memo(spec, key, make)
-    m = job.global_batch // (layout.dp * job.micro_batch)
-    return (m + (layout.pp - 1) / job.virtual_stages) * per_mb
+    m = job.global_batch // (layout.dp * mb)
+    return (m + (layout.pp - 1) / v) * per_mb
+
+
+def _option_problem(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, v: int) -> str | None:
+    """The first reason (micro-batch, virtual stages) cannot run on a layout that passed ``job_problems`` with
+    micro-batch 1 and no interleaving: the same rules, without building a Job per option."""
+    if job.global_batch % (layout.dp * mb):
+        return (f"global batch ({job.global_batch}) must be divisible by dp × micro-batch ({layout.dp} × {mb} = "
+                f"{layout.dp * mb})")
+    if v > 1:
+        chunks = layout.pp * v
+        if chunks > spec.num_layers:
+            return f"pp × virtual stages ({layout.pp} × {v}) must not exceed the layers ({spec.num_layers})"
+        if spec.num_layers % chunks and not job.uneven_stages:
+            return f"pp × virtual stages ({layout.pp} × {v} = {chunks}) must divide the layers ({spec.num_layers})"
+        m = job.global_batch // (layout.dp * mb)
+        if m % layout.pp:
+            return f"interleaved 1F1B needs the micro-batches ({m}) to be a multiple of pp ({layout.pp})"
+    return None
 
 
 def _structures(spec: ModelSpec, gpus: int, gpus_per_node: int, seq: int):
@@ -256,34 +313,42 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
                                  recompute=jb.recompute if jb else "*", virtual_stages=jb.virtual_stages if jb else 0,
                                  reason=reason, detail=detail, peak_bytes=peak, count=count))
 
-    live: list[tuple[float, int, ParallelLayout, Job]] = []
+    live: list[tuple] = []
     n = 0
+    per_structure = len(MICRO_BATCHES) * len(RECOMPUTES)
     for lay in _structures(spec, gpus, gpn, job.seq):
-        options = list(_options(lay, job))
-        n += len(options)
+        vs = VIRTUAL_STAGES if lay.pp > 1 else (1,)
+        n += per_structure * len(vs)
         bad = job_problems(spec, lay, replace(job, micro_batch=1, virtual_stages=1), gpus)
         if bad:
-            reject(lay, None, reason_category(bad[0]), "; ".join(bad), count=len(options))
+            reject(lay, None, reason_category(bad[0]), "; ".join(bad), count=per_structure * len(vs))
             continue
         states = max(_states(spec, lay, job, st) for st in range(lay.pp))
         if states > limit:
             reject(lay, None, "model states alone exceed memory",
-                   f"model states {states / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable", states, len(options))
+                   f"model states {states / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable", states,
+                   per_structure * len(vs))
             continue
-        for jb in options:
-            bad = job_problems(spec, lay, jb, gpus)
-            if bad:
-                reject(lay, jb, reason_category(bad[0]), "; ".join(bad))
-                continue
-            low = memory_lower_bound(spec, lay, jb)
-            if low > limit:
-                reject(lay, jb, "does not fit memory", f"at least {low / 2**30:.1f} GiB (model states + saved "
-                                                       f"inputs) > {limit / 2**30:.1f} GiB usable", low)
-                continue
-            live.append((_time_lower_bound(spec, lay, jb, gpu, eff), len(live), lay, jb))
+        for mb in MICRO_BATCHES:
+            for v in vs:
+                problem = _option_problem(spec, lay, job, mb, v)
+                if problem:
+                    rejected.append(Rejected(layout=lay, micro_batch=mb, recompute="*", virtual_stages=v,
+                                             reason=reason_category(problem), detail=problem,
+                                             count=len(RECOMPUTES)))
+                    continue
+                for rc in RECOMPUTES:
+                    low = _memory_lb(spec, lay, job, mb, rc)
+                    if low > limit:
+                        rejected.append(Rejected(
+                            layout=lay, micro_batch=mb, recompute=rc, virtual_stages=v, reason="does not fit memory",
+                            detail=f"at least {low / 2**30:.1f} GiB (model states + saved inputs) > "
+                                   f"{limit / 2**30:.1f} GiB usable", peak_bytes=low))
+                        continue
+                    live.append((_time_lower_bound(spec, lay, job, gpu, eff, mb, rc, v), len(live), lay, mb, v, rc))
     # Best-first: a candidate enters keyed by its step-time lower bound; popped once, it is estimated and
     # re-entered keyed by its exact step time; popped again, nothing left can be faster, so its memory decides.
-    heap = [(bound, order, 0, lay, jb, None) for bound, order, lay, jb in live]
+    heap = [(bound, order, 0, lay, (mb, v, rc), None) for bound, order, lay, mb, v, rc in live]
     heapq.heapify(heap)
     found: list[Estimate] = []
     failures = _FitFailures()
@@ -291,6 +356,8 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     while heap and len(found) < top:
         key, order, exact, lay, jb, est = heapq.heappop(heap)
         if not exact:
+            mb, v, rc = jb
+            jb = replace(job, micro_batch=mb, virtual_stages=v, recompute=rc)
             est = estimate(spec, lay, jb, gpu, hardware=hw, memory=False, validate=False)
             heapq.heappush(heap, (est.step_time_s, order, 1, lay, jb, est))
             continue
@@ -299,7 +366,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
             reject(lay, jb, "does not fit memory", f"needs at least the {known / 2**30:.1f} GiB of a layout with "
                                                    f"less memory that did not fit", known)
             continue
-        mem_key = ("memory", lay, jb.micro_batch, jb.seq, jb.precision, jb.optimizer, jb.recompute, jb.profile,
+        mem_key = ("memory", lay, jb.micro_batch, jb.seq, jb.precision, jb.optimizer, memory_recompute(jb), jb.profile,
                    min(est.micro_batches, lay.pp))
         try:
             if mem_key not in spec_cache(spec):
@@ -331,9 +398,4 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
 
 
 def _peak(spec, layout, job, micro_batches) -> int:
-    from trainmath.memory.training import TrainingSetup, training_memory
-
-    setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
-                          optimizer=job.optimizer, recompute=job.recompute, profile=job.profile,
-                          micro_batches=micro_batches)
-    return training_memory(spec, setup, layout).peak_bytes
+    return memory_peak_bytes(spec, layout, job, micro_batches)
