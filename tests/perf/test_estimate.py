@@ -14,7 +14,7 @@ from trainmath.hardware import Hardware, gpu, presets
 from trainmath.layout import ParallelLayout
 from trainmath.memory.training import TrainingSetup, training_memory
 from trainmath.perf import BREAKDOWN, Job, estimate
-from trainmath.plan.search import memory_lower_bound
+from trainmath.plan.bounds import memory_lower_bound
 from trainmath.sources import load_spec
 from trainmath.errors import TrainmathError
 

@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import heapq
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from trainmath.errors import TrainmathError
 from trainmath.hardware import GPU, Hardware, presets
 from trainmath.layout import ParallelLayout
-from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec, MoEDims
-from trainmath.perf.compute import layer_times, memo, spec_cache
-from trainmath.perf.step import (_TP_BLOCKS, Estimate, Job, estimate, job_problems, memory_peak_bytes, memory_recompute,
-                                  stage_params)
-from trainmath.placement import stage_layers
+from trainmath.perf.compute import memo, spec_cache
+from trainmath.plan.bounds import memory_lb, states, time_lower_bound
+from trainmath.perf.job import Estimate, Job, job_problems
+from trainmath.perf.step import estimate, memory_peak_bytes, memory_recompute
 
 RECOMPUTES = ("none", "selective", "full")
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -104,122 +103,6 @@ def _divisors(n: int) -> list[int]:
 
 def _experts(spec: ModelSpec) -> int:
     return next((b.dims.experts for layer in spec.layers for b in layer.blocks if isinstance(b.dims, MoEDims)), 0)
-
-
-def _states(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int) -> int:
-    return memo(spec, ("states", layout, job.precision, job.optimizer, stage),
-                lambda: _states_bytes(spec, layout, job, stage))
-
-
-def _states_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int) -> int:
-    prec = get_precision(job.precision)
-    states = {"sgd": 0, "sgd-momentum": 1, "lion": 1, "adafactor": 0}.get(job.optimizer, 2)
-    dense, expert, _ = stage_params(spec, layout.tp, layout.pp, layout.ep, stage)
-    total = 0
-    for params, degree in ((dense, layout.zero_degree), (expert, layout.expert_zero_degree)):
-        z = layout.zero
-        total += prec.weight_bytes * params // (degree if z >= 3 else 1)
-        total += prec.grad_bytes * params // (degree if z >= 2 else 1)
-        total += (prec.master_bytes + states * prec.state_bytes) * params // (degree if z >= 1 else 1)
-    return total
-
-
-def _ledger1(spec: ModelSpec, seq: int):
-    from trainmath.flops import count_flops
-
-    return memo(spec, ("ledger1", seq), lambda: count_flops(spec, batch=1, seq=seq, causal="half"))
-
-
-def _saved_inputs_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, layer: int) -> int:
-    """Bytes one micro-batch must keep for the backward of ``layer``, at least: the distinct inputs of its
-    weight GEMMs (every profile saves a linear's input; q, k, v share one; routers and shared experts read the
-    same tensor as the routed experts' gather, so they are left out), or only the layer's input under full
-    recomputation. Sharded by cp (tokens) and by tp where tp splits it (the smaller figure when unsure)."""
-    c = get_precision(job.precision).compute_bytes
-    tokens = job.micro_batch * job.seq // layout.cp
-    sp = layout.tp if layout.sp else 1
-    if job.recompute == "full":
-        return tokens * spec.hidden_size * c // sp
-    lt = next(t for t in _ledger1(spec, job.seq).layer_types if layer in t.layers)
-    seen, total = set(), 0
-    for g in lt.gemms:
-        if not g.weighted or g.component in ("router", "shared_experts") or (g.component, g.k) in seen:
-            continue
-        seen.add((g.component, g.k))
-        k = g.k // layout.tp if g.k >= g.n else g.k // sp
-        total += g.m * job.micro_batch // layout.cp * k * c * g.count
-    return total
-
-
-def memory_lower_bound(spec: ModelSpec, layout: ParallelLayout, job: Job) -> int:
-    """A cheap lower bound of the memory model's peak: the busiest rank's model states after ZeRO (Rajbhandari
-    et al. 2020, §5: ZeRO 1 shards master weights and optimizer states, 2 gradients, 3 weights), and on the first
-    stage those plus the saved GEMM inputs of its min(pp, M) in-flight micro-batches (1F1B). Never above
-    ``training_memory(...).peak_bytes`` (tests/perf check it on many layouts)."""
-    return _memory_lb(spec, layout, job, job.micro_batch, job.recompute)
-
-
-def _memory_lb(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, rc: str) -> int:
-    worst = max(_states(spec, layout, job, s) for s in range(layout.pp))
-    in_flight = min(layout.pp, job.global_batch // (layout.dp * mb))
-
-    def first_stage() -> int:
-        jb = replace(job, micro_batch=mb, recompute=rc)
-        first = stage_layers(spec.num_layers, layout.pp)[0]
-        total = 0
-        for lt in _ledger1(spec, job.seq).layer_types:  # layers of one type save the same
-            n = sum(1 for i in lt.layers if i in first)
-            if n:
-                total += n * _saved_inputs_bytes(spec, layout, jb, lt.layers[0])
-        return total
-
-    act = memo(spec, ("saved", layout.tp, layout.cp, layout.sp, layout.pp, mb, job.seq, rc, job.precision),
-               first_stage) * in_flight
-    return max(worst, _states(spec, layout, job, 0) + act)
-
-
-def _time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> float:
-    """(M + (pp − 1)/v) · per-micro-batch time of the busiest stage counting only compute and the tensor- and
-    expert-parallel collectives (always exposed in the model): every other term of the step is ≥ 0."""
-    def make():
-        from trainmath.comm.twolevel import Topology
-        from trainmath.perf import comm as cm
-        from trainmath.perf.placement import placed_group
-
-        c = get_precision(job.precision).compute_bytes
-        per_layer, head = layer_times(spec, micro_batch=mb, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
-                                      recompute=rc, dtype=job.dtype, compute_bytes=c, attention=job.attention)
-        stages = stage_layers(spec.num_layers, layout.pp)
-        topo = Topology.of_gpu(gpu, eff.link_fraction)
-        tp_group = placed_group(layout.tp, 1, gpu.gpus_per_node)
-        act = mb * job.seq // layout.cp * spec.hidden_size * c
-        if layout.tp > 1:
-            ops = ("reduce_scatter", "all_gather") if layout.sp else ("all_reduce",)
-            one_tp = sum(cm.item("tp_comm", op, "tp", tp_group, act, 1, topo).time_s for op in ops)
-        else:
-            one_tp = 0.0
-        passes = 3 if rc == "full" else 2
-        one_ep = 0.0
-        if layout.ep > 1:
-            moe = next((b for layer in spec.layers for b in layer.blocks if b.kind == "moe"), None)
-            if moe is not None:
-                ep_group = placed_group(layout.ep, layout.tp, gpu.gpus_per_node)
-                size = mb * job.seq // layout.cp * moe.dims.top_k * spec.hidden_size * c
-                one_ep = 2 * cm.item("ep_comm", "all_to_all", "ep", ep_group, size, 1, topo).time_s
-        best = 0.0
-        for s, layers in enumerate(stages):
-            ts = [per_layer[i] for i in layers] + ([head] if s == layout.pp - 1 else [])
-            n_tp = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind in _TP_BLOCKS)
-            n_moe = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe")
-            best = max(best, sum(t.forward_s + t.backward_s + t.recompute_s for t in ts)
-                       + passes * (n_tp * one_tp + n_moe * one_ep))
-        return best
-
-    key = ("bound", layout.tp, layout.cp, layout.ep, layout.sp, layout.pp, mb, job.seq, rc, job.dtype,
-           job.attention, job.precision, gpu, eff)
-    per_mb = memo(spec, key, make)
-    m = job.global_batch // (layout.dp * mb)
-    return (m + (layout.pp - 1) / v) * per_mb
 
 
 def _option_problem(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, v: int) -> str | None:
@@ -323,10 +206,10 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
         if bad:
             reject(lay, None, reason_category(bad[0]), "; ".join(bad), count=per_structure * len(vs))
             continue
-        states = max(_states(spec, lay, job, st) for st in range(lay.pp))
-        if states > limit:
+        held = max(states(spec, lay, job, st) for st in range(lay.pp))
+        if held > limit:
             reject(lay, None, "model states alone exceed memory",
-                   f"model states {states / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable", states,
+                   f"model states {held / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable", held,
                    per_structure * len(vs))
             continue
         for mb in MICRO_BATCHES:
@@ -338,14 +221,14 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
                                              count=len(RECOMPUTES)))
                     continue
                 for rc in RECOMPUTES:
-                    low = _memory_lb(spec, lay, job, mb, rc)
+                    low = memory_lb(spec, lay, job, mb, rc)
                     if low > limit:
                         rejected.append(Rejected(
                             layout=lay, micro_batch=mb, recompute=rc, virtual_stages=v, reason="does not fit memory",
                             detail=f"at least {low / 2**30:.1f} GiB (model states + saved inputs) > "
                                    f"{limit / 2**30:.1f} GiB usable", peak_bytes=low))
                         continue
-                    live.append((_time_lower_bound(spec, lay, job, gpu, eff, mb, rc, v), len(live), lay, mb, v, rc))
+                    live.append((time_lower_bound(spec, lay, job, gpu, eff, mb, rc, v), len(live), lay, mb, v, rc))
     # Best-first: a candidate enters keyed by its step-time lower bound; popped once, it is estimated and
     # re-entered keyed by its exact step time; popped again, nothing left can be faster, so its memory decides.
     heap = [(bound, order, 0, lay, (mb, v, rc), None) for bound, order, lay, mb, v, rc in live]
