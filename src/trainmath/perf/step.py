@@ -53,10 +53,10 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tupl
     """(dense, expert) parameters of one rank of ``stage`` before ZeRO, and each layer's (ZeRO-3 gathers)."""
     if len(_layer_types(spec)) == 1 and 0 < stage < pp - 1:
         # one layer type: an inner stage is known by its length alone (no embeddings, no head)
-        stages = stage_layers(spec.num_layers, pp)
-        twin = next(s for s in range(1, pp - 1) if len(stages[s]) == len(stages[stage]))
+        stages = memo(spec, ("stages", pp), lambda: stage_layers(spec.num_layers, pp))
+        twin = 1 if len(stages[1]) == len(stages[stage]) else len(stages) - 2  # array_split: two lengths at most
         if twin != stage:
-            return stage_params(spec, tp, pp, ep, twin)[:2] + (stage_params(spec, tp, pp, ep, twin)[2],)
+            return stage_params(spec, tp, pp, ep, twin)
 
     def make():
         p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep), stage)

@@ -72,8 +72,14 @@ def memory_lower_bound(spec: ModelSpec, layout: ParallelLayout, job: Job) -> int
     return memory_lb(spec, layout, job, job.micro_batch, job.recompute)
 
 
+def states_max(spec: ModelSpec, layout: ParallelLayout, job: Job) -> int:
+    """Model-state bytes of the busiest rank after ZeRO."""
+    return memo(spec, ("states_max", layout, job.precision, job.optimizer),
+                lambda: max(states(spec, layout, job, s) for s in range(layout.pp)))
+
+
 def memory_lb(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, rc: str) -> int:
-    worst = max(states(spec, layout, job, s) for s in range(layout.pp))
+    worst = states_max(spec, layout, job)
     in_flight = min(layout.pp, job.global_batch // (layout.dp * mb))
 
     def first_stage() -> int:

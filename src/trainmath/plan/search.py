@@ -32,7 +32,7 @@ from trainmath.hardware import GPU, Hardware, presets
 from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec, MoEDims
 from trainmath.perf.compute import memo, spec_cache
-from trainmath.plan.bounds import memory_lb, states, time_lower_bound
+from trainmath.plan.bounds import memory_lb, states_max, time_lower_bound
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.step import estimate, memory_peak_bytes, memory_recompute
 
@@ -206,7 +206,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
         if bad:
             reject(lay, None, reason_category(bad[0]), "; ".join(bad), count=per_structure * len(vs))
             continue
-        held = max(states(spec, lay, job, st) for st in range(lay.pp))
+        held = states_max(spec, lay, job)
         if held > limit:
             reject(lay, None, "model states alone exceed memory",
                    f"model states {held / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable", held,
