@@ -64,7 +64,16 @@ def test_plan_nothing_fits_exit_1_with_closest(capsys):
     assert main(["plan", "meta-llama/Llama-3.1-405B", "--gpus", "8", "--gpu", "rtx4090", "--seq", "4096",
                  "--global-batch", "8"]) == 1
     out = capsys.readouterr().out
-    assert "no layout fits. closest" in out and "model states alone exceed memory" in out
+    assert "no layout fits in 22.80 GiB per GPU. closest" in out and "model states alone exceed memory" in out
+
+
+def test_plan_nothing_fits_json_says_what_is_lacking(capsys):
+    assert main(["plan", "meta-llama/Llama-3.1-70B", "--gpus", "16", "--gpu", "h100", "--seq", "4096",
+                 "--global-batch", "64", "--top", "3", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["layouts"] == [] and len(out["closest"]) == 3
+    for c in out["closest"]:
+        assert c["lacks_bytes"] == c["peak_bytes"] - out["usable_bytes"] > 0
 
 
 def test_plan_explain_lists_reasons(capsys):

@@ -75,13 +75,12 @@ def render(result, *, explain: bool = False, tokens: int | None = None, price: f
             cost = f", cost {b['cost']:,.0f}" if "cost" in b else ""
             lines.append(f"fastest on {tokens:,} tokens: {b['days']:,.2f} days, {b['gpu_hours']:,.0f} GPU-hours{cost}")
     else:
-        lines.append("no layout fits. closest (smallest memory need):")
-        usable = result.layouts[0].memory_bytes if result.layouts else None
+        lines.append(f"no layout fits in {human_bytes(result.usable_bytes)} per GPU. closest (smallest memory need):")
         rows = [[r.layout.dp, r.layout.tp, r.layout.pp, r.layout.cp, r.layout.ep, r.layout.zero, r.micro_batch or "*",
-                 r.virtual_stages or "*", r.recompute, human_bytes(r.peak_bytes), r.detail] for r in result.closest]
-        lines.append(table(["dp", "tp", "pp", "cp", "ep", "zero", "mb", "v", "recompute", "needs", "lacks"], rows,
-                           align="rrrrrrrrlrl"))
-        del usable
+                 r.virtual_stages or "*", r.recompute, human_bytes(r.peak_bytes),
+                 human_bytes(r.peak_bytes - result.usable_bytes), r.reason] for r in result.closest]
+        lines.append(table(["dp", "tp", "pp", "cp", "ep", "zero", "mb", "v", "recompute", "needs", "lacks", "why"],
+                           rows, align="rrrrrrrrlrrl"))
     lines += ["", "rejected:"]
     lines += [f"  {n:>8,}  {reason}" for reason, n in sorted(result.rejected.items(), key=lambda kv: -kv[1])]
     if explain:

@@ -14,8 +14,9 @@ Search (exact, branch and bound):
    exact step time; popped again, no candidate left can be faster, so the memory model
    (``trainmath.memory.training.training_memory``, cached per distinct key) decides whether it is the next
    result. A layout needing no less memory than one that failed (same degrees, larger micro-batch, less
-   recompute, lower ZeRO stage) is rejected without asking. Stop after K results; what is left in the heap is
-   counted as not needed.
+   recompute, lower ZeRO stage) is rejected without asking; while nothing fits yet, a layout's first failure also
+   asks about its leanest option (ZeRO-3, micro-batch 1, full recompute), whose failure rules out all its
+   options at once. Stop after K results; what is left in the heap is counted as not needed.
 
 The result is the same top K an exhaustive search gives, with the memory model asked only about candidates
 faster than the K-th result.
@@ -72,6 +73,8 @@ class PlanResult:
     rejected_list: tuple[Rejected, ...]
     closest: tuple[Rejected, ...]
     """When nothing fits: the candidates that missed memory by the least."""
+    usable_bytes: int
+    """The memory a layout may use: the GPU's memory × the fit share (``Job.mem_util_percent``)."""
     candidates: int
     memory_checks: int
     bounded: int
@@ -81,7 +84,9 @@ class PlanResult:
         return {"model": self.model, "gpu": self.gpu, "gpus": self.gpus, "gpus_per_node": self.gpus_per_node,
                 "layouts": [e.to_dict() for e in self.layouts], "rejected": dict(self.rejected),
                 "candidates": self.candidates, "memory_checks": self.memory_checks, "bounded": self.bounded,
-                "closest": [{**_describe(r), "reason": r.detail, "peak_bytes": r.peak_bytes} for r in self.closest]}
+                "usable_bytes": self.usable_bytes,
+                "closest": [{**_describe(r), "reason": r.detail, "peak_bytes": r.peak_bytes,
+                             "lacks_bytes": r.peak_bytes - self.usable_bytes} for r in self.closest]}
 
 
 def _describe(r: Rejected) -> dict:
@@ -236,6 +241,30 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     found: list[Estimate] = []
     failures = _FitFailures()
     checks = 0
+    probed: set = set()
+
+    def peak_of(lay: ParallelLayout, jb: Job, micro_batches: int) -> int:
+        nonlocal checks
+        key = ("memory", lay, jb.micro_batch, jb.seq, jb.precision, jb.optimizer, memory_recompute(jb), jb.profile,
+               min(micro_batches, lay.pp))
+        if key not in spec_cache(spec):
+            checks += 1
+        return memo(spec, key, lambda: _peak(spec, lay, jb, micro_batches))
+
+    def probe_leanest(lay: ParallelLayout, jb: Job) -> None:
+        """After a layout's first failure, ask about its leanest option (ZeRO-3, micro-batch 1, full recompute):
+        if even that does not fit, every option of these degrees is dominated and none is asked about again."""
+        degrees = _FitFailures._key(lay)
+        if degrees in probed:
+            return
+        probed.add(degrees)
+        lean, lean_job = replace(lay, zero=3), replace(jb, micro_batch=1, recompute="full", virtual_stages=1)
+        try:
+            peak = peak_of(lean, lean_job, job.global_batch // lay.dp)
+        except TrainmathError:
+            return
+        if peak > limit:
+            failures.add(lean, lean_job, peak)
     while heap and len(found) < top:
         key, order, exact, lay, jb, est = heapq.heappop(heap)
         if not exact:
@@ -249,12 +278,8 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
             reject(lay, jb, "does not fit memory", f"needs at least the {known / 2**30:.1f} GiB of a layout with "
                                                    f"less memory that did not fit", known)
             continue
-        mem_key = ("memory", lay, jb.micro_batch, jb.seq, jb.precision, jb.optimizer, memory_recompute(jb), jb.profile,
-                   min(est.micro_batches, lay.pp))
         try:
-            if mem_key not in spec_cache(spec):
-                checks += 1
-            peak = memo(spec, mem_key, lambda: _peak(spec, lay, jb, est.micro_batches))
+            peak = peak_of(lay, jb, est.micro_batches)
         except TrainmathError as e:
             reject(lay, jb, reason_category(str(e)), str(e))
             continue
@@ -262,6 +287,8 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
             failures.add(lay, jb, peak)
             reject(lay, jb, "does not fit memory", f"peak {peak / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable",
                    peak)
+            if not found:  # while nothing fits, learn at once whether these degrees can fit at all
+                probe_leanest(lay, jb)
             continue
         found.append(replace(est, peak_bytes=peak, fits=True))
     bounded = len(heap)
@@ -276,7 +303,8 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
         mem = [r for r in rejected if r.peak_bytes is not None]
         closest = tuple(sorted(mem, key=lambda r: r.peak_bytes)[:top])
     return PlanResult(model=spec.name, gpu=gpu.name, gpus=gpus, gpus_per_node=gpn, layouts=layouts,
-                      rejected=counts, rejected_list=tuple(rejected), closest=closest, candidates=n,
+                      rejected=counts, rejected_list=tuple(rejected), closest=closest, usable_bytes=limit,
+                      candidates=n,
                       memory_checks=checks, bounded=bounded)
 
 
