@@ -29,6 +29,9 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="attention kernel: flash (default) or eager (materialised s×s scores)")
     p.add_argument("--mfu-causal", choices=("executed", "half"), default="executed",
                    help="attention FLOPs in MFU/HFU: executed (all s², Megatron-LM/PaLM, default) or half")
+    p.add_argument("--profile", choices=("megatron", "hf"), default="megatron",
+                   help="activation profile of the memory model: megatron (default; any layout) or hf "
+                        "(transformers' saved tensors, single-device layouts only)")
     p.add_argument("--mem-util", type=int, default=95,
                    help="fit: peak memory must stay under this %% of the GPU's memory (default 95)")
     p.add_argument("--tokens", default=None, help="token budget (1T, 300B, ...): time, GPU-hours and cost")
@@ -88,6 +91,7 @@ def load(args: argparse.Namespace):
     spec = load_spec(args.model)
     job = Job(global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
               dtype=args.dtype, attention=args.attention, mfu_causal=args.mfu_causal, mem_util_percent=args.mem_util,
+              profile=args.profile,
               micro_batch=getattr(args, "micro_batch", 1), recompute=getattr(args, "recompute", "none"),
               virtual_stages=getattr(args, "virtual_stages", 1), uneven_stages=getattr(args, "uneven_stages", False))
     gpu.peak_flops_per_s(args.dtype)  # an error now if the chip has no such format
