@@ -9,7 +9,7 @@ import json
 import pathlib
 from functools import lru_cache
 
-from trainmath.hardware import Hardware, gpu as find_gpu, presets
+from trainmath.hardware import Hardware, presets
 from trainmath.layout import ParallelLayout
 from trainmath.model import spec_from_config
 from trainmath.perf import Job, estimate

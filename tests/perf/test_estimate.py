@@ -66,7 +66,8 @@ def test_budget_is_tokens_over_rate():
     (ParallelLayout(pp=3), Job(global_batch=6, seq=512), r"pp × virtual stages \(3 × 1 = 3\) must divide the "
                                                          r"layers \(28\)"),
     (ParallelLayout(dp=2, ep=2), Job(global_batch=4, seq=512), r"has no routed experts"),
-    (ParallelLayout(pp=2), Job(global_batch=5, seq=512, virtual_stages=2), r"micro-batches \(5\) to be a multiple of pp \(2\)"),
+    (ParallelLayout(pp=2), Job(global_batch=5, seq=512, virtual_stages=2),
+     r"micro-batches \(5\) to be a multiple of pp \(2\)"),
 ])
 def test_bad_jobs_are_one_line(layout, job, match):
     with pytest.raises(TrainmathError, match=match):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from trainmath.comm.cost import Link
 from trainmath.comm.twolevel import TWO_LEVEL_OPS, Group, Topology, time_s
 from trainmath.errors import TrainmathError
-from trainmath.hardware import GPU, all_gpus, gpu, presets, read_hardware_file
+from trainmath.hardware import all_gpus, gpu, presets, read_hardware_file
 
 ISSUE_GPUS = {"A100-SXM-40GB", "A100-SXM-80GB", "H100-SXM-80GB", "H100-PCIe-80GB", "H200-SXM-141GB",
               "H800-SXM-80GB", "B200-180GB", "GB200", "MI300X", "L40S", "RTX-4090"}

@@ -28,9 +28,9 @@ def test_best_first_search_equals_exhaustive():
             if job_problems(SMALL, lay, jb, 8):
                 continue
             e = estimate(SMALL, lay, jb, g, memory=False)
-            peak = training_memory(SMALL, TrainingSetup(micro_batch=jb.micro_batch, seq=jb.seq, recompute=memory_recompute(jb),
-                                                        profile="megatron", micro_batches=e.micro_batches),
-                                   lay).peak_bytes
+            setup = TrainingSetup(micro_batch=jb.micro_batch, seq=jb.seq, recompute=memory_recompute(jb),
+                                  profile="megatron", micro_batches=e.micro_batches)
+            peak = training_memory(SMALL, setup, lay).peak_bytes
             if peak <= limit:
                 fits.append(e.step_time_s)
     result = plan(SMALL, gpus=8, gpu=g, job=job, top=4)
