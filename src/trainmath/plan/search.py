@@ -14,8 +14,8 @@ Search (exact, branch and bound):
    exact step time; popped again, no candidate left can be faster, so the memory model
    (``trainmath.memory.training.training_memory``, cached per distinct key) decides whether it is the next
    result. A layout needing no less memory than one that failed (same degrees, larger micro-batch, less
-   recompute, lower ZeRO stage) is rejected without asking; while nothing fits yet, a layout's first failure also
-   asks about its leanest option (ZeRO-3, micro-batch 1, full recompute), whose failure rules out all its
+   recompute, lower ZeRO stage) is rejected without asking; when failures pile up with nothing fitting yet, a layout's
+   first failure also asks about its leanest option (ZeRO-3, micro-batch 1, full recompute), whose failure rules out all its
    options at once. Stop after K results; what is left in the heap is counted as not needed.
 
 The result is the same top K an exhaustive search gives, with the memory model asked only about candidates
@@ -41,6 +41,9 @@ RECOMPUTES = ("none", "selective", "full")
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL_STAGES = (1, 2, 4)
 ZERO_STAGES = (0, 1, 2, 3)
+PROBE_AFTER_FAILURES = 8
+"""Memory-model failures, with nothing fitting yet, after which each new failure also probes its degrees' leanest
+option (a probe costs one call; it pays off only when most degrees cannot fit at all)."""
 MIN_TOKENS_PER_CP_RANK = 1024
 """Context parallelism is tried only while each rank keeps at least this many tokens of a sequence."""
 
@@ -240,7 +243,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     heapq.heapify(heap)
     found: list[Estimate] = []
     failures = _FitFailures()
-    checks = 0
+    checks = failed = 0
     probed: set = set()
 
     def peak_of(lay: ParallelLayout, jb: Job, micro_batches: int) -> int:
@@ -287,8 +290,9 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
             failures.add(lay, jb, peak)
             reject(lay, jb, "does not fit memory", f"peak {peak / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable",
                    peak)
-            if not found:  # while nothing fits, learn at once whether these degrees can fit at all
-                probe_leanest(lay, jb)
+            failed += 1
+            if not found and failed > PROBE_AFTER_FAILURES:  # nothing fits so far: learn at once whether these
+                probe_leanest(lay, jb)                        # degrees can fit at all
             continue
         found.append(replace(est, peak_bytes=peak, fits=True))
     bounded = len(heap)
