@@ -46,8 +46,10 @@ def _ledger1(spec: ModelSpec, seq: int):
 def _saved_inputs_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, layer: int) -> int:
     """Bytes one micro-batch must keep for the backward of ``layer``, at least: the distinct inputs of its
     weight GEMMs (every profile saves a linear's input; q, k, v share one; routers and shared experts read the
-    same tensor as the routed experts' gather, so they are left out), or only the layer's input under full
-    recomputation. Sharded by cp (tokens) and by tp where tp splits it (the smaller figure when unsure)."""
+    same tensor as the routed experts' gather, so they are left out) and the outputs of its widening GEMMs
+    (k < n: column-parallel projections such as gate/up or fused QKV, whose outputs feed the activation function
+    or attention, which save them — Korthikanti et al. 2022 §4.1 count them), or only the layer's input under
+    full recomputation. Sharded by cp (tokens) and by tp where tp splits it (the smaller figure when unsure)."""
     c = get_precision(job.precision).compute_bytes
     tokens = job.micro_batch * job.seq // layout.cp
     sp = layout.tp if layout.sp else 1
@@ -60,7 +62,10 @@ def _saved_inputs_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, layer
             continue
         seen.add((g.component, g.k))
         k = g.k // layout.tp if g.k >= g.n else g.k // sp
-        total += g.m * job.micro_batch // layout.cp * k * c * g.count
+        m = g.m * job.micro_batch // layout.cp
+        total += m * k * c * g.count
+        if g.k < g.n and g.component != "experts":  # a widening (column-parallel) GEMM: its output is saved too
+            total += m * (g.n // layout.tp) * c * g.count
     return total
 
 
