@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     hw0 = presets()
     for gen in args.generation or ("ampere", "hopper"):
-        runs = [r for r in RUNS if hw0.gpu(r["gpu"]).generation == gen]
+        runs = [r for r in RUNS if hw0.gpu(r["gpu"]).generation == gen and not r.get("holdout")]
         base = hw0.generations[gen]
         keys = [k for k in GRID if k not in FIXED.get(gen, ())]
         best = None

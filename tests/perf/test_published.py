@@ -22,7 +22,12 @@ PINNED = {
     "korthikanti2022-530B-full": 1 / 0.941, "korthikanti2022-530B-selective": 1 / 0.998,
     "korthikanti2022-1T-full": 1 / 0.981, "korthikanti2022-1T-selective": 1 / 1.010,
     "dubey2024-405B-8K-gpus": 1.021, "dubey2024-405B-16K-gpus": 0.984, "dubey2024-405B-16K-gpus-cp16": 0.982,
+    # holdout (not calibrated on): MT-NLG's DeepSpeed pipeline ran ~25% slower than Megatron-LM's own 530B run on
+    # the same A100s, which one A100 curve cannot know; pinned so that the miss stays visible
+    "smith2022-mtnlg-530B-2240-gpus": 0.760, "smith2022-mtnlg-530B-2800-gpus": 0.752,
+    "smith2022-mtnlg-530B-3360-gpus": 0.731,
 }
+CALIBRATION = [r for r in RUNS if not r.get("holdout")]
 
 
 def test_every_run_is_pinned_and_sourced():
@@ -32,11 +37,16 @@ def test_every_run_is_pinned_and_sourced():
                                                                     "hardware_tflops_per_gpu")
 
 
-@pytest.mark.parametrize("run", RUNS, ids=[r["id"] for r in RUNS])
+@pytest.mark.parametrize("run", CALIBRATION, ids=[r["id"] for r in CALIBRATION])
 def test_published_run_within_ten_percent(run):
     ratio = predict(run) / run["published"]
     assert abs(ratio - 1) <= 0.10, f"{run['id']}: predicted {ratio:.3f}× the published {run['published']}"
     assert ratio == pytest.approx(PINNED[run["id"]], rel=0.01)
+
+
+@pytest.mark.parametrize("run", [r for r in RUNS if r.get("holdout")], ids=lambda r: r["id"])
+def test_holdout_runs_are_pinned(run):
+    assert predict(run) / run["published"] == pytest.approx(PINNED[run["id"]], rel=0.01)
 
 
 def test_selective_recompute_gain_matches_korthikanti():
