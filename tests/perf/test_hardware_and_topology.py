@@ -136,3 +136,24 @@ def test_time_never_falls_when_a_link_gets_slower(g, size, intra, inter, op, slo
 def test_bad_group_is_one_line():
     with pytest.raises(TrainmathError, match="a group of 12 ranks cannot have 8 per node"):
         Group(size=12, local=8)
+
+
+def test_pinned_tree_and_all_to_all():
+    s = 2**28
+    # double binary tree across 4 nodes (one rank each): 2⌈log2 4⌉α + 2·S·β on the network
+    assert time_s("all_reduce", s, Group(size=4, local=1), H100, "tree") == pytest.approx(4 * 6e-6 + 2 * s / 50e9)
+    # all-to-all over 16 ranks, 8 per node: 8 messages of S/16 leave on the NIC while 7 cross NVLink
+    off = 8 * (6e-6 + s / 16 / 50e9)
+    on = 7 * (2e-6 + s / 16 / 450e9)
+    assert time_s("all_to_all", s, Group(size=16, local=8), H100, "hierarchical") == pytest.approx(max(off, on))
+    # auto picks the fastest: never slower than any single algorithm
+    g = Group(size=64, local=8)
+    assert time_s("all_reduce", s, g, H100) == min(time_s("all_reduce", s, g, H100, a)
+                                                   for a in ("ring", "tree", "hierarchical"))
+
+
+def test_no_sharp_across_nodes_and_unknown_names():
+    with pytest.raises(TrainmathError, match="no 'sharp' algorithm for all_reduce on 16 ranks"):
+        time_s("all_reduce", 1, Group(size=16, local=8), H100, "sharp")
+    with pytest.raises(TrainmathError, match="unknown collective 'allreduce'"):
+        time_s("allreduce", 1, Group(size=2, local=2), H100)
