@@ -136,3 +136,23 @@ def test_flops_tokens(capsys):
     out = json.loads(capsys.readouterr().out)
     per_seq = count_flops(SMALL, batch=1, seq=1024).training_flops
     assert out["budget"] == {"tokens": 10**7, "sequences": 9766, "training_flops": per_seq * 9766}
+
+
+def test_time_lower_bound_never_exceeds_the_estimate():
+    """The best-first search is exact only if its bound is a bound: checked on every candidate of a MoE model."""
+    from trainmath.hardware import presets
+    from trainmath.plan.bounds import time_lower_bound
+
+    spec = load_spec("Qwen/Qwen1.5-MoE-A2.7B")  # 60 experts, shared experts, 24 layers
+    g = gpu("h100")
+    eff = presets().efficiency(g)
+    job = Job(global_batch=64, seq=2048)
+    n = 0
+    for lay in _structures(spec, 16, 8, job.seq):
+        for jb in _options(lay, job):
+            if job_problems(spec, lay, jb, 16):
+                continue
+            bound = time_lower_bound(spec, lay, jb, g, eff, jb.micro_batch, jb.recompute, jb.virtual_stages)
+            assert bound <= estimate(spec, lay, jb, g, memory=False).step_time_s * (1 + 1e-12)
+            n += 1
+    assert n > 500

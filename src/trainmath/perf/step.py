@@ -18,6 +18,7 @@ and the breakdown's entries sum to the step time. Utilisation conventions (state
 from __future__ import annotations
 
 
+from trainmath.errors import TrainmathError
 from trainmath.flops import count_flops
 from trainmath.hardware import GPU, Hardware, presets
 from trainmath.layout import ParallelLayout
@@ -90,8 +91,6 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     """The step of ``job`` on ``layout`` over dp·tp·pp·cp GPUs of type ``gpu`` (see the module docstring).
     ``memory=False`` skips the memory model (``peak_bytes`` and ``fits`` None) unless ``peak_bytes`` is given;
     ``validate=False`` skips ``job_problems`` (the planner has checked)."""
-    from trainmath.errors import TrainmathError
-
     bad = job_problems(spec, layout, job) if validate else []
     if bad:
         raise TrainmathError(f"impossible job ({layout.describe()}, micro-batch {job.micro_batch}, "
@@ -123,12 +122,11 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     items: list[cm.CommItem] = []
     n_tp = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind in _TP_BLOCKS)
     passes = 2 + (1 if job.recompute == "full" else 0)  # forward, backward, forward again
-    tp_op = "all_reduce"
     if layout.sp and layout.tp > 1:
         items.append(cm.item("tp_comm", "reduce_scatter", "tp", groups.tp, act, M * n_tp * passes, topo))
         items.append(cm.item("tp_comm", "all_gather", "tp", groups.tp, act, M * n_tp * passes, topo))
     else:
-        items.append(cm.item("tp_comm", tp_op, "tp", groups.tp, act, M * n_tp * passes, topo))
+        items.append(cm.item("tp_comm", "all_reduce", "tp", groups.tp, act, M * n_tp * passes, topo))
     if layout.cp > 1:
         ring: dict[tuple[int, float], int] = {}  # (K+V bytes per rank, attention forward s) → layers like it
         for i in layers:

@@ -130,14 +130,15 @@ def time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> f
                 ep_group = placed_group(layout.ep, layout.tp, gpu.gpus_per_node)
                 size = mb * job.seq // layout.cp * moe.dims.top_k * spec.hidden_size * c
                 one_ep = 2 * cm.item("ep_comm", "all_to_all", "ep", ep_group, size, 1, topo).time_s
-        best = 0.0
-        for s, layers in enumerate(stages):
-            ts = [per_layer[i] for i in layers] + ([head] if s == layout.pp - 1 else [])
-            n_tp = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind in _TP_BLOCKS)
-            n_moe = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe")
-            best = max(best, sum(t.forward_s + t.backward_s + t.recompute_s for t in ts)
-                       + passes * (n_tp * one_tp + n_moe * one_ep))
-        return best
+        def compute(s: int) -> float:
+            ts = [per_layer[i] for i in stages[s]] + ([head] if s == layout.pp - 1 else [])
+            return sum(t.forward_s + t.backward_s + t.recompute_s for t in ts)
+
+        busiest = max(range(layout.pp), key=compute)  # the stage the estimate charges, chosen the same way
+        layers = stages[busiest]
+        n_tp = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind in _TP_BLOCKS)
+        n_moe = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe")
+        return compute(busiest) + passes * (n_tp * one_tp + n_moe * one_ep)
 
     key = ("bound", layout.tp, layout.cp, layout.ep, layout.sp, layout.pp, mb, job.seq, rc, job.dtype,
            job.attention, job.precision, gpu, eff)
