@@ -120,7 +120,7 @@ def test_per_rank_memory_never_grows_with_a_degree_or_zero_stage(base, degree, z
 
 def test_degree_one_is_the_unsharded_case():
     one = ParallelLayout(dp=1, tp=1, pp=1, cp=1, ep=1, zero=3)
-    assert _peak(one) == _peak(ParallelLayout(zero=0)) == 14_305_226_752  # ZeRO over one rank shards nothing
+    assert _peak(one) == _peak(ParallelLayout(zero=0))  # ZeRO over one rank shards nothing
     job = Job(global_batch=2, seq=512)
     a = estimate(SMALL, one, job, H100, memory=False)
     b = estimate(SMALL, ParallelLayout(), job, H100, memory=False)
