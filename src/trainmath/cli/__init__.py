@@ -28,6 +28,10 @@ COMMANDS = {
     "check-checkpoint": ("check_checkpoint", "compare a safetensors checkpoint with the ledger, tensor by tensor "
                                              "(headers only)"),
     "comm": ("comm", "run, check and benchmark torch.distributed collectives"),
+    "estimate": ("estimate", "step time, MFU/HFU and memory of one training layout on a GPU cluster; GPU-hours of "
+                             "a token budget"),
+    "plan": ("plan", "search DP×TP×PP×CP×EP, ZeRO, recompute, micro-batch and virtual stages for the fastest "
+                     "layouts that fit"),
     "report": ("report", "one self-contained HTML page: parameters, FLOPs, memory and fit, KV cache, charts"),
     "serve": ("serve", "a local web calculator over the same core (127.0.0.1 by default)"),
 }

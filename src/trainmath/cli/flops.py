@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mamba-chunk", type=int, default=None,
                    help="Mamba-2 SSD chunk length (default: the config's chunk_size, else transformers' 128)")
     p.add_argument("--gemms", action="store_true", help="also list every GEMM of each layer type")
+    p.add_argument("--tokens", default=None,
+                   help="token budget (1T, 300B, ...): total training FLOPs = per-token FLOPs at this --seq × tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     p.set_defaults(func=run)
 
@@ -40,14 +42,31 @@ def run(args: argparse.Namespace) -> int:
                          mamba_chunk=args.mamba_chunk)  # None: the config's chunk_size, from the spec
     closed = closed_form_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal)
     fwd_bwd = report.forward.value + report.backward.value
+    budget = token_budget(report, args.tokens) if args.tokens is not None else None
     if args.json:
         out = report.to_dict()
         out["closed_form"] = closed.to_dict()
         out["closed_form"]["ratio_exact_over_closed"] = fwd_bwd / closed.training_flops
+        if budget:
+            out["budget"] = budget
         print(json.dumps(out, indent=1))
         return 0
     print(render(spec, report, closed, gemms=args.gemms))
+    if budget:
+        print(f"budget: {budget['tokens']:,} tokens at seq {report.seq} = {budget['training_flops']:.4e} training "
+              f"FLOPs ({_f(budget['training_flops'])}; exact per-sequence count × {budget['sequences']:,} sequences)")
     return 0
+
+
+def token_budget(report, tokens_text: str) -> dict:
+    """Total training FLOPs for a token budget: the exact per-sequence count × whole sequences (rounded up)."""
+    from trainmath.arith import ceil_div
+    from trainmath.perf.tokens import parse_tokens
+
+    tokens = parse_tokens(tokens_text)
+    sequences = ceil_div(tokens, report.seq)
+    return {"tokens": tokens, "sequences": sequences,
+            "training_flops": report.per_sequence(report.training) * sequences}
 
 
 def _f(n: float) -> str:

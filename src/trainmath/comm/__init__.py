@@ -4,6 +4,7 @@ The "math twin" of :mod:`trainmath.runtime`: every runtime collective has a func
 (``all_reduce``, ``reduce_scatter``, ``all_gather``, ``broadcast``, ``reduce``, ``all_to_all``, ``send_recv``,
 ``scatter``, ``gather``) that returns the time an α–β–γ model predicts, plus the nccl-tests bus-bandwidth
 factors, the ring schedule the runtime follows, and the arithmetic of the ``comm layout`` table.
+:mod:`trainmath.comm.twolevel` prices the same collectives on a two-level topology (node fabric + network).
 """
 
 from trainmath.comm.busbw import OPS, algbw_bytes_per_s, busbw_bytes_per_s, busbw_factor
@@ -29,10 +30,13 @@ from trainmath.comm.ring import (
     ring_bytes_sent,
     ring_reduce_scatter_schedule,
 )
+from trainmath.comm.twolevel import Group, Topology
 from trainmath.comm.sizes import format_size, parse_size, parse_size_range
 
 __all__ = [
     "ALGORITHMS",
+    "Group",
+    "Topology",
     "OPS",
     "Link",
     "algbw_bytes_per_s",

@@ -1,0 +1,165 @@
+"""``trainmath estimate MODEL --gpus N --gpu NAME --seq S --global-batch G``: the step time of one layout, its
+breakdown, MFU/HFU, memory per GPU with a fit verdict, and the cost of a token budget."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16", "fp8")
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit", "lion")
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments ``estimate`` and ``plan`` share."""
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
+    p.add_argument("--gpu", required=True, help="GPU preset (case-insensitive, e.g. h100, a100-80gb, mi300x)")
+    p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step, all DP ranks")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="GPUs per node (NVLink domain); default: the preset's reference node")
+    p.add_argument("--hardware", metavar="FILE", default=None,
+                   help="JSON file of extra GPUs / efficiency curves with the fields of hardware/gpus.json")
+    p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
+                   help="tensor-core format of the GEMMs; its dense peak is MFU's denominator (default bf16)")
+    p.add_argument("--attention", choices=("flash", "eager"), default="flash",
+                   help="attention kernel: flash (default) or eager (materialised s×s scores)")
+    p.add_argument("--mfu-causal", choices=("executed", "half"), default="executed",
+                   help="attention FLOPs in MFU/HFU: executed (all s², Megatron-LM/PaLM, default) or half")
+    p.add_argument("--profile", choices=("megatron", "hf"), default="megatron",
+                   help="activation profile of the memory model: megatron (default; any layout) or hf "
+                        "(transformers' saved tensors, single-device layouts only)")
+    p.add_argument("--mem-util", type=int, default=95,
+                   help="fit: peak memory must stay under this %% of the GPU's memory (default 95)")
+    p.add_argument("--tokens", default=None, help="token budget (1T, 300B, ...): time, GPU-hours and cost")
+    p.add_argument("--price-per-gpu-hour", type=float, default=None, help="price of one GPU-hour, for --tokens")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "estimate",
+        help="step time, MFU/HFU and memory of one training layout on a GPU cluster; GPU-hours of a token budget",
+        description="Step time of one training layout (compute at the GPU generation's efficiency, each exposed "
+                    "collective, pipeline bubble, optimizer step), tokens/s, TFLOP/s per GPU, MFU and HFU, memory "
+                    "per GPU with a fit verdict, and with --tokens the time, GPU-hours and cost of a budget.",
+    )
+    add_job_arguments(p)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--cp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--dp", type=int, default=None, help="default: GPUs / (tp·pp·cp)")
+    p.add_argument("--zero", type=int, default=1, choices=(0, 1, 2, 3), help="ZeRO stage (default 1)")
+    p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    p.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B chunks per pipeline rank")
+    p.add_argument("--uneven-stages", action="store_true",
+                   help="allow pp·virtual-stages not dividing the layers (stages differ by one layer)")
+    p.set_defaults(func=run)
+
+
+def load(args: argparse.Namespace):
+    """(spec, GPU, Hardware, Job, token budget) from the shared arguments; bad values raise TrainmathError."""
+    from trainmath.errors import TrainmathError
+    from trainmath.hardware import presets, read_hardware_file
+    from trainmath.perf import Job
+    from trainmath.perf.tokens import parse_tokens
+    from trainmath.sources import load_spec
+
+    bad = [f"--{k.replace('_', '-')} must be a positive integer, got {getattr(args, k)}"
+           for k in ("gpus", "seq", "global_batch") if getattr(args, k) < 1]
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        bad.append(f"--gpus-per-node must be a positive integer, got {args.gpus_per_node}")
+    if not 1 <= args.mem_util <= 100:
+        bad.append(f"--mem-util must be 1-100, got {args.mem_util}")
+    if args.price_per_gpu_hour is not None and (args.price_per_gpu_hour < 0 or args.tokens is None):
+        bad.append("--price-per-gpu-hour needs --tokens and a price >= 0")
+    if bad:
+        raise TrainmathError("; ".join(bad))
+    tokens = parse_tokens(args.tokens) if args.tokens is not None else None
+    hw = read_hardware_file(args.hardware) if args.hardware else presets()
+    gpu = hw.gpu(args.gpu)
+    if args.gpus_per_node and args.gpus_per_node != gpu.gpus_per_node:
+        from dataclasses import replace
+
+        gpu = replace(gpu, gpus_per_node=args.gpus_per_node)
+    spec = load_spec(args.model)
+    job = Job(global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
+              dtype=args.dtype, attention=args.attention, mfu_causal=args.mfu_causal, mem_util_percent=args.mem_util,
+              profile=args.profile,
+              micro_batch=getattr(args, "micro_batch", 1), recompute=getattr(args, "recompute", "none"),
+              virtual_stages=getattr(args, "virtual_stages", 1), uneven_stages=getattr(args, "uneven_stages", False))
+    gpu.peak_flops_per_s(args.dtype)  # an error now if the chip has no such format
+    return spec, gpu, hw, job, tokens
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainmath.errors import TrainmathError
+    from trainmath.layout import ParallelLayout
+    from trainmath.perf import estimate
+
+    for k in ("tp", "pp", "cp", "ep", "micro_batch", "virtual_stages"):
+        if getattr(args, k) < 1:
+            raise TrainmathError(f"--{k.replace('_', '-')} must be a positive integer, got {getattr(args, k)}")
+    inner = args.tp * args.pp * args.cp
+    if args.dp is None and args.gpus % inner:
+        raise TrainmathError(f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {inner} must divide the GPU count "
+                             f"({args.gpus})")
+    dp = args.dp if args.dp is not None else args.gpus // inner
+    spec, gpu, hw, job, tokens = load(args)
+    layout = ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp, zero=args.zero,
+                            world_size=args.gpus)
+    est = estimate(spec, layout, job, gpu, hardware=hw)
+    budget = est.budget(tokens, args.price_per_gpu_hour) if tokens else None
+    if args.json:
+        out = est.to_dict()
+        if budget:
+            out["budget"] = budget
+        print(json.dumps(out, indent=1))
+    else:
+        print(render(est, budget))
+    return 0
+
+
+def render(est, budget: dict | None = None) -> str:
+    from trainmath.render import human_bytes, table
+
+    lay, job = est.layout, est.job
+    lines = [f"{est.model} on {est.gpus} × {est.gpu}: {lay.describe()}, micro-batch {job.micro_batch} × "
+             f"{est.micro_batches} per step, {job.virtual_stages} virtual stage(s), recompute {job.recompute}",
+             "", summary_line(est), ""]
+    rows = [[k, f"{v:.4f}", f"{100 * v / est.step_time_s:.1f}%"] for k, v in est.breakdown.items() if v > 0]
+    rows.append(["step", f"{est.step_time_s:.4f}", "100.0%"])
+    lines.append(table(["step breakdown", "seconds", "share"], rows))
+    lines.append("")
+    crow = [[c.name, c.op, f"{c.group}({c.group_size})", c.link, human_bytes(c.size_bytes, "MiB"), f"{c.count:,}",
+             human_bytes(c.bytes_per_step, "GB"), f"{c.time_s:.4f}", f"{c.exposed_s:.4f}"]
+            for c in est.comm if c.group_size > 1 and c.count]
+    if crow:
+        lines.append(table(["communication", "op", "group", "link", "size", "per step", "bytes/step", "seconds",
+                            "exposed"], crow, align="lllrrrrrr"))
+        lines.append("")
+    if est.peak_bytes is not None:
+        usable = est.memory_bytes * job.mem_util_percent // 100
+        verdict = "fits" if est.fits else f"does NOT fit ({human_bytes(est.peak_bytes - usable)} over)"
+        lines.append(f"memory per GPU: peak {human_bytes(est.peak_bytes)} of {human_bytes(est.memory_bytes)} "
+                     f"({job.mem_util_percent}% usable = {human_bytes(usable)}): {verdict}")
+    if budget:
+        cost = f", cost {budget['cost']:,.0f} at {budget['price_per_gpu_hour']:g}/GPU-hour" if "cost" in budget else ""
+        lines.append(f"budget {budget['tokens']:,} tokens: {budget['steps']:,.0f} steps, {budget['days']:,.2f} days, "
+                     f"{budget['gpu_hours']:,.0f} GPU-hours, {budget['training_flops']:.3e} model FLOPs{cost}")
+    lines.append("")
+    lines += [f"convention: {c}" for c in est.conventions]
+    lines.append("units: GiB = 2**30 bytes, GB = 1e9 bytes, TFLOP/s = 1e12 FLOP/s")
+    return "\n".join(lines)
+
+
+def summary_line(est) -> str:
+    return (f"step {est.step_time_s:.3f} s   {est.tokens_per_s:,.0f} tokens/s   {est.tflops_per_gpu:.1f} TFLOP/s "
+            f"per GPU (model; {est.hardware_tflops_per_gpu:.1f} hardware)   MFU {100 * est.mfu:.1f}%   "
+            f"HFU {100 * est.hfu:.1f}%")

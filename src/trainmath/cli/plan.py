@@ -1,0 +1,97 @@
+"""``trainmath plan MODEL --gpus N --gpu NAME --seq S --global-batch G``: the fastest layouts that fit, and why
+the others were dropped."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from trainmath.cli.estimate import add_job_arguments
+
+    p = sub.add_parser(
+        "plan",
+        help="search DP×TP×PP×CP×EP, ZeRO, recompute, micro-batch and virtual stages for the fastest layouts "
+             "that fit",
+        description="Enumerates every layout of the GPUs (degrees, ZeRO stage, recompute, micro-batch, virtual "
+                    "stages), drops those that cannot be built or do not fit the GPU's memory, and ranks the rest "
+                    "by step time (the model of `trainmath estimate`). Exit 1 when nothing fits, with the closest "
+                    "candidates and what they lack.",
+    )
+    add_job_arguments(p)
+    p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    p.add_argument("--explain", action="store_true", help="also list every rejected candidate with its reason")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainmath.cli.estimate import load
+    from trainmath.plan import plan
+
+    spec, gpu, hw, job, tokens = load(args)
+    result = plan(spec, gpus=args.gpus, gpu=gpu, job=job, gpus_per_node=args.gpus_per_node, top=args.top,
+                  hardware=hw)
+    if args.json:
+        out = result.to_dict()
+        if tokens and result.layouts:
+            for d, e in zip(out["layouts"], result.layouts):
+                d["budget"] = e.budget(tokens, args.price_per_gpu_hour)
+        if args.explain:
+            out["rejected_list"] = [{**_row_dict(r), "reason": r.reason, "detail": r.detail, "count": r.count}
+                                    for r in result.rejected_list]
+        print(json.dumps(out, indent=1))
+    else:
+        print(render(result, explain=args.explain, tokens=tokens, price=args.price_per_gpu_hour))
+    return 0 if result.layouts else 1
+
+
+def _row_dict(r) -> dict:
+    lay = r.layout
+    return {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp, "zero": lay.zero,
+            "micro_batch": r.micro_batch or None, "recompute": r.recompute, "virtual_stages": r.virtual_stages or None}
+
+
+def render(result, *, explain: bool = False, tokens: int | None = None, price: float | None = None) -> str:
+    from trainmath.render import human_bytes, table
+
+    lines = [f"{result.model} on {result.gpus} × {result.gpu} ({result.gpus_per_node} per node): "
+             f"{result.candidates:,} candidates, {result.memory_checks} memory-model checks", ""]
+    head = ["#", "dp", "tp", "pp", "cp", "ep", "zero", "mb", "v", "recompute", "step s", "tokens/s", "TFLOP/s/GPU",
+            "MFU", "memory"]
+    if result.layouts:
+        rows = []
+        for i, e in enumerate(result.layouts, 1):
+            lay, job = e.layout, e.job
+            rows.append([i, lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.zero, job.micro_batch, job.virtual_stages,
+                         job.recompute, f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}", f"{e.tflops_per_gpu:.1f}",
+                         f"{100 * e.mfu:.1f}%", human_bytes(e.peak_bytes)])
+        lines.append(table(head, rows))
+        best = result.layouts[0]
+        lines += ["", "fastest, step breakdown (s): " + ", ".join(f"{k} {v:.3f}" for k, v in best.breakdown.items()
+                                                                  if v > 0)]
+        if tokens:
+            b = best.budget(tokens, price)
+            cost = f", cost {b['cost']:,.0f}" if "cost" in b else ""
+            lines.append(f"fastest on {tokens:,} tokens: {b['days']:,.2f} days, {b['gpu_hours']:,.0f} GPU-hours{cost}")
+    else:
+        lines.append(f"no layout fits in {human_bytes(result.usable_bytes)} per GPU. closest (smallest memory need):")
+        rows = [[r.layout.dp, r.layout.tp, r.layout.pp, r.layout.cp, r.layout.ep, r.layout.zero, r.micro_batch or "*",
+                 r.virtual_stages or "*", r.recompute, human_bytes(r.peak_bytes),
+                 human_bytes(r.peak_bytes - result.usable_bytes), r.reason] for r in result.closest]
+        lines.append(table(["dp", "tp", "pp", "cp", "ep", "zero", "mb", "v", "recompute", "needs", "lacks", "why"],
+                           rows, align="rrrrrrrrlrrl"))
+    lines += ["", "rejected:"]
+    lines += [f"  {n:>8,}  {reason}" for reason, n in sorted(result.rejected.items(), key=lambda kv: -kv[1])]
+    if explain:
+        lines += ["", "every rejected candidate ('*': all options of that layout):"]
+        rows = [[r.layout.dp, r.layout.tp, r.layout.pp, r.layout.cp, r.layout.ep, r.layout.zero,
+                 r.micro_batch or "*", r.virtual_stages or "*", r.recompute, r.count, r.detail]
+                for r in result.rejected_list]
+        lines.append(table(["dp", "tp", "pp", "cp", "ep", "zero", "mb", "v", "recompute", "n", "reason"], rows,
+                           align="rrrrrrrrlrl"))
+    if result.layouts:
+        lines += [""] + [f"convention: {c}" for c in result.layouts[0].conventions]
+    lines.append("search: tp within a node, sp on whenever tp > 1, cp while each rank keeps >= 1024 tokens; "
+                 "micro-batch 1/2/4/8, virtual stages 1/2/4, ZeRO 0-3, recompute none/selective/full")
+    return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""Compute time of one micro-batch on one rank: the FLOPs ledger's GEMMs at a shape-dependent efficiency.
+
+Every forward GEMM of ``trainmath.flops`` (per layer type, and the LM head) is cut as the layout cuts it and timed
+by :func:`gemm_time_s`:
+
+- linear layers: tokens (m) divided by cp; the larger of k and n divided by tp (column-parallel splits the
+  output, row-parallel the input, Megatron-LM; Shoeybi et al. 2019 §3) — routers are replicated over tp;
+- routed experts: each rank runs its experts/ep experts on the tokens routed to them from the ep group — the
+  same FLOPs as without EP (balanced routing), m = tokens·top_k·ep / experts per expert GEMM;
+- attention cores, ``attention="flash"``: a flash kernel, causal blocks skipped (the ledger's ``causal="half"``
+  count), heads split by tp, queries by cp, at the generation's ``attention_peak_fraction``; the backward executes
+  2.5× the forward's FLOPs (FlashAttention-2, Dao 2023 §3.1: five matmuls against two, the scores recomputed).
+  ``attention="eager"`` (Megatron-LM before flash attention: batched GEMMs + fused softmax + dropout): the two
+  GEMMs as executed (all s², ``gemm_time_s``) plus the score tensors' HBM traffic, ``EAGER_SCORE_BYTES`` per
+  score element forward and twice that backward;
+- memory-bound work (norms, activation functions, residual adds, dropout): ``elementwise_bytes_per_token_per_
+  hidden`` bytes per token and hidden unit per layer forward, twice that backward, at ``hbm_fraction`` of the
+  bandwidth, split by tp only under sequence parallelism (Korthikanti et al. 2022 §4.2.2: without it, those ops
+  are replicated on every tensor-parallel rank).
+
+A GEMM's backward is two GEMMs of its forward's shape (input and weight gradients). Recomputation repeats the
+forward of what it recomputes: ``full`` every layer (GEMMs, attention and memory-bound ops), ``selective`` the
+attention core (Korthikanti et al. 2022 §5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from trainmath.flops import count_flops
+from trainmath.hardware import GPU, Efficiency
+from trainmath.layout import ParallelLayout
+from trainmath.model.spec import ModelSpec
+
+FLASH_BACKWARD_FACTOR = 2.5
+"""FlashAttention-2 backward / forward executed FLOPs (Dao 2023, §3.1.2: 5 matmuls vs 2)."""
+
+EAGER_SCORE_BYTES = 11
+"""HBM bytes per attention-score element in an eager forward at 16-bit (derived from the kernels Korthikanti et
+al. 2022 §4.1 list): Q·Kᵀ writes the scores (2), the fused scale-mask-softmax reads them and writes the
+probabilities (2 + 2), dropout reads those and writes its output and 1-byte mask (2 + 2 + 1)."""
+
+ATTENTION = ("flash", "eager")
+
+
+def gemm_time_s(m: float, k: float, n: float, count: int, flops: float, gpu: GPU, eff: Efficiency,
+                dtype: str = "bf16", element_bytes: int = 2) -> float:
+    """Seconds for ``count`` GEMMs (m, k) @ (k, n) doing ``flops`` in total.
+
+    Roofline (Williams, Waterman & Patterson, CACM 52(4), 2009): the slower of compute at the shape's efficiency
+    ``gemm_peak_fraction · Π u(d)``, u(d) = d / (d + gemm_half_dim), and streaming the operands and result
+    through HBM at ``hbm_fraction`` of its bandwidth.
+    """
+    if flops <= 0:
+        return 0.0
+    h = eff.gemm_half_dim
+    shape = (m / (m + h)) * (k / (k + h)) * (n / (n + h))
+    compute = flops / (gpu.peak_flops_per_s(dtype) * eff.gemm_peak_fraction * shape)
+    memory = count * (m * k + k * n + m * n) * element_bytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
+    return max(compute, memory)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerTime:
+    """Seconds of one layer (or the LM head) for one micro-batch on one rank."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    attention_forward_s: float
+    """The attention core's share of ``forward_s`` (what context-parallel exchange can hide behind)."""
+
+
+_CACHES: dict[int, tuple[ModelSpec, dict]] = {}
+
+
+def spec_cache(spec: ModelSpec) -> dict:
+    """A memo dict for ``spec``, found by identity: hashing a whole ModelSpec costs more than the arithmetic it
+    would save (a 126-layer spec hashes every tensor), and the planner asks about one spec thousands of times."""
+    entry = _CACHES.get(id(spec))
+    if entry is None or entry[0] is not spec:
+        if len(_CACHES) > 32:
+            _CACHES.clear()
+        entry = _CACHES[id(spec)] = (spec, {})
+    return entry[1]
+
+
+def memo(spec: ModelSpec, key: tuple, make):
+    cache = spec_cache(spec)
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def _ledger(spec: ModelSpec, micro_batch: int, seq: int, causal: str):
+    return memo(spec, ("ledger", micro_batch, seq, causal),
+                lambda: count_flops(spec, batch=micro_batch, seq=seq, causal=causal))
+
+
+def _gemm_parts(gemms, layout: ParallelLayout, experts: int, gpu: GPU, eff: Efficiency, dtype: str, c: int,
+                attention: str = "flash"):
+    tp, cp, ep = layout.tp, layout.cp, layout.ep
+    dense = attn = 0.0
+    for g in gemms:
+        if g.component == "attention_core" and attention == "flash":
+            attn += g.flops / (tp * cp) / (gpu.peak_flops_per_s(dtype) * eff.attention_peak_fraction)
+            continue
+        if g.component == "attention_core":  # eager: (count/tp) batched GEMMs of queries s/cp
+            attn += gemm_time_s(g.m / cp, g.k, g.n, g.count // tp, g.flops / (tp * cp), gpu, eff, dtype, c)
+            if g.name.endswith("scores"):
+                scores = g.count / tp * g.m / cp * g.n
+                attn += scores * EAGER_SCORE_BYTES / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
+            continue
+        split_tp = 1 if g.component == "router" else tp
+        m = g.m / cp
+        if g.component == "experts" and experts:
+            m = g.m * ep / experts / cp
+        k, n = (g.k / split_tp, g.n) if g.k >= g.n else (g.k, g.n / split_tp)
+        dense += gemm_time_s(m, k, n, g.count if g.component != "experts" else max(1, experts // ep),
+                             g.flops / (split_tp * cp), gpu, eff, dtype, c)
+    return dense, attn
+
+
+def layer_times(spec: ModelSpec, *, micro_batch: int, seq: int, layout: ParallelLayout, gpu: GPU,
+                eff: Efficiency, recompute: str, dtype: str = "bf16", compute_bytes: int = 2,
+                attention: str = "flash") -> tuple[dict[int, LayerTime], LayerTime]:
+    """(layer index → its time, the LM head's time) for one micro-batch of ``micro_batch`` × ``seq`` tokens."""
+    key = ("layers", micro_batch, seq, layout.tp, layout.cp, layout.ep, layout.sp, gpu, eff, recompute, dtype,
+           compute_bytes, attention)
+    return memo(spec, key, lambda: _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype,
+                                                compute_bytes, attention))
+
+
+def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, compute_bytes, attention):
+    ledger = _ledger(spec, micro_batch, seq, "half" if attention == "flash" else "executed")
+    tokens = micro_batch * seq / layout.cp
+    elem_split = layout.tp if layout.sp else 1
+    elem_fwd = (eff.elementwise_bytes_per_token_per_hidden * tokens * spec.hidden_size / elem_split
+                / (gpu.hbm_bytes_per_s * eff.hbm_fraction))
+    per_layer: dict[int, LayerTime] = {}
+    for lt in ledger.layer_types:
+        experts = next((b.dims.experts for b in spec.layers[lt.layers[0]].blocks if b.kind == "moe"), 0)
+        dense, attn = _gemm_parts(lt.gemms, layout, experts, gpu, eff, dtype, compute_bytes, attention)
+        fwd = dense + attn + elem_fwd
+        bwd = 2 * dense + (FLASH_BACKWARD_FACTOR if attention == "flash" else 2) * attn + 2 * elem_fwd
+        rec = {"none": 0.0, "selective": attn, "full": fwd}[recompute]
+        t = LayerTime(forward_s=fwd, backward_s=bwd, recompute_s=rec, attention_forward_s=attn)
+        for i in lt.layers:
+            per_layer[i] = t
+    dense, _ = _gemm_parts(ledger.head, layout, 0, gpu, eff, dtype, compute_bytes)
+    head = LayerTime(forward_s=dense, backward_s=2 * dense, recompute_s=0.0, attention_forward_s=0.0)
+    return per_layer, head

@@ -1,0 +1,138 @@
+"""What a training job runs (``Job``), what the step-time model answers (``Estimate``), and the rules a job must
+obey on a layout (``job_problems``: every problem, each naming its values)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainmath.layout import ParallelLayout, layout_problems
+from trainmath.model.spec import ModelSpec
+from trainmath.perf.compute import memo
+from trainmath.perf.placement import Groups
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """What a training step runs, besides the layout."""
+
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel ranks."""
+    seq: int
+    micro_batch: int = 1
+    precision: str = "mixed-bf16"
+    optimizer: str = "adamw"
+    recompute: str = "none"
+    virtual_stages: int = 1
+    """Interleaved 1F1B model chunks per pipeline rank (1: plain 1F1B)."""
+    dtype: str = "bf16"
+    """Tensor-core format the GEMMs run in (its dense peak is MFU's denominator)."""
+    mfu_causal: str = "executed"
+    """Attention FLOPs in MFU/HFU: ``executed`` (all s², Megatron-LM's and PaLM's formulas) or ``half``."""
+    attention: str = "flash"
+    """Attention kernel: ``flash`` or ``eager`` (materialised scores; ``trainmath.perf.compute``)."""
+    profile: str = "megatron"
+    """Activation profile of the memory model."""
+    uneven_stages: bool = False
+    """Allow pp · virtual_stages not dividing the layers (stages differ by one layer, like Llama 3's)."""
+    mem_util_percent: int = 95
+    """Fit: peak_bytes must stay under this share of the GPU's memory (the rest: CUDA context, NCCL buffers,
+    allocator fragmentation)."""
+
+    @property
+    def micro_batches_per_dp(self) -> int:
+        return self.global_batch // self.micro_batch
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    model: str
+    gpu: str
+    gpus: int
+    layout: ParallelLayout
+    job: Job
+    micro_batches: int
+    step_time_s: float
+    breakdown: dict
+    """BREAKDOWN key → seconds of the step; sums to step_time_s."""
+    comm: tuple
+    """Every collective of the step (``CommItem``), exposed or not."""
+    groups: Groups
+    tokens_per_s: float
+    model_flops: int
+    hardware_flops: int
+    tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    peak_bytes: int | None
+    memory_bytes: int
+    fits: bool | None
+    conventions: tuple = field(default=())
+
+    def budget(self, tokens: float, price_per_gpu_hour: float | None = None) -> dict:
+        """Wall time, GPU-hours and cost of training on ``tokens`` tokens at this step's rate."""
+        seconds = tokens / self.tokens_per_s
+        hours = seconds * self.gpus / 3600
+        out = {"tokens": tokens, "steps": tokens / (self.job.global_batch * self.job.seq), "time_s": seconds,
+               "days": seconds / 86400, "gpu_hours": hours, "training_flops": self.model_flops * tokens
+               / (self.job.global_batch * self.job.seq)}
+        if price_per_gpu_hour is not None:
+            out["price_per_gpu_hour"] = price_per_gpu_hour
+            out["cost"] = hours * price_per_gpu_hour
+        return out
+
+    def to_dict(self) -> dict:
+        lay = self.layout
+        return {"model": self.model, "gpu": self.gpu, "gpus": self.gpus,
+                "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp, "zero": lay.zero,
+                "micro_batch": self.job.micro_batch, "virtual_stages": self.job.virtual_stages,
+                "recompute": self.job.recompute, "micro_batches": self.micro_batches,
+                "global_batch": self.job.global_batch, "seq": self.job.seq,
+                "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+                "tflops_per_gpu": self.tflops_per_gpu, "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+                "mfu": self.mfu, "hfu": self.hfu, "model_flops": self.model_flops,
+                "hardware_flops": self.hardware_flops, "peak_bytes": self.peak_bytes,
+                "memory_bytes": self.memory_bytes, "fits": self.fits, "breakdown": dict(self.breakdown),
+                "comm": [c.to_dict() for c in self.comm], "groups": self.groups.to_dict(),
+                "conventions": list(self.conventions)}
+
+
+def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | None = None) -> list[str]:
+    """Every reason the job cannot run as laid out, each naming its values; empty when it can."""
+    bad = layout_problems(layout)
+    if not bad:  # the model-dependent rules read only tp, pp and ep (trainmath.layout): checked once per triple
+        t, p, e = layout.tp, layout.pp, layout.ep
+        bad = list(memo(spec, ("layout", t, p, e),
+                        lambda: layout_problems(ParallelLayout(tp=t, pp=p, ep=e, dp=e), spec)))
+    if gpus is not None and layout.ranks != gpus and not bad:
+        bad.append(f"dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.ranks} must equal "
+                   f"the GPU count ({gpus})")
+    for name in ("global_batch", "seq", "micro_batch", "virtual_stages"):
+        v = getattr(job, name)
+        if not isinstance(v, int) or v < 1:
+            bad.append(f"{name.replace('_', ' ')} must be a positive integer, got {v!r}")
+    if job.attention not in ("flash", "eager"):
+        bad.append(f"attention kernel must be flash or eager, got {job.attention!r}")
+    if job.mfu_causal not in ("executed", "half"):
+        bad.append(f"mfu causal convention must be executed or half, got {job.mfu_causal!r}")
+    if bad:
+        return bad
+    if job.global_batch % (layout.dp * job.micro_batch):
+        bad.append(f"global batch ({job.global_batch}) must be divisible by dp × micro-batch ({layout.dp} × "
+                   f"{job.micro_batch} = {layout.dp * job.micro_batch})")
+    chunks = layout.pp * job.virtual_stages
+    if chunks > spec.num_layers:
+        bad.append(f"pp × virtual stages ({layout.pp} × {job.virtual_stages}) must not exceed the layers "
+                   f"({spec.num_layers})")
+    elif spec.num_layers % chunks and not job.uneven_stages:
+        bad.append(f"pp × virtual stages ({layout.pp} × {job.virtual_stages} = {chunks}) must divide the layers "
+                   f"({spec.num_layers})")
+    if job.virtual_stages > 1:
+        if layout.pp == 1:
+            bad.append(f"virtual stages ({job.virtual_stages}) need pp > 1")
+        elif not bad and (job.global_batch // (layout.dp * job.micro_batch)) % layout.pp:
+            bad.append(f"interleaved 1F1B needs the micro-batches ({job.global_batch // (layout.dp * job.micro_batch)}"
+                       f") to be a multiple of pp ({layout.pp})")
+    if job.seq % layout.cp:
+        bad.append(f"cp ({layout.cp}) must divide the sequence length ({job.seq})")
+    return bad

@@ -1,0 +1,242 @@
+"""Step time of a training job on a cluster, and what it makes of the GPUs: tokens/s, TFLOP/s, MFU and HFU.
+
+One step runs M = global_batch / (dp · micro_batch) micro-batches through the 1F1B pipeline schedule (Narayanan
+et al. 2021, §2.2). The busiest stage sets the pace; per micro-batch it spends forward + backward + recompute
+(``compute``) plus the communication that does not overlap (``comm``: tp, cp, ep, ZeRO-3). Then
+
+    step = M · per_mb + bubble + pp fill/drain p2p + exposed gradient sync + exposed ZeRO gathers + optimizer
+    bubble = (pp − 1) / v · per_mb     (v virtual stages: interleaved 1F1B, Narayanan et al. 2021 §2.2.2, Eq. 2)
+
+and the breakdown's entries sum to the step time. Utilisation conventions (stated in every result):
+
+- MFU (Chowdhery et al. 2022, PaLM, Appendix B): the model's FLOPs per step — the GEMM ledger's forward and
+  backward, no recomputation, attention counted ``mfu_causal`` — over step time × GPUs × dense peak;
+- HFU: the FLOPs the GPUs execute, recomputation included (same attention convention), over the same;
+- ``tflops_per_gpu`` is MFU's numerator per GPU per second; ``hardware_tflops_per_gpu`` HFU's.
+"""
+
+from __future__ import annotations
+
+
+from trainmath.errors import TrainmathError
+from trainmath.flops import count_flops
+from trainmath.hardware import GPU, Hardware, presets
+from trainmath.layout import ParallelLayout
+from trainmath.memory.precision import get_precision
+from trainmath.model.spec import ModelSpec
+from trainmath.comm.twolevel import Topology
+from trainmath.perf import comm as cm
+from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, layer_times, memo
+from trainmath.perf.job import Estimate, Job, job_problems
+from trainmath.perf.placement import place_groups
+from trainmath.placement import place, stage_layers
+
+BREAKDOWN = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm", "zero3_comm", "pipeline_bubble",
+             "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step")
+"""Every key of an estimate's ``breakdown`` (seconds), in order; their sum is ``step_time_s``."""
+
+_TP_BLOCKS = ("attention", "mla", "linear_attention", "mamba", "mlp", "moe")
+_OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "adam-amsgrad": 3, "adam8bit": 2, "adamw8bit": 2, "lion": 1,
+                     "sgd-momentum": 1, "sgd": 0, "adafactor": 0}
+"""Per-parameter state tensors the optimizer step reads and writes (adafactor's factored rows/columns: ~0)."""
+
+
+def _layer_types(spec: ModelSpec):
+    return memo(spec, ("layer_types",), spec.layer_groups)
+
+
+def _flops_per_sequence(spec: ModelSpec, seq: int, causal: str, recompute: str) -> int:
+    return memo(spec, ("flops", seq, causal, recompute),
+                lambda: count_flops(spec, batch=1, seq=seq, causal=causal, recompute=recompute).training_flops)
+
+
+def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tuple[int, int, tuple[int, ...]]:
+    """(dense, expert) parameters of one rank of ``stage`` before ZeRO, and each layer's (ZeRO-3 gathers)."""
+    if len(_layer_types(spec)) == 1 and 0 < stage < pp - 1:
+        # one layer type: an inner stage is known by its length alone (no embeddings, no head)
+        stages = memo(spec, ("stages", pp), lambda: stage_layers(spec.num_layers, pp))
+        twin = 1 if len(stages[1]) == len(stages[stage]) else len(stages) - 2  # array_split: two lengths at most
+        if twin != stage:
+            return stage_params(spec, tp, pp, ep, twin)
+
+    def make():
+        p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep), stage)
+        units = p.unit_params()
+        return p.dense_params, p.expert_params, tuple(units.get(f"layer.{i}", 0) for i in p.layers)
+
+    return memo(spec, ("params", tp, pp, ep, stage), make)
+
+
+def memory_recompute(job: Job) -> str:
+    """The recompute setting the memory model is asked with. Its ``megatron`` profile is Korthikanti et al.
+    2022's, whose no-recompute set keeps the 5as²b attention scores of an eager kernel; a flash kernel keeps no
+    s² tensor, which is that profile's ``selective`` set (§5: everything but the core attention)."""
+    if job.attention == "flash" and job.recompute == "none" and job.profile == "megatron":
+        return "selective"
+    return job.recompute
+
+
+def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_batches: int) -> int:
+    """``training_memory(...).peak_bytes`` for ``job`` on ``layout`` (the memory model's entry point)."""
+    from trainmath.memory.training import TrainingSetup, training_memory
+
+    setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
+                          optimizer=job.optimizer, recompute=memory_recompute(job), profile=job.profile,
+                          attention="eager" if job.attention == "eager" else "sdpa", micro_batches=micro_batches)
+    return training_memory(spec, setup, layout).peak_bytes
+
+
+def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, hardware: Hardware | None = None,
+             memory: bool = True, peak_bytes: int | None = None, validate: bool = True) -> Estimate:
+    """The step of ``job`` on ``layout`` over dp·tp·pp·cp GPUs of type ``gpu`` (see the module docstring).
+    ``memory=False`` skips the memory model (``peak_bytes`` and ``fits`` None) unless ``peak_bytes`` is given;
+    ``validate=False`` skips ``job_problems`` (the planner has checked)."""
+    bad = job_problems(spec, layout, job) if validate else []
+    if bad:
+        raise TrainmathError(f"impossible job ({layout.describe()}, micro-batch {job.micro_batch}, "
+                             f"{job.virtual_stages} virtual stages) for {spec.name}: " + "; ".join(bad))
+    eff = (hardware or presets()).efficiency(gpu)
+    prec = get_precision(job.precision)
+    c = prec.compute_bytes
+    topo = Topology.of_gpu(gpu, eff.link_fraction)
+    groups = place_groups(layout, gpu.gpus_per_node)
+    M = job.global_batch // (layout.dp * job.micro_batch)
+    per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
+                                  recompute=job.recompute, dtype=job.dtype, compute_bytes=c,
+                                  attention=job.attention)
+    stages = stage_layers(spec.num_layers, layout.pp)
+
+    def stage_time(s: int) -> tuple[float, float, float]:
+        ts = [per_layer[i] for i in stages[s]] + ([head] if s == layout.pp - 1 else [])
+        return (sum(t.forward_s for t in ts), sum(t.backward_s for t in ts), sum(t.recompute_s for t in ts))
+
+    times = [stage_time(s) for s in range(layout.pp)]
+    busiest = max(range(layout.pp), key=lambda s: sum(times[s]))
+    f, b, r = times[busiest]
+    layers = stages[busiest]
+    dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest)
+
+    # ---- per micro-batch communication on the busiest stage --------------------------------------------
+    tokens = job.micro_batch * job.seq // layout.cp
+    act = tokens * spec.hidden_size * c
+    items: list[cm.CommItem] = []
+    n_tp = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind in _TP_BLOCKS)
+    passes = 2 + (1 if job.recompute == "full" else 0)  # forward, backward, forward again
+    if layout.sp and layout.tp > 1:
+        items.append(cm.item("tp_comm", "reduce_scatter", "tp", groups.tp, act, M * n_tp * passes, topo))
+        items.append(cm.item("tp_comm", "all_gather", "tp", groups.tp, act, M * n_tp * passes, topo))
+    else:
+        items.append(cm.item("tp_comm", "all_reduce", "tp", groups.tp, act, M * n_tp * passes, topo))
+    if layout.cp > 1:
+        ring: dict[tuple[int, float], int] = {}  # (K+V bytes per rank, attention forward s) → layers like it
+        for i in layers:
+            for blk in spec.layers[i].blocks:
+                if blk.kind in ("attention", "mla"):
+                    d = blk.dims
+                    kv = (d.kv_heads * (d.head_dim + d.v_head_dim) if blk.kind == "attention"
+                          else d.heads * (d.qk_head_dim + d.v_head_dim)) // layout.tp
+                    key = (tokens * kv * c, per_layer[i].attention_forward_s)
+                    ring[key] = ring.get(key, 0) + 1
+        steps = layout.cp - 1
+        for (size, attn), count in ring.items():
+            items.append(cm.item("cp_comm", "send_recv", "cp", groups.cp, size, M * steps * count, topo,
+                                 hidden_behind_s=M * attn * count))
+            items.append(cm.item("cp_comm", "send_recv", "cp", groups.cp, 2 * size, M * steps * count, topo,
+                                 hidden_behind_s=M * attn * count * FLASH_BACKWARD_FACTOR))
+    if layout.ep > 1:
+        moe = [blk for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe"]
+        if moe:
+            size = tokens * moe[0].dims.top_k * spec.hidden_size * c
+            items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, topo))
+    if layout.pp > 1:
+        size = act / layout.tp
+        items.append(cm.item("pp_p2p", "send_recv", "pp", groups.pp, size, 2 * M * job.virtual_stages, topo,
+                             hidden_behind_s=0.0, floor_s=0.0))
+        one = items[-1].time_s / items[-1].count if items[-1].count else 0.0
+        items[-1] = cm.CommItem(**{**items[-1].__dict__, "exposed_s": 2 * (layout.pp - 1) * one})
+
+    # ---- gradient sync and ZeRO -------------------------------------------------------------------------
+    g, w = prec.grad_bytes, prec.weight_bytes
+    for kind, params, group, gname in (("dense", dense_p, groups.dp, "dp"),
+                                       ("expert", expert_p, groups.expert_dp, "expert_dp")):
+        if not params or group.size == 1:
+            continue
+        last_bwd = b + r
+        if layout.zero == 0:
+            items.append(cm.item("dp_grad_sync", "all_reduce", gname, group, params * g, 1, topo,
+                                 hidden_behind_s=last_bwd,
+                                 floor_s=cm.bucket_floor_s("all_reduce", params * g, group, topo)))
+        elif layout.zero in (1, 2):
+            # ZeRO-2 keeps only its gradient shard, so every micro-batch's backward reduce-scatters (DeepSpeed
+            # stage 2 with accumulation); ZeRO-1 accumulates whole gradients and reduce-scatters once.
+            k = M if layout.zero == 2 else 1
+            items.append(cm.item("dp_grad_sync", "reduce_scatter", gname, group, params * g, k, topo,
+                                 hidden_behind_s=k * last_bwd,
+                                 floor_s=cm.bucket_floor_s("reduce_scatter", params * g, group, topo)))
+            items.append(cm.item("zero_param_gather", "all_gather", gname, group, params * w, 1, topo,
+                                 hidden_behind_s=f,
+                                 floor_s=cm.bucket_floor_s("all_gather", params * w, group, topo)))
+        else:
+            share = params / max(1, dense_p + expert_p)
+            exposed = 0.0
+            total = 0.0
+            coll = cm.time_s
+            for i, lp in zip(layers, layer_p):
+                lt = per_layer[i]
+                ag = coll("all_gather", lp * share * w, group, topo)
+                rs = coll("reduce_scatter", lp * share * g, group, topo)
+                total += M * (2 * ag + rs)
+                exposed += M * (max(0.0, ag - lt.forward_s) + max(0.0, ag + rs - lt.backward_s - lt.recompute_s))
+            first = coll("all_gather", (layer_p[0] if layer_p else 0) * share * w, group, topo)
+            exposed = min(total, exposed + first)
+            items.append(cm.CommItem(name="zero3_comm", op="all_gather+reduce_scatter", group=gname,
+                                     group_size=group.size, link=cm.link_of(group),
+                                     size_bytes=params * w, count=M * 3, time_s=total, exposed_s=exposed))
+
+    # ---- optimizer step (memory-bound) ------------------------------------------------------------------
+    states = _OPTIMIZER_STATES.get(job.optimizer, 2)
+    per_param = g + 2 * prec.master_bytes + 2 * states * prec.state_bytes + w
+    opt_params = (dense_p / (layout.zero_degree if layout.zero else 1)
+                  + expert_p / (layout.expert_zero_degree if layout.zero else 1))
+    optimizer_s = opt_params * per_param / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
+
+    # ---- assemble -----------------------------------------------------------------------------------------
+    per_mb_comm = {k: 0.0 for k in ("tp_comm", "cp_comm", "ep_comm", "zero3_comm")}
+    once = {k: 0.0 for k in ("pp_p2p", "dp_grad_sync", "zero_param_gather")}
+    for it in items:
+        (per_mb_comm if it.name in per_mb_comm else once)[it.name] += it.exposed_s
+    per_mb = f + b + r + sum(per_mb_comm.values()) / M
+    bubble = (layout.pp - 1) / job.virtual_stages * per_mb
+    breakdown = {"forward": M * f, "backward": M * b, "recompute": M * r, **per_mb_comm,
+                 "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s}
+    breakdown = {k: breakdown[k] for k in BREAKDOWN}
+    step = sum(breakdown.values())
+
+    n = layout.ranks
+    model_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, "none") * job.global_batch
+    hw_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, job.recompute) * job.global_batch
+    peak = gpu.peak_flops_per_s(job.dtype)
+    if peak_bytes is None and memory:
+        peak_bytes = memory_peak_bytes(spec, layout, job, M)
+    fits = None if peak_bytes is None else peak_bytes <= gpu.memory_bytes * job.mem_util_percent // 100
+    conventions = (
+        f"MFU: model FLOPs (GEMM ledger forward + backward, no recompute, attention causal={job.mfu_causal}) / "
+        f"(step time · {n} GPUs · dense {job.dtype} peak {peak / 1e12:.1f} TFLOP/s)",
+        f"HFU: executed FLOPs (recompute={job.recompute} included, same attention convention) / the same",
+        f"compute at the {gpu.generation} efficiency curve (gpus.json 'generations'); flash attention skips "
+        f"causally masked blocks",
+        f"1F1B pipeline, {job.virtual_stages} virtual stage(s): bubble (pp - 1)/v micro-batch times",
+        f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
+        f"datasheet bandwidth",
+        "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
+        f"memory: the {job.profile} activation profile with recompute={memory_recompute(job)}"
+        + (" (flash attention keeps no s² scores)" if memory_recompute(job) != job.recompute else "")
+        + f"; fits when peak_bytes <= {job.mem_util_percent}% of {gpu.memory_bytes / 2**30:.0f} GiB",
+    )
+    return Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
+                    step_time_s=step, breakdown=breakdown, comm=tuple(items), groups=groups,
+                    tokens_per_s=job.global_batch * job.seq / step, model_flops=model_flops,
+                    hardware_flops=hw_flops, tflops_per_gpu=model_flops / step / n / 1e12,
+                    hardware_tflops_per_gpu=hw_flops / step / n / 1e12, mfu=model_flops / (step * n * peak),
+                    hfu=hw_flops / (step * n * peak), peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
+                    fits=fits, conventions=conventions)
