@@ -111,9 +111,10 @@ def _from_hub(repo_id: str) -> ModelSource:
                        origin=f"hub:{repo_id}")
 
 
-def load_spec(model: str):
-    """``resolve`` + ``spec_from_config``: the ``ModelSpec`` of whatever ``model`` names."""
+def load_spec(model: str, *, strict: bool = False):
+    """``resolve`` + ``spec_from_config``: the ``ModelSpec`` of whatever ``model`` names; ``strict`` refuses a
+    config that lacks keys (transformers' defaults) or holds keys that look misspelt."""
     from trainmath.model import spec_from_config
 
     src = resolve(model)
-    return spec_from_config(src.config, name=src.name, source=src.name)
+    return spec_from_config(src.config, name=src.name, source=src.name, strict=strict)

@@ -35,8 +35,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from importlib import import_module
 
     from trainmath import __version__
+    from trainmath.cli.args import Parser
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trainmath",
         description="Exact arithmetic of LLM training and serving, and a torch.distributed runtime to check it.",
     )

@@ -45,7 +45,7 @@ def register(subparsers) -> None:
 
     demo = sub.add_parser("demo", help="show each rank's tensor before and after a primitive",
                           description="Start N ranks and show, per rank in rank order, the tensor before and after "
-                                      "a primitive (the seed's examples). Two launchers with --nnodes 2 and "
+                                      "a primitive (the examples of Jiang Yi's blog series on distributed training). Two launchers with --nnodes 2 and "
                                       "--node-rank 0/1 (same --master-addr/--master-port) form one job.")
     demo.add_argument("op", nargs="?", help=f"one of: {', '.join(_DEMO_NAMES)}")
     demo.add_argument("--list", action="store_true", help="list the demos and exit")
@@ -56,7 +56,8 @@ def register(subparsers) -> None:
     demo.set_defaults(func=cmd_demo)
 
     layout = sub.add_parser("layout", help="print the process table (process id, rank, node, local GPU)",
-                            description="The seed's table of processes, ranks, nodes and GPUs, and a subgroup's.")
+                            description="The table of processes, ranks, nodes and GPUs of Jiang Yi's blog series on "
+                                        "distributed training, and a subgroup's.")
     layout.add_argument("--nnodes", type=int, default=2, help="nodes (default 2)")
     layout.add_argument("--nproc-per-node", type=int, default=4, help="processes per node (default 4)")
     layout.add_argument("--subgroup", default="even", help="'even' or comma-separated global ranks (default even)")

@@ -42,7 +42,7 @@ def _flag(cfg: ConfigView, spec) -> bool:
 
 def default_layer_types(cfg: ConfigView, model_type: str, n: int) -> list[str]:
     """How each family's config class derives ``layer_types`` when the config does not list them."""
-    window = cfg.get("sliding_window", None)
+    window = cfg.window()
     if model_type == "gemma2":
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     if model_type == "gemma3_text":
@@ -89,8 +89,8 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
         mlp = blocks.dense_mlp_block(blocks.gated_mlp(d=d, d_ff=d_ff, bias=mlp_bias, fused=opts.get("fused_mlp")),
                                      d=d, d_ff=d_ff, gated=True)
     norms = blocks.norm_block(*((nm, d) for nm in opts.get("norms", _LAYER_NORMS_2)), bias=norm_bias)
-    types = layer_types(cfg, n, default_layer_types(cfg, mt, n))
-    window = cfg.get("sliding_window", None)
+    types = layer_types(cfg, n, default_layer_types(cfg, mt, n), ("full_attention", "sliding_attention"))
+    window = cfg.window()
     by_type: dict[str, LayerSpec] = {}
     for t in dict.fromkeys(types):
         attn = attention_block(cfg, mt, d, window_for(t, window if isinstance(window, int) else None))
@@ -108,4 +108,4 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
 
 def _arch(cfg: ConfigView) -> str:
     archs = cfg.data.get("architectures") or []
-    return archs[0] if archs else cfg.model_type
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else cfg.model_type
