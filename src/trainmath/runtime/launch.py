@@ -34,10 +34,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-import torch.distributed as dist
-
 from trainmath.errors import TrainmathError
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # the calculator installs without torch; every runtime command comes through here
+    raise TrainmathError('this command needs torch: pip install "trainmath[runtime]"') from None
 
 BACKENDS = ("gloo", "nccl")
 
@@ -104,8 +107,12 @@ class JobSpec:
             raise TrainmathError(f"--master-port must be in 0..65535, got {self.master_port}")
         if self.master_port == 0 and self.nnodes > 1:
             raise TrainmathError("--master-port is required with --nnodes > 1: every launcher must use the same port")
-        if self.timeout_s <= 0:
-            raise TrainmathError(f"timeout must be > 0 s, got {self.timeout_s}")
+        if not 0 < self.timeout_s <= 86_400:  # NaN fails too; timedelta overflows near 1e14 s
+            raise TrainmathError(f"--timeout must be a finite number of seconds in (0, 86400], got {self.timeout_s}")
+        if self.deadline_s is not None and not 0 < self.deadline_s <= 10 * 86_400:
+            raise TrainmathError(f"deadline must be a finite number of seconds in (0, 864000], got {self.deadline_s}")
+        if not self.master_addr or any(c.isspace() for c in self.master_addr):
+            raise TrainmathError(f"--master-addr must be a host name or address, got {self.master_addr!r}")
 
     @property
     def world_size(self) -> int:
@@ -359,3 +366,36 @@ def _others(collateral: list[int], reports) -> str:
     if not collateral:
         return ""
     return f" (rank{'s' if len(collateral) > 1 else ''} {', '.join(map(str, collateral))} then failed: {reports[collateral[0]][1]})"
+
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def run_under_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "gloo", timeout_s: float = 30.0):
+    """Run ``fn(ctx, *args)`` as this process's rank of a job started by torchrun (``python -m
+    torch.distributed.run``): torchrun's variables become the :class:`RankContext`, the process group is
+    initialised from them (``env://``) and destroyed afterwards. Returns ``(ctx, result)``.
+
+    The second way into the runtime beside :func:`launch`; like it, the only code that reads RANK/WORLD_SIZE.
+    """
+    missing = [k for k in _TORCHRUN_VARS if k not in os.environ]
+    if missing:
+        raise TrainmathError(f"not started by torchrun ({', '.join(missing)} not set): run it as `python -m "
+                             f"torch.distributed.run --nproc_per_node N -m MODULE ...`, or use `trainmath comm`")
+    if backend not in BACKENDS:
+        raise TrainmathError(f"unknown backend {backend!r}; choose gloo or nccl")
+    world = int(os.environ["WORLD_SIZE"])
+    ctx = RankContext(rank=int(os.environ["RANK"]), world_size=world, local_rank=int(os.environ["LOCAL_RANK"]),
+                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                      node_rank=int(os.environ.get("GROUP_RANK", "0")), master_addr=os.environ["MASTER_ADDR"],
+                      master_port=int(os.environ["MASTER_PORT"]), backend=backend, timeout_s=timeout_s)
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(ctx.local_rank)
+        kwargs["device_id"] = ctx.device
+    dist.init_process_group(backend, init_method="env://", rank=ctx.rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    try:
+        return ctx, fn(ctx, *args)
+    finally:
+        dist.destroy_process_group()
