@@ -55,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error already printed in one line (cli.args.Parser)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.func(args) or 0)
     except TrainmathError as e:

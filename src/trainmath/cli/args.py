@@ -41,6 +41,11 @@ def count(minimum: int = 1, maximum: int = MAX_COUNT, *, what: str = "an integer
     return parse
 
 
+def integer(text: str) -> int:
+    """An integer of at most 2**40 in magnitude, range left to the command's own checks (which name the value)."""
+    return count(-MAX_COUNT, MAX_COUNT)(text)
+
+
 def number(minimum: float = 0.0, maximum: float = 1e9, *, exclusive_minimum: bool = False, unit: str = ""):
     """An argparse type: a finite decimal number in [minimum, maximum] (``(minimum, maximum]`` when exclusive);
     NaN, infinity and out-of-range values are refused."""
