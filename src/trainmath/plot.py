@@ -29,6 +29,8 @@ def plot_components(reports: list[ParamReport], output: str | Path, *, activated
     output = Path(output)
     if output.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise TrainmathError(f"--output must end in .png, .svg or .pdf, got {output.name!r}")
+    if output.is_dir():
+        raise TrainmathError(f"--output {output} is a directory; give a file name such as {output / 'params.png'}")
     if not output.parent.is_dir():
         raise TrainmathError(f"directory {output.parent} does not exist")
     names = [r.model.split("/")[-1] for r in reports]
@@ -48,8 +50,29 @@ def plot_components(reports: list[ParamReport], output: str | Path, *, activated
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
-    tmp = output.with_name(output.name + ".part")
-    fig.savefig(tmp, format=output.suffix[1:], dpi=120)  # written whole, then renamed: nothing half-way
+    _save_atomically(fig, output)
     plt.close(fig)
-    tmp.replace(output)
     return output
+
+
+def _save_atomically(fig, output: Path) -> None:
+    """Write to a unique temporary file beside ``output``, then rename it over ``output``: a reader sees the old
+    file or the whole new one, and a failure (unwritable directory, full disk) leaves nothing behind."""
+    import os
+    import tempfile
+
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".part", dir=output.parent)
+    except OSError as e:
+        raise TrainmathError(f"cannot write {output}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format=output.suffix[1:].lower(), dpi=120)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, output)
+    except OSError as e:
+        os.unlink(tmp)
+        raise TrainmathError(f"cannot write {output}: {e.strerror or e}") from None
+    except BaseException:
+        os.unlink(tmp)
+        raise
