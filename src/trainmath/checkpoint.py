@@ -121,10 +121,23 @@ def _open_regular(path: Path):
     return open(path, "rb")  # a regular file: opened again in the ordinary (buffered, blocking) way
 
 
+def _clause(e: Exception) -> str:
+    """An exception's first line, cut at a word (never mid-word) past 100 characters."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text if len(text) <= 100 else text[:100].rsplit(" ", 1)[0] + " ..."
+
+
+def _int(text: str) -> int:
+    if len(text) > 40:  # Python's int() refuses 4,300 digits; no shape, offset or size has 40
+        raise ValueError(f"an integer of {len(text.lstrip('-')):,} digits")
+    return int(text)
+
+
 def _loads(raw: str | bytes):
-    """json.loads that turns nesting too deep for the parser into a ValueError like any other bad JSON."""
+    """json.loads that turns nesting too deep for the parser, and integers of more than 40 digits, into a
+    ValueError like any other bad JSON."""
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_int=_int)
     except RecursionError:
         raise ValueError("nested too deeply (arrays or objects hundreds of levels inside each other)") from None
 
@@ -148,7 +161,7 @@ def read_header(path: str | Path) -> tuple[dict[str, StoredTensor], dict, list[s
     try:
         header = _loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise _bad(path, f"header is not valid UTF-8 JSON ({str(e).splitlines()[0][:100]})") from None
+        raise _bad(path, f"header is not valid UTF-8 JSON ({_clause(e)})") from None
     if not isinstance(header, dict):
         raise _bad(path, f"header is a JSON {type(header).__name__}, not an object")
     meta = header.pop("__metadata__", None) or {}
@@ -167,7 +180,7 @@ def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
     except OSError as e:
         raise _bad(path, f"cannot read: {e.strerror or e}") from None
     except (UnicodeDecodeError, ValueError) as e:
-        raise _bad(path, f"not a JSON index ({str(e).splitlines()[0][:100]})") from None
+        raise _bad(path, f"not a JSON index ({_clause(e)})") from None
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if wm is None and isinstance(data, dict) and "model_type" in data:
         raise _bad(path, "this is a model config, not a safetensors index; pass it with --config")

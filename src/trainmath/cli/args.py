@@ -133,3 +133,19 @@ def config_json(spec) -> dict:
     """The same for ``--json``: ``{"defaults_used": {...}, "unknown_keys": {...}}``."""
     report = getattr(spec, "config_report", None)
     return report.to_dict() if report is not None else {"defaults_used": {}, "unknown_keys": {}}
+
+
+def positions_warning(spec, tokens: int, flag: str) -> str | None:
+    """Tokens per sequence against the model's positions: an error for learned position embeddings (GPT-2's
+    ``wpe`` has no row beyond them: the model cannot run), a warning for rotary models (they run; beyond their
+    trained length quality is not promised, and RoPE scaling may extend it). None when within."""
+    from trainmath.errors import TrainmathError
+
+    limit = spec.max_position_embeddings
+    if tokens <= limit:
+        return None
+    if any(t.component == "pos_embed" for t in spec.pre):
+        raise TrainmathError(f"{flag} {tokens} is longer than {spec.name}'s {limit} learned positions "
+                             f"(n_positions / max_position_embeddings); use {flag} {limit} or less")
+    return (f"{flag} {tokens} is beyond max_position_embeddings {limit} of {spec.name} (counted as asked; the model "
+            f"was not trained on longer sequences)")

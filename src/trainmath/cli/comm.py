@@ -259,7 +259,8 @@ def cmd_layout(args) -> int:
             if len(members) != len([x for x in args.subgroup.split(",") if x.strip()]):
                 raise ValueError
         except ValueError:
-            raise TrainmathError(f"--subgroup must be 'even' or comma-separated ranks, got {args.subgroup!r}") from None
+            shown = repr(args.subgroup) if len(args.subgroup) <= 60 else repr(args.subgroup[:40]) + "..."
+            raise TrainmathError(f"--subgroup must be 'even' or comma-separated ranks, got {shown}") from None
     sub = subgroup_table(world, members)
     if args.json:
         print(json.dumps({"world": [vars(r) for r in world], "subgroup": [vars(r) for r in sub]}, indent=1))

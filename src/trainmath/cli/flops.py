@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_strict, config_json, config_lines, count
+from trainmath.cli.args import add_strict, config_json, config_lines, count, positions_warning
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from trainmath.sources import load_spec
 
     spec = load_spec(args.model, strict=args.strict)
+    warning = positions_warning(spec, args.seq, "--seq")
     report = count_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal, recompute=args.recompute,
                          mamba_chunk=args.mamba_chunk)  # None: the config's chunk_size, from the spec
     closed = closed_form_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal)
@@ -48,9 +49,10 @@ def run(args: argparse.Namespace) -> int:
         out["closed_form"] = closed.to_dict()
         out["closed_form"]["ratio_exact_over_closed"] = fwd_bwd / closed.training_flops
         out["config"] = config_json(spec)
+        out["warnings"] = [warning] if warning else []
         print(json.dumps(out, indent=1))
         return 0
-    print(render(spec, report, closed, gemms=args.gemms))
+    print(render(spec, report, closed, gemms=args.gemms) + (f"\nwarning: {warning}" if warning else ""))
     return 0
 
 

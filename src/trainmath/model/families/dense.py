@@ -8,7 +8,7 @@ Parameters per layer (seed, first article, generalised): attention 2·h·h_d·d 
 from __future__ import annotations
 
 from trainmath.model import blocks
-from trainmath.model.config import ConfigView
+from trainmath.model.config import ConfigView, show
 from trainmath.model.families.common import embeddings, head, head_dim, kv_heads, layer_types, window_for
 from trainmath.model.spec import LayerSpec, ModelSpec
 
@@ -108,4 +108,7 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
 
 def _arch(cfg: ConfigView) -> str:
     archs = cfg.data.get("architectures") or []
-    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else cfg.model_type
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        cfg.invalid.append(f"architectures must be a list of class names, got {show(archs)}")
+        return cfg.model_type
+    return archs[0] if archs else cfg.model_type
