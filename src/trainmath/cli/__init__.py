@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except TrainmathError as e:
         print(f"trainmath: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)  # 2 for bad input; 128 + signal for an interrupted launch
     except BrokenPipeError:  # `trainmath ... | head`
         return 0
 
