@@ -63,6 +63,7 @@ CONFIGS: dict[str, dict | str] = {
        for v, x in (("neg", -4096), ("zero", 0), ("frac", 4096.5), ("nan", NAN), ("str", "4096"), ("bool", True),
                     ("list", [4096]))},
     "gemma3_sliding_neg": {**GEMMA3, "sliding_window": -1},
+    "qwen3moe_sliding_on_zero": {**QWEN3_MOE, "use_sliding_window": True, "sliding_window": 0},
     "gpt_oss_sliding_nan": {**GPT_OSS, "sliding_window": NAN},
     "llama4_chunk_neg": {**LLAMA4, "text_config": {**LLAMA4["text_config"], "attention_chunk_size": -8192}},
     # max_position_embeddings

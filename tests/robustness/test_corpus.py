@@ -108,3 +108,14 @@ def test_rope_model_beyond_its_positions_warns(capsys):
     assert "warning: --seq 65536 is beyond max_position_embeddings 40960" in out
     assert main(["flops", "qwen3-0.6b", "--seq", "65536", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["warnings"][0].startswith("--seq 65536 is beyond")
+
+
+def test_an_unused_window_of_zero_is_accepted(tmp_path, capsys):
+    # transformers' own Qwen2MoeConfig writes sliding_window 0 when use_sliding_window is false: not an error
+    from .corpus import QWEN3_MOE
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**QWEN3_MOE, "model_type": "qwen2_moe", "use_sliding_window": False,
+                                "sliding_window": 0, "shared_expert_intermediate_size": 0}))
+    assert main(["params", str(path)]) == 0
+    assert "trainmath: error" not in capsys.readouterr().err

@@ -135,7 +135,7 @@ def test_a_vanished_node_is_named_by_the_survivor(victim, tmp_path):
     survivor = procs[1 - victim]
     out, err = survivor.communicate(timeout=60)
     procs[victim].communicate(timeout=10)
-    assert time.monotonic() - t < 10
+    assert time.monotonic() - t < 20  # ~3 s alone (2 s grace + heartbeat silence); CI shares two cores
     assert survivor.returncode == 2
     line = _one_error_line(err)
     ranks = "2, 3" if victim == 1 else "0, 1"

@@ -42,7 +42,7 @@ def _flag(cfg: ConfigView, spec) -> bool:
 
 def default_layer_types(cfg: ConfigView, model_type: str, n: int) -> list[str]:
     """How each family's config class derives ``layer_types`` when the config does not list them."""
-    window = cfg.window()
+    window = _window(cfg, model_type)
     if model_type == "gemma2":
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     if model_type == "gemma3_text":
@@ -56,6 +56,14 @@ def default_layer_types(cfg: ConfigView, model_type: str, n: int) -> list[str]:
     if model_type in ("mistral", "starcoder2", "phi3") and window is not None:
         return ["sliding_attention"] * n
     return ["full_attention"] * n
+
+
+def _window(cfg: ConfigView, model_type: str) -> int | None:
+    """The sliding window, validated where it is used: Qwen's configs read it only with use_sliding_window
+    (transformers' own Qwen2-MoE config writes sliding_window 0 when it is off)."""
+    if model_type in ("qwen2", "qwen3") and not cfg.bool("use_sliding_window", False):
+        return None
+    return cfg.window()
 
 
 def attention_block(cfg: ConfigView, model_type: str, d: int, window: int | None = None) -> blocks.Block:
@@ -90,7 +98,7 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
                                      d=d, d_ff=d_ff, gated=True)
     norms = blocks.norm_block(*((nm, d) for nm in opts.get("norms", _LAYER_NORMS_2)), bias=norm_bias)
     types = layer_types(cfg, n, default_layer_types(cfg, mt, n), ("full_attention", "sliding_attention"))
-    window = cfg.window()
+    window = _window(cfg, mt)
     by_type: dict[str, LayerSpec] = {}
     for t in dict.fromkeys(types):
         attn = attention_block(cfg, mt, d, window_for(t, window if isinstance(window, int) else None))

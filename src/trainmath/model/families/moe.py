@@ -101,8 +101,9 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
         rope = (int_list(cfg, "no_rope_layers", 1) or [int((i + 1) % interval != 0) for i in range(n)])[:n]
         default = ["chunked_attention" if r and window is not None else "full_attention" for r in rope]
     else:
-        window = cfg.window()
-        use_sw = cfg.bool("use_sliding_window", False) if mt != "mixtral" else window is not None
+        # Qwen reads the window only with use_sliding_window (transformers writes sliding_window 0 when it is off)
+        use_sw = cfg.bool("use_sliding_window", False) if mt != "mixtral" else cfg.window() is not None
+        window = cfg.window() if use_sw else None
         default = (["sliding_attention"] * n if use_sw and window is not None else ["full_attention"] * n)
     types = layer_types(cfg, n, default, ("full_attention", "sliding_attention", "chunked_attention"))
     n_experts = sparse.dims.experts
