@@ -141,3 +141,19 @@ def test_a_vanished_node_is_named_by_the_survivor(victim, tmp_path):
     ranks = "2, 3" if victim == 1 else "0, 1"
     assert f"node {victim}" in line and f"ranks {ranks} vanished" in line, line
     assert "stalled" not in line
+
+
+@pytest.mark.parametrize("case_id", ["params-deep_value", "infer-sliding_neg", "flops---seq-giant",
+                                     "comm-demo-timeout-nan", "plot-o-directory", "check-deep_header"])
+def test_corpus_sample_through_the_real_entry_point(case_id, tmp_path):
+    """The in-process corpus is what `python -m trainmath` does: a sample through the real entry point."""
+    from .corpus import _config_cases, CLI_CASES
+    from .test_corpus import _files, _materialise
+
+    (argv, code), = [(a, c) for i, a, c, _ in _config_cases() + CLI_CASES if i == case_id]
+    argv = _materialise(argv, tmp_path)
+    before = _files(tmp_path)
+    out, elapsed = _trainmath(*argv, timeout=30)
+    assert out.returncode == code and out.stdout == ""
+    _one_error_line(out.stderr)
+    assert _files(tmp_path) == before and elapsed < 5
