@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -104,11 +105,48 @@ def _entry(path: object, name: str, info: object, file: str) -> StoredTensor:
     return t
 
 
+def _open_regular(path: Path):
+    """Open ``path`` for reading only if it is a regular file: a FIFO, socket or device named ``*.safetensors``
+    would block ``open`` (a FIFO waits for a writer) or never end, so it is opened non-blocking, checked, refused."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "not a regular file")
+            raise _bad(path, f"is {kind}, not a regular file")
+    finally:
+        os.close(fd)
+    return open(path, "rb")  # a regular file: opened again in the ordinary (buffered, blocking) way
+
+
+def _clause(e: Exception) -> str:
+    """An exception's first line, cut at a word (never mid-word) past 100 characters."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text if len(text) <= 100 else text[:100].rsplit(" ", 1)[0] + " ..."
+
+
+def _int(text: str) -> int:
+    if len(text) > 40:  # Python's int() refuses 4,300 digits; no shape, offset or size has 40
+        raise ValueError(f"an integer of {len(text.lstrip('-')):,} digits")
+    return int(text)
+
+
+def _loads(raw: str | bytes):
+    """json.loads that turns nesting too deep for the parser, and integers of more than 40 digits, into a
+    ValueError like any other bad JSON."""
+    try:
+        return json.loads(raw, parse_int=_int)
+    except RecursionError:
+        raise ValueError("nested too deeply (arrays or objects hundreds of levels inside each other)") from None
+
+
 def read_header(path: str | Path) -> tuple[dict[str, StoredTensor], dict, list[str]]:
     """Tensors, ``__metadata__`` and problems of one safetensors file, reading only its 8 + N header bytes."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
@@ -121,9 +159,9 @@ def read_header(path: str | Path) -> tuple[dict[str, StoredTensor], dict, list[s
     except OSError as e:
         raise _bad(path, f"cannot read: {e.strerror or e}") from None
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = _loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise _bad(path, f"header is not valid UTF-8 JSON ({str(e).splitlines()[0][:100]})") from None
+        raise _bad(path, f"header is not valid UTF-8 JSON ({_clause(e)})") from None
     if not isinstance(header, dict):
         raise _bad(path, f"header is a JSON {type(header).__name__}, not an object")
     meta = header.pop("__metadata__", None) or {}
@@ -137,11 +175,12 @@ def read_header(path: str | Path) -> tuple[dict[str, StoredTensor], dict, list[s
 
 def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
     try:
-        data = json.loads(path.read_text())
+        with _open_regular(path) as f:
+            data = _loads(f.read(MAX_HEADER_BYTES + 1).decode("utf-8"))
     except OSError as e:
         raise _bad(path, f"cannot read: {e.strerror or e}") from None
     except (UnicodeDecodeError, ValueError) as e:
-        raise _bad(path, f"not a JSON index ({str(e).splitlines()[0][:100]})") from None
+        raise _bad(path, f"not a JSON index ({_clause(e)})") from None
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if wm is None and isinstance(data, dict) and "model_type" in data:
         raise _bad(path, "this is a model config, not a safetensors index; pass it with --config")
@@ -218,6 +257,8 @@ def load_checkpoint(paths: list[str]) -> Checkpoint:
                     raise TrainmathError(f"pass one index at a time (got {index} and {p})")
             else:
                 files.append(p)
+        elif p.exists():
+            raise _bad(arg, "is not a regular file or a directory (a FIFO, socket or device?)")
         else:
             raise _bad(arg, "no such file or directory")
     if index is not None:
@@ -352,6 +393,20 @@ def _quant_base(name: str, known) -> str | None:
     return None
 
 
+# Expected tensor names are expanded one by one (experts × layers); a config claiming more than this is refused
+# before they are (the largest published checkpoints hold ~100,000 tensors).
+MAX_EXPECTED_TENSORS = 5_000_000
+
+
+def _check_size(spec: ModelSpec) -> None:
+    per_layer = {id(layer): sum(t.experts if t.experts and "{e}" in t.name else 1 for t in layer.tensors)
+                 for layer in spec.layers}
+    n = len(spec.pre) + len(spec.post) + sum(per_layer[id(layer)] for layer in spec.layers)
+    if n > MAX_EXPECTED_TENSORS:
+        raise TrainmathError(f"{spec.name}: its config implies {n:,} checkpoint tensors; check-checkpoint compares "
+                             f"at most {MAX_EXPECTED_TENSORS:,}")
+
+
 def _desc(t: StoredTensor) -> dict:
     return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
 
@@ -364,6 +419,7 @@ def compare(spec: ModelSpec, ckpt: Checkpoint, *, ledger_params: int, dtype: str
     if st not in DTYPE_BITS or DTYPE_BITS[st] % 8:
         raise TrainmathError(f"--dtype {dtype!r} is not a whole-byte dtype; use one of "
                              f"{', '.join(DTYPE_ALIASES)} or a safetensors dtype such as BF16")
+    _check_size(spec)
     main = {n: (tuple(s), t) for n, s, t in named_tensors(spec, include_tied=True)}
     groups = [(e, {n: tuple(s) for n, s, _ in named_tensors(replace(spec, pre=(), layers=(), post=(), extras=(e,)),
                                                                include_extras=True)}) for e in spec.extras]

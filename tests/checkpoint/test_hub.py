@@ -39,6 +39,7 @@ def fake_metadata(model: str, shards: int = 3) -> SafetensorsRepoMetadata:
 
 def test_hub_headers_match_catalog_ledger(capsys, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("trainmath.sources.hub_reachable", lambda *a, **k: True)  # the fake answers instead
     monkeypatch.setattr(hub, "get_safetensors_metadata", lambda repo_id, **kw: fake_metadata(repo_id))
     code = main(["check-checkpoint", "Qwen/Qwen3-0.6B", "--json"])
     r = json.loads(capsys.readouterr().out)
@@ -51,6 +52,7 @@ def test_hub_headers_match_catalog_ledger(capsys, monkeypatch):
 
 def test_hub_unreachable_is_one_line(capsys, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("trainmath.sources.hub_reachable", lambda *a, **k: True)  # the fake answers instead
 
     def boom(repo_id, **kw):
         raise ConnectionError("Failed to resolve 'huggingface.co'\nmore detail")

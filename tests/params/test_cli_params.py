@@ -100,7 +100,7 @@ BAD = [
     ("kv heads", json.dumps({"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 6}),
      "num_key_value_heads (6) must divide num_attention_heads (32)"),
     ("negative", json.dumps({"model_type": "llama", "hidden_size": -4096}),
-     "hidden_size must be between 1 and"),
+     "hidden_size must be an integer in 1.."),
     ("absurd", json.dumps({"model_type": "llama", "num_hidden_layers": 10**15}), "num_hidden_layers must be"),
     ("top_k", json.dumps({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 8}),
      "num_experts_per_tok (8) must not exceed num_local_experts (4)"),
@@ -129,7 +129,7 @@ def test_every_problem_listed_together():
     msg = str(e.value)
     assert "missing keys: vocab_size (null), intermediate_size (null)" in msg
     assert "num_key_value_heads (2) must divide num_attention_heads (3)" in msg
-    assert "hidden_size must be between 1 and" in msg
+    assert "hidden_size must be an integer in 1.." in msg
 
 
 def test_unknown_model_offline_says_how_to_pass_a_file(capsys, monkeypatch):

@@ -79,6 +79,33 @@ def test_bench_ring_segment_option():
     assert [r["segment_bytes"] for r in json.loads(out.stdout)] == [16384]
 
 
+def test_cli_demo_table_is_the_runtime_table():
+    from trainmath.cli.comm import DEMO_INFO
+    from trainmath.runtime.demo import DEMOS
+
+    assert DEMO_INFO == {name: (n, text) for name, (_, n, text) in DEMOS.items()}
+
+
+def test_demo_under_real_torchrun():
+    # `python -m torch.distributed.run ... -m trainmath.runtime.demo`: the demo runs as torchrun's ranks
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
+                          "trainmath.runtime.demo", "all_reduce"], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "all_reduce: 2 ranks (1 node(s) x 2, gloo, reduce op sum)",
+        "rank  node  local  before                after",
+        "0     0     0      [1., 1., 1., 1., 1.]  [3., 3., 3., 3., 3.]",
+        "1     0     1      [2., 2., 2., 2., 2.]  [3., 3., 3., 3., 3.]",
+    ]
+
+
+def test_demo_module_outside_torchrun_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "trainmath.runtime.demo", "all_reduce"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("trainmath: error: not started by torchrun") and out.stderr.count("\n") == 1
+
+
 def test_cli_segment_default_is_the_ring_default():
     from trainmath.cli.comm import RING_SEGMENT_DEFAULT
     from trainmath.comm.sizes import parse_size
@@ -108,13 +135,13 @@ def test_layout_prints_the_seed_table():
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["demo", "all_reduce", "--nproc", "0"], "--nproc must be an integer >= 1"),
+    (["demo", "all_reduce", "--nproc", "0"], "argument --nproc/--nproc-per-node: must be an integer in 1..64"),
     (["demo", "nope"], "unknown demo 'nope'"),
     (["demo", "send_recv", "--nproc", "1"], "send_recv needs at least 2 ranks"),
     (["bench", "--sizes", "1Q"], "bad size '1Q'"),
     (["bench", "--op", "broadcast", "--impl", "ring"], "no ring implementation of broadcast"),
     (["bench", "--segment", "1M"], "--segment applies to --impl ring only"),
-    (["bench", "--impl", "ring", "--segment", "0"], "--segment must be at least 1 byte"),
+    (["bench", "--impl", "ring", "--segment", "0"], "--segment must be 1 byte to 4G"),
     (["demo", "all_reduce", "--nnodes", "2"], "--master-port is required"),
 ])
 def test_bad_input_is_one_line(args, msg):

@@ -42,8 +42,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from importlib import import_module
 
     from trainmath import __version__
+    from trainmath.cli.args import Parser
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trainmath",
         description="Exact arithmetic of LLM training and serving, and a torch.distributed runtime to check it.",
     )
@@ -61,12 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error already printed in one line (cli.args.Parser)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.func(args) or 0)
     except TrainmathError as e:
         print(f"trainmath: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)  # 2 for bad input; 128 + signal for an interrupted launch
     except BrokenPipeError:  # `trainmath ... | head`
         return 0
 

@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from trainmath.cli.args import add_strict, config_json, config_lines
 from trainmath.errors import TrainmathError
 
 
@@ -31,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="dtype of every tensor, used only to turn an index's total_size into parameters when the "
                         "shards are not at hand (default: bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_strict(p)
     p.set_defaults(func=run)
 
 
@@ -52,12 +54,12 @@ def run(args: argparse.Namespace) -> int:
 
     ckpt = load_checkpoint(args.paths)
     config = _config_for(args, ckpt)
-    spec = load_spec(config)
+    spec = load_spec(config, strict=args.strict)
     report = compare(spec, ckpt, ledger_params=count_params(spec).total_params, dtype=args.dtype)
     if args.json:
-        print(json.dumps({"config": config, **report.to_dict()}, indent=1))
+        print(json.dumps({"config": config, **report.to_dict(), "config_read": config_json(spec)}, indent=1))
     else:
-        print(render(report, config))
+        print(render(report, config) + "".join(f"\n{line}" for line in config_lines(spec)))
     return 0 if report.ok else 1
 
 

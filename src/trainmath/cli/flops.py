@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from trainmath.cli.args import add_strict, config_json, config_lines, count, positions_warning
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -17,19 +19,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(see `trainmath models`) or a Hub repo id.",
     )
     p.add_argument("model", metavar="MODEL")
-    p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
-    p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--batch", type=count(), default=1, help="sequences per step (default 1)")
+    p.add_argument("--seq", type=count(), required=True, help="tokens per sequence")
     p.add_argument("--causal", choices=("executed", "half"), default="executed",
                    help="attention products: 'executed' counts all s×s as eager attention runs them (default); "
                         "'half' only the causally attended pairs")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
                    help="activation recomputation: none (default), selective (attention core), full (every layer)")
-    p.add_argument("--mamba-chunk", type=int, default=None,
+    p.add_argument("--mamba-chunk", type=count(), default=None,
                    help="Mamba-2 SSD chunk length (default: the config's chunk_size, else transformers' 128)")
     p.add_argument("--gemms", action="store_true", help="also list every GEMM of each layer type")
     p.add_argument("--tokens", default=None,
                    help="token budget (1T, 300B, ...): total training FLOPs = per-token FLOPs at this --seq × tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
+    add_strict(p)
     p.set_defaults(func=run)
 
 
@@ -37,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from trainmath.flops import closed_form_flops, count_flops
     from trainmath.sources import load_spec
 
-    spec = load_spec(args.model)
+    spec = load_spec(args.model, strict=args.strict)
+    warning = positions_warning(spec, args.seq, "--seq")
     report = count_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal, recompute=args.recompute,
                          mamba_chunk=args.mamba_chunk)  # None: the config's chunk_size, from the spec
     closed = closed_form_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal)
@@ -49,9 +53,11 @@ def run(args: argparse.Namespace) -> int:
         out["closed_form"]["ratio_exact_over_closed"] = fwd_bwd / closed.training_flops
         if budget:
             out["budget"] = budget
+        out["config"] = config_json(spec)
+        out["warnings"] = [warning] if warning else []
         print(json.dumps(out, indent=1))
         return 0
-    print(render(spec, report, closed, gemms=args.gemms))
+    print(render(spec, report, closed, gemms=args.gemms) + (f"\nwarning: {warning}" if warning else ""))
     if budget:
         print(f"budget: {budget['tokens']:,} tokens at seq {report.seq} = {budget['training_flops']:.4e} training "
               f"FLOPs ({_f(budget['training_flops'])}; exact per-sequence count × {budget['sequences']:,} sequences)")
@@ -77,6 +83,13 @@ def _f(n: float) -> str:
     return f"{n:.0f} FLOP"
 
 
+def _per_token(flops: int, tokens: int) -> str:
+    """FLOPs per token: the exact integer when tokens divide the count (they do unless --causal half makes a
+    fraction), else to two decimals."""
+    whole, rest = divmod(flops, tokens)
+    return f"{whole:,}" if rest == 0 else f"{flops / tokens:,.2f}"
+
+
 def render(spec, report, closed, *, gemms: bool = False) -> str:
     from trainmath.render import table
 
@@ -91,12 +104,12 @@ def render(spec, report, closed, *, gemms: bool = False) -> str:
         rows.append([c.name, f"{c.value:,}", f"{b:,}", f"{r:,}", f"{c.value + b + r:,}",
                      f"{100 * (c.value + b + r) / tr.value:.1f}%" if tr.value else "-", c.note])
     rows.append(["total", f"{fw.value:,}", f"{bw.value:,}", f"{rc.value:,}", f"{tr.value:,}", "100.0%", ""])
-    lines.append(table(["component", "forward", "backward", "recompute", "step", "share", ""], rows,
+    lines.append(table(["component", "forward", "backward", "recompute", "step", "share", "note"], rows,
                        align="lrrrrrl"))
     lines.append("")
     per = [["forward", fw], ["backward", bw], ["recompute", rc], ["training", tr]]
-    lines.append(table(["FLOPs", "per step", "per sequence", "per token", ""],
-                       [[n, f"{x.value:,}", f"{report.per_sequence(x):,}", f"{x.value / report.tokens:,.1f}",
+    lines.append(table(["FLOPs", "per step", "per sequence", "per token", "per step (SI)"],
+                       [[n, f"{x.value:,}", f"{report.per_sequence(x):,}", _per_token(x.value, report.tokens),
                          _f(x.value)] for n, x in per]))
     lines.append("")
     ratio = (fw.value + bw.value) / closed.training_flops if closed.training_flops else float("nan")
@@ -115,6 +128,7 @@ def render(spec, report, closed, *, gemms: bool = False) -> str:
     lines.append("")
     for note in report.notes:
         lines.append(f"note: {note}")
+    lines.extend(config_lines(spec))
     lines.append("conventions: " + "; ".join(report.conventions))
     lines.append("units: FLOP counts are exact integers; E/P/T/G/M/K = 1e18/1e15/1e12/1e9/1e6/1e3")
     return "\n".join(lines)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+from trainmath.cli.args import byte_size, integer
 from decimal import Decimal, InvalidOperation
 
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
@@ -33,25 +35,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "does not fit what would. Conventions are printed with the result.",
     )
     p.add_argument("model", metavar="MODEL", help="config.json path, directory, catalog name or Hub id")
-    p.add_argument("--batch", type=int, required=True, help="sequences in the cache")
-    p.add_argument("--context", type=int, required=True, help="tokens per sequence held (prompt + generated)")
+    p.add_argument("--batch", type=integer, required=True, help="sequences in the cache")
+    p.add_argument("--context", type=integer, required=True, help="tokens per sequence held (prompt + generated)")
     p.add_argument("--dtype", default="auto",
                    help="weights: auto (default: the format the checkpoint ships in, read from its "
                         "quantization_config; bf16 without one), fp32, bf16, fp16, fp8, int8, int4, mxfp4")
     p.add_argument("--kv-dtype", default="bf16", help="K/V cache: fp32, bf16, fp16, fp8, int8 (default bf16)")
-    p.add_argument("--tp", type=int, default=None,
+    p.add_argument("--tp", type=integer, default=None,
                    help="tensor-parallel degree of attention and dense weights (default: --gpus); figures are per rank")
-    p.add_argument("--ep", type=int, default=1,
+    p.add_argument("--ep", type=integer, default=1,
                    help="expert-parallel degree: routed experts split over EP ranks (default 1)")
-    p.add_argument("--gpus", type=int, default=None,
+    p.add_argument("--gpus", type=integer, default=None,
                    help="GPUs of one serving instance (default: --tp); GPUS/TP attention replicas share the batch")
     p.add_argument("--gpu", help="GPU preset (h100, h200, a100, a100-40gb, b200, l40s, 4090, mi300x)")
-    p.add_argument("--mem-util", type=int, default=90, metavar="PERCENT",
+    p.add_argument("--mem-util", type=integer, default=90, metavar="PERCENT",
                    help="share of GPU memory usable (default 90, vLLM's gpu_memory_utilization)")
-    p.add_argument("--workspace", type=parse_bytes, default=0, metavar="BYTES",
+    p.add_argument("--workspace", type=byte_size, default=0, metavar="BYTES",
                    help="activation workspace per rank added to the total, e.g. 2GiB (default 0)")
     q = p.add_argument_group("quantisation conventions")
-    q.add_argument("--group-size", type=int, default=128, help="int4 group / fp8 block size (default 128)")
+    q.add_argument("--group-size", type=integer, default=128, help="int4 group / fp8 block size (default 128)")
     q.add_argument("--scale-dtype", default=None,
                    help="scale format (default: int8 fp32 per row, int4 fp16 per group, fp8 fp32 per block)")
     q.add_argument("--zero-point", action="store_true", help="int4: add a packed 4-bit zero point per group")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from trainmath.cli.args import integer
+
 PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16", "fp8")
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit", "lion")
 
@@ -18,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "or a Hub repo id.",
     )
     p.add_argument("model", metavar="MODEL")
-    p.add_argument("--micro-batch", type=int, required=True, help="sequences per micro-batch per DP rank")
-    p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--micro-batch", type=integer, required=True, help="sequences per micro-batch per DP rank")
+    p.add_argument("--seq", type=integer, required=True, help="tokens per sequence")
     p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     p.add_argument("--optimizer-impl", choices=("foreach", "fused"), default="foreach",
@@ -28,15 +30,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     p.add_argument("--profile", choices=("hf", "megatron"), default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")
-    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over data parallel")
-    p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
+    p.add_argument("--dp", type=integer, default=1)
+    p.add_argument("--tp", type=integer, default=1)
+    p.add_argument("--pp", type=integer, default=1)
+    p.add_argument("--cp", type=integer, default=1)
+    p.add_argument("--ep", type=integer, default=1)
     p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
-    p.add_argument("--world-size", type=int, default=None, help="GPUs; checked to equal dp·tp·pp·cp")
-    p.add_argument("--micro-batches", type=int, default=None,
+    p.add_argument("--world-size", type=integer, default=None, help="GPUs; checked to equal dp·tp·pp·cp")
+    p.add_argument("--micro-batches", type=integer, default=None,
                    help="micro-batches per step (gradient accumulation); default: at least pp")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     p.set_defaults(func=run)

@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([{"model": e.name, "model_type": e.config.get("model_type"), "file": e.origin,
                            "source": e.provenance} for e in entries], indent=1))
         return 0
-    rows = [[e.name, e.config.get("model_type", "?")] + ([e.provenance[:100]] if args.sources else [])
+    rows = [[e.name, e.config.get("model_type", "?")] + ([e.provenance] if args.sources else [])
             for e in entries]
     headers = ["model", "model_type"] + (["source"] if args.sources else [])
     print(table(headers, rows, align="lll"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from trainmath.cli.args import add_strict, config_json, config_lines
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -17,7 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     p.add_argument("--explain", action="store_true",
-                   help="print the formula in the seed's notation (N, |V|, d, d_ff, h_d, h, h_kv, n, k) with values")
+                   help="print the formula in the notation of Jiang Yi's blog series on distributed training (N, "
+                        "|V|, d, d_ff, h_d, h, h_kv, n, k) with values")
+    add_strict(p)
     p.set_defaults(func=run)
 
 
@@ -25,10 +29,11 @@ def run(args: argparse.Namespace) -> int:
     from trainmath.params import count_params
     from trainmath.sources import load_spec
 
-    spec = load_spec(args.model)
+    spec = load_spec(args.model, strict=args.strict)
     report = count_params(spec)
     if args.json:
         out = report.to_dict()
+        out["config"] = config_json(spec)
         if args.explain:
             from trainmath.explain import explain
 
@@ -54,7 +59,7 @@ def render(spec, report, *, explain: bool = False) -> str:
             if len(comp.children) > 1:
                 rows.append([f"  {mod.name}", f"{mod.value:,}", human_count(mod.value), "", ""])
     rows.append(["total", f"{total:,}", human_count(total), "100.0%", ""])
-    lines.append(table(["component", "params", "", "share", ""], rows, align="lrrrl"))
+    lines.append(table(["component", "params", "≈", "share", "note"], rows, align="lrrrl"))
     lines.append("")
     lt_rows = [[lt.label, lt.layers, f"{lt.params_per_layer:,}", f"{lt.activated_per_layer:,}", f"{lt.params:,}"]
                for lt in report.layer_types]
@@ -68,6 +73,7 @@ def render(spec, report, *, explain: bool = False) -> str:
         lines.append(f"not counted: {extra.label}: {extra.params:,} ({extra.why})")
     for note in report.notes:
         lines.append(f"note: {note}")
+    lines.extend(config_lines(spec))
     lines.append("conventions: " + "; ".join(report.conventions))
     if explain:
         from trainmath.explain import explain as explain_lines

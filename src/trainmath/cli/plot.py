@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from trainmath.cli.args import add_strict
+
 KINDS = ("params", "memory", "comm", "timeline", "plan")
 
 
@@ -26,6 +28,9 @@ class _KindOrParams(argparse._SubParsersAction):
 
         def __iter__(self):
             return iter(self.names)
+
+        def items(self):
+            return self.names.items()
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -56,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("models", metavar="MODEL", nargs="+")
     q.add_argument("--activated", action="store_true",
                    help="a second bar per model: the shares of the parameters activated per token")
+    add_strict(q)
     out(q)
 
     from trainmath.report.options import add_training_flags
@@ -70,6 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--layout", action="append", default=[], metavar="DEGREES", dest="layouts",
                    help="one bar per layout instead, e.g. --layout dp=8,zero=1 --layout dp=4,ep=2,zero=3 "
                         "(degrees not named keep the flags' values)")
+    add_strict(q)
     out(q)
 
     q = kinds.add_parser("comm", help="bus bandwidth vs message size from `comm bench --json` files",
@@ -113,13 +120,13 @@ def charts(args: argparse.Namespace):
     if args.kind == "params":
         from trainmath.params import count_params
 
-        return [ch.params_chart([count_params(load_spec(m)) for m in args.models], activated=args.activated)]
+        return [ch.params_chart([count_params(load_spec(m, strict=args.strict)) for m in args.models], activated=args.activated)]
     if args.kind == "memory":
         from trainmath.report.gather import memory_variants
         from trainmath.report.options import training_from_args
 
         setup, layout, gpu = training_from_args(args)
-        spec = load_spec(args.model)
+        spec = load_spec(args.model, strict=args.strict)
         title = f"Training memory per GPU: {spec.name.split('/')[-1]}, {setup.micro_batch} × {setup.seq} tokens"
         return [ch.memory_chart(memory_variants(spec, setup, layout, args.compare, tuple(args.layouts)), title=title, gpu=gpu)]
     if args.kind == "comm":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from trainmath.cli.args import integer
+
 from trainmath.errors import TrainmathError
 
 PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16", "fp8")
@@ -27,9 +29,9 @@ def add_training_flags(p: argparse.ArgumentParser, *, required: bool = True) -> 
     """``trainmath memory``'s flags: the step (micro-batch, sequence, precision, optimizer, recompute, ...) and
     the parallel layout, with the same names, choices and defaults."""
     g = p.add_argument_group("training step (as trainmath memory)")
-    g.add_argument("--micro-batch", type=int, required=required, default=None if required else 1,
+    g.add_argument("--micro-batch", type=integer, required=required, default=None if required else 1,
                    help="sequences per micro-batch per DP rank")
-    g.add_argument("--seq", type=int, required=required, default=None if required else 4096,
+    g.add_argument("--seq", type=integer, required=required, default=None if required else 4096,
                    help="tokens per sequence")
     g.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
@@ -37,11 +39,11 @@ def add_training_flags(p: argparse.ArgumentParser, *, required: bool = True) -> 
     g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     g.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     g.add_argument("--profile", choices=("hf", "megatron"), default="hf")
-    g.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (default: at least pp)")
+    g.add_argument("--micro-batches", type=integer, default=None, help="micro-batches per step (default: at least pp)")
     lay = p.add_argument_group("parallel layout")
-    lay.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over data parallel")
+    lay.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
     for name in ("dp", "tp", "pp", "cp", "ep"):
-        lay.add_argument(f"--{name}", type=int, default=1)
+        lay.add_argument(f"--{name}", type=integer, default=1)
     lay.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     p.add_argument("--gpu", default=None, help="GPU preset to fit against (h100, h200, a100, b200, ...)")
 
@@ -49,8 +51,8 @@ def add_training_flags(p: argparse.ArgumentParser, *, required: bool = True) -> 
 def add_serving_flags(p: argparse.ArgumentParser) -> None:
     """The serving setup of the report's KV-cache section (a subset of ``trainmath infer``)."""
     g = p.add_argument_group("serving (as trainmath infer)")
-    g.add_argument("--serve-batch", type=int, default=1, help="sequences in the KV cache (default 1)")
-    g.add_argument("--context", type=int, default=None, help="tokens per sequence held (default: --seq)")
+    g.add_argument("--serve-batch", type=integer, default=1, help="sequences in the KV cache (default 1)")
+    g.add_argument("--context", type=integer, default=None, help="tokens per sequence held (default: --seq)")
     g.add_argument("--weights-dtype", choices=WEIGHT_DTYPES, default="bf16", help="serving weights (default bf16)")
     g.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="K/V cache format (default bf16)")
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from trainmath.comm.layout import even_ranks
 from trainmath.errors import TrainmathError
-from trainmath.runtime.launch import RankContext
+from trainmath.runtime.launch import RankContext, run_under_torchrun
 
 REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -206,18 +206,52 @@ DEMOS: dict[str, tuple[Callable[[RankContext, dict], dict], int, str]] = {
 
 def normalize(op: str) -> str:
     """``all-reduce`` / ``allreduce`` / ``all_reduce`` -> ``all_reduce``; unknown names raise."""
-    key = op.strip().lower().replace("-", "_")
-    aliases = {k.replace("_", ""): k for k in DEMOS}
-    key = aliases.get(key.replace("_", ""), key)
-    if key not in DEMOS:
-        raise TrainmathError(f"unknown demo {op!r}; known: {', '.join(DEMOS)} (see `trainmath comm demo --list`)")
-    return key
+    from trainmath.cli.comm import normalize_demo
+
+    return normalize_demo(op)
 
 
 def run_demo(ctx: RankContext, name: str, opts: dict) -> list[dict[str, Any]]:
     """Worker entry: run demo ``name`` on this rank; return every rank's record (all-gathered), in rank order."""
-    fn = DEMOS[name][0]
+    fn, min_ranks, _ = DEMOS[name]
+    if ctx.world_size < min_ranks:
+        raise TrainmathError(f"{name} needs at least {min_ranks} ranks, got {ctx.world_size}")
     record = {"rank": ctx.rank, "node": ctx.node_rank, "local_rank": ctx.local_rank, **fn(ctx, opts)}
     records: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(records, record, group=ctx.group)
     return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torch.distributed.run --nproc_per_node N -m trainmath.runtime.demo OP``: the demo as the ranks
+    of a real torchrun job; rank 0 prints what ``trainmath comm demo OP`` prints."""
+    import sys
+
+    from trainmath.cli.args import Parser, number
+    from trainmath.cli.comm import DEMO_INFO, MAX_SLEEP_S, MAX_TIMEOUT_S, _REDUCE_OPS, render_demo
+
+    p = Parser(prog="python -m trainmath.runtime.demo",
+               description="Run a demo of `trainmath comm demo` as the ranks of a torchrun job.")
+    p.add_argument("op", help=f"one of: {', '.join(DEMO_INFO)}")
+    p.add_argument("--reduce-op", choices=_REDUCE_OPS, default="sum")
+    p.add_argument("--sleep", type=number(0, MAX_SLEEP_S, unit="of seconds"), default=1.0)
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--timeout", type=number(0, MAX_TIMEOUT_S, exclusive_minimum=True, unit="of seconds"),
+                   default=30.0)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        name = normalize(args.op)
+        ctx, records = run_under_torchrun(run_demo, name, {"reduce_op": args.reduce_op, "sleep_s": args.sleep},
+                                          backend=args.backend, timeout_s=args.timeout)
+    except TrainmathError as e:
+        print(f"trainmath: error: {e}", file=sys.stderr)
+        return 2
+    if ctx.rank == 0:
+        print(render_demo(name, records, nnodes=ctx.world_size // ctx.local_world_size, nproc=ctx.local_world_size,
+                          backend=args.backend, reduce_op=args.reduce_op, as_json=args.json), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -34,10 +34,22 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-import torch.distributed as dist
-
 from trainmath.errors import TrainmathError
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # the calculator installs without torch; every runtime command comes through here
+    raise TrainmathError('this command needs torch: pip install "trainmath[runtime]"') from None
+
+from trainmath.runtime.liveness import (  # noqa: E402 - after the torch check
+    FORWARDED,
+    Heartbeats,
+    Interrupted,
+    Signalled,
+    install_handlers,
+    vanished_message,
+)
 
 BACKENDS = ("gloo", "nccl")
 
@@ -104,8 +116,12 @@ class JobSpec:
             raise TrainmathError(f"--master-port must be in 0..65535, got {self.master_port}")
         if self.master_port == 0 and self.nnodes > 1:
             raise TrainmathError("--master-port is required with --nnodes > 1: every launcher must use the same port")
-        if self.timeout_s <= 0:
-            raise TrainmathError(f"timeout must be > 0 s, got {self.timeout_s}")
+        if not 0 < self.timeout_s <= 86_400:  # NaN fails too; timedelta overflows near 1e14 s
+            raise TrainmathError(f"--timeout must be a finite number of seconds in (0, 86400], got {self.timeout_s}")
+        if self.deadline_s is not None and not 0 < self.deadline_s <= 10 * 86_400:
+            raise TrainmathError(f"deadline must be a finite number of seconds in (0, 864000], got {self.deadline_s}")
+        if not self.master_addr or any(c.isspace() for c in self.master_addr):
+            raise TrainmathError(f"--master-addr must be a host name or address, got {self.master_addr!r}")
 
     @property
     def world_size(self) -> int:
@@ -133,6 +149,8 @@ def _first_line(text: str) -> str:
 def _worker_main(env: dict[str, str], fn: Callable[..., Any], args: tuple, conn, listen_fd: int | None,
                  log_path: str) -> None:
     """Forked worker: torchrun-style env -> RankContext -> init_process_group -> fn(ctx, *args) -> report."""
+    for sig in FORWARDED:  # the launcher's handlers are not the worker's: a forwarded signal ends it
+        signal.signal(sig, signal.SIG_DFL)
     # C++ (gloo, c10d) logs go to a per-rank file the launcher shows only when asked; the result goes by pipe.
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log_fd, 1)
@@ -198,6 +216,10 @@ def _worker_main(env: dict[str, str], fn: Callable[..., Any], args: tuple, conn,
     finally:
         sys.stdout.flush()
         conn.close()
+    if code and listen_fd is not None and ctx.world_size > ctx.local_world_size:
+        # The store lives in this process: keep it up through the launchers' grace period, so that each can still
+        # read the others' heartbeats and name a node that vanished (the launcher stops this rank after it).
+        time.sleep(_GRACE_S + 1.0)
     os._exit(code)
 
 
@@ -239,6 +261,9 @@ def launch(spec: JobSpec, fn: Callable[..., Any], *args: Any, keep_logs: bool = 
     conns: dict[int, Any] = {}
     first = spec.node_rank * spec.nproc_per_node
     failed = True
+    signalled: int | None = None
+    beats: Heartbeats | None = None
+    previous = install_handlers()
     try:
         for local in range(spec.nproc_per_node):
             rank = first + local
@@ -260,31 +285,57 @@ def launch(spec: JobSpec, fn: Callable[..., Any], *args: Any, keep_logs: bool = 
         if listener is not None:
             listener.close()  # rank 0 owns its forked copy now
             listener = None
-        results = _watch(spec, procs, conns, log_dir)
+        if spec.nnodes > 1:
+            beats = Heartbeats(spec, port, log_dir)
+        results = _watch(spec, procs, conns, log_dir, beats)
         failed = False
         return results
+    except Signalled as e:
+        signalled = e.signum
     finally:
-        alive = [p for p in procs.values() if p.is_alive()]
-        if alive and failed and keep_logs:
-            for p in alive:
-                os.kill(p.pid, signal.SIGUSR1)
-            time.sleep(0.2)
-        for p in alive:
-            p.terminate()
-        for p in procs.values():
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        if failed and keep_logs:
+        if beats is not None:
+            beats.stop()
+        try:
+            _stop(procs, failed, keep_logs, signalled)
+        except Signalled as e:  # a second signal during cleanup: finish cleaning up all the same
+            signalled = e.signum
+            _stop(procs, failed, False, signalled)
+        if failed and keep_logs and signalled is None:
             print(f"trainmath: rank logs kept in {log_dir}", file=sys.stderr)
         else:
             shutil.rmtree(log_dir, ignore_errors=True)
         if listener is not None:
             listener.close()
+        if previous is not None:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+    name = signal.Signals(signalled).name
+    ranks = ", ".join(map(str, sorted(procs))) or "none started"
+    raise Interrupted(f"stopped by {name}: forwarded to ranks {ranks} on this node, which are stopped; their "
+                      f"logs are removed", signalled)
 
 
-def _watch(spec: JobSpec, procs: dict[int, mp.Process], conns: dict[int, Any], log_dir: str) -> dict[int, Any]:
+def _stop(procs: dict[int, mp.Process], failed: bool, keep_logs: bool, signalled: int | None) -> None:
+    """End every worker still running: the launcher's signal forwarded (else SIGTERM), SIGKILL after 5 s."""
+    alive = [p for p in procs.values() if p.is_alive()]
+    if alive and failed and keep_logs and signalled is None:
+        for p in alive:
+            os.kill(p.pid, signal.SIGUSR1)
+        time.sleep(0.2)
+    for p in alive:
+        try:
+            os.kill(p.pid, signalled or signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs.values():
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _watch(spec: JobSpec, procs: dict[int, mp.Process], conns: dict[int, Any], log_dir: str,
+           beats: Heartbeats | None = None) -> dict[int, Any]:
     start = time.monotonic()
     reports: dict[int, tuple[str, Any]] = {}
     exited: dict[int, int] = {}
@@ -325,6 +376,14 @@ def _watch(spec: JobSpec, procs: dict[int, mp.Process], conns: dict[int, Any], l
             first_failure = time.monotonic()
     if all(reports.get(r, ("",))[0] == "ok" for r in procs):
         return {r: reports[r][1] for r in sorted(procs)}
+    if beats is not None:
+        # a node that vanished explains local ranks that lost their peers or stalled (but not one that died or
+        # raised on its own)
+        local_fault = [r for r in procs if (r in exited and exited[r] != 0 and r not in reports)
+                       or reports.get(r, ("",))[0] in ("user", "error")]
+        gone = beats.vanished()
+        if gone and not local_fault:
+            raise TrainmathError(vanished_message(spec, gone, sorted(procs)))
     raise TrainmathError(_diagnose(spec, procs, reports, exited, time.monotonic() - start, log_dir))
 
 
@@ -359,3 +418,36 @@ def _others(collateral: list[int], reports) -> str:
     if not collateral:
         return ""
     return f" (rank{'s' if len(collateral) > 1 else ''} {', '.join(map(str, collateral))} then failed: {reports[collateral[0]][1]})"
+
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def run_under_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "gloo", timeout_s: float = 30.0):
+    """Run ``fn(ctx, *args)`` as this process's rank of a job started by torchrun (``python -m
+    torch.distributed.run``): torchrun's variables become the :class:`RankContext`, the process group is
+    initialised from them (``env://``) and destroyed afterwards. Returns ``(ctx, result)``.
+
+    The second way into the runtime beside :func:`launch`; like it, the only code that reads RANK/WORLD_SIZE.
+    """
+    missing = [k for k in _TORCHRUN_VARS if k not in os.environ]
+    if missing:
+        raise TrainmathError(f"not started by torchrun ({', '.join(missing)} not set): run it as `python -m "
+                             f"torch.distributed.run --nproc_per_node N -m MODULE ...`, or use `trainmath comm`")
+    if backend not in BACKENDS:
+        raise TrainmathError(f"unknown backend {backend!r}; choose gloo or nccl")
+    world = int(os.environ["WORLD_SIZE"])
+    ctx = RankContext(rank=int(os.environ["RANK"]), world_size=world, local_rank=int(os.environ["LOCAL_RANK"]),
+                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                      node_rank=int(os.environ.get("GROUP_RANK", "0")), master_addr=os.environ["MASTER_ADDR"],
+                      master_port=int(os.environ["MASTER_PORT"]), backend=backend, timeout_s=timeout_s)
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(ctx.local_rank)
+        kwargs["device_id"] = ctx.device
+    dist.init_process_group(backend, init_method="env://", rank=ctx.rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    try:
+        return ctx, fn(ctx, *args)
+    finally:
+        dist.destroy_process_group()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainmath.model.blocks import norm
-from trainmath.model.config import ConfigView
+from trainmath.model.config import ConfigView, show
 from trainmath.model.spec import TensorSpec
 
 
@@ -36,16 +36,36 @@ def head(vocab: int, d: int, tied: bool, *, final_norm: str = "model.norm", norm
         TensorSpec(name=name, shape=(vocab, d), component="lm_head", shard="vocab", tied=tied),)
 
 
-def layer_types(cfg: ConfigView, n: int, default: list[str]) -> list[str]:
-    """The config's ``layer_types`` when given (checked for length), else the family's derivation."""
+# The layer types transformers' configs name (``layer_types``) that trainmath builds.
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
+
+
+def layer_types(cfg: ConfigView, n: int, default: list[str], known: tuple[str, ...] = LAYER_TYPES) -> list[str]:
+    """The config's ``layer_types`` when given (checked for length and names), else the family's derivation."""
     given = cfg.data.get("layer_types")
     if given is None:
         return default
     if not isinstance(given, list) or len(given) != n:
         cfg.invalid.append(f"layer_types must list one type per layer ({n}), got "
-                           f"{len(given) if isinstance(given, list) else given!r}")
+                           f"{len(given) if isinstance(given, list) else show(given)}")
+        return default
+    bad = list(dict.fromkeys(t for t in given if t not in known))
+    if bad:
+        cfg.invalid.append(f"layer_types has unknown types {show(bad)}; known: {', '.join(known)}")
         return default
     return list(given)
+
+
+def int_list(cfg: ConfigView, key: str, n: int, default: list[int] | None = None) -> list[int] | None:
+    """A list of layer indices (``mlp_only_layers``, ``moe_layers``) or 0/1 flags: integers in 0..n."""
+    value = cfg.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= max(n, 1)
+                                              for v in value):
+        cfg.invalid.append(f"{key} must be a list of layer indices (integers in 0..{n}), got {show(value)}")
+        return default
+    return value
 
 
 def window_for(kind: str, window: int | None) -> int | None:

@@ -8,7 +8,7 @@ Parameters per layer (seed, first article, generalised): attention 2·h·h_d·d 
 from __future__ import annotations
 
 from trainmath.model import blocks
-from trainmath.model.config import ConfigView
+from trainmath.model.config import ConfigView, show
 from trainmath.model.families.common import embeddings, head, head_dim, kv_heads, layer_types, window_for
 from trainmath.model.spec import LayerSpec, ModelSpec
 
@@ -42,7 +42,7 @@ def _flag(cfg: ConfigView, spec) -> bool:
 
 def default_layer_types(cfg: ConfigView, model_type: str, n: int) -> list[str]:
     """How each family's config class derives ``layer_types`` when the config does not list them."""
-    window = cfg.get("sliding_window", None)
+    window = _window(cfg, model_type)
     if model_type == "gemma2":
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     if model_type == "gemma3_text":
@@ -56,6 +56,14 @@ def default_layer_types(cfg: ConfigView, model_type: str, n: int) -> list[str]:
     if model_type in ("mistral", "starcoder2", "phi3") and window is not None:
         return ["sliding_attention"] * n
     return ["full_attention"] * n
+
+
+def _window(cfg: ConfigView, model_type: str) -> int | None:
+    """The sliding window, validated where it is used: Qwen's configs read it only with use_sliding_window
+    (transformers' own Qwen2-MoE config writes sliding_window 0 when it is off)."""
+    if model_type in ("qwen2", "qwen3") and not cfg.bool("use_sliding_window", False):
+        return None
+    return cfg.window()
 
 
 def attention_block(cfg: ConfigView, model_type: str, d: int, window: int | None = None) -> blocks.Block:
@@ -89,8 +97,8 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
         mlp = blocks.dense_mlp_block(blocks.gated_mlp(d=d, d_ff=d_ff, bias=mlp_bias, fused=opts.get("fused_mlp")),
                                      d=d, d_ff=d_ff, gated=True)
     norms = blocks.norm_block(*((nm, d) for nm in opts.get("norms", _LAYER_NORMS_2)), bias=norm_bias)
-    types = layer_types(cfg, n, default_layer_types(cfg, mt, n))
-    window = cfg.get("sliding_window", None)
+    types = layer_types(cfg, n, default_layer_types(cfg, mt, n), ("full_attention", "sliding_attention"))
+    window = _window(cfg, mt)
     by_type: dict[str, LayerSpec] = {}
     for t in dict.fromkeys(types):
         attn = attention_block(cfg, mt, d, window_for(t, window if isinstance(window, int) else None))
@@ -108,4 +116,7 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
 
 def _arch(cfg: ConfigView) -> str:
     archs = cfg.data.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        cfg.invalid.append(f"architectures must be a list of class names, got {show(archs)}")
+        return cfg.model_type
     return archs[0] if archs else cfg.model_type

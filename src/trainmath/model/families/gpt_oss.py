@@ -37,8 +37,9 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
     moe = blocks.moe_block(d=d, dims=MoEDims(experts=n_exp, top_k=k, expert_intermediate=f, shared_intermediate=0),
                            expert_tensors=experts, router=router)
     norms = blocks.norm_block(("input_layernorm", d), ("post_attention_layernorm", d))
-    window = cfg.get("sliding_window", None)
-    types = layer_types(cfg, n, ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)])
+    window = cfg.window()
+    types = layer_types(cfg, n, ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)],
+                        ("full_attention", "sliding_attention"))
     by_type = {}
     for t in dict.fromkeys(types):
         attn = blocks.attention(d=d, heads=h, kv_heads=hkv, head_dim=hd, q_bias=bias, kv_bias=bias, o_bias=bias,

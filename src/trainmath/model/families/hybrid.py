@@ -10,8 +10,8 @@ The layer pattern is read as transformers reads it: Qwen3-Next's ``layer_types``
 from __future__ import annotations
 
 from trainmath.model import blocks
-from trainmath.model.config import ConfigView
-from trainmath.model.families.common import embeddings, head, head_dim, kv_heads, layer_types
+from trainmath.model.config import MAX_LAYERS, ConfigView, show
+from trainmath.model.families.common import embeddings, head, head_dim, int_list, kv_heads, layer_types
 from trainmath.model.families.dense import _arch
 from trainmath.model.spec import (
     Block,
@@ -57,8 +57,9 @@ def _qwen3_next(cfg: ConfigView, name: str) -> ModelSpec:
     dense = blocks.dense_mlp_block(blocks.gated_mlp(d=d, d_ff=d_ff), d=d, d_ff=d_ff, gated=True)
     norms = blocks.norm_block(("input_layernorm", d), ("post_attention_layernorm", d))
     interval = cfg.int("full_attention_interval", 4)
-    types = layer_types(cfg, n, ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)])
-    only = cfg.get("mlp_only_layers", []) or []
+    types = layer_types(cfg, n, ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)],
+                        ("full_attention", "linear_attention"))
+    only = int_list(cfg, "mlp_only_layers", n, []) or []
     step = cfg.int("decoder_sparse_step")
     cache: dict[tuple[str, bool], LayerSpec] = {}
     layers = []
@@ -86,6 +87,9 @@ _LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
 
 def _nemotron_types(cfg: ConfigView) -> list[str]:
     given = cfg.data.get("layers_block_type") or cfg.data.get("layer_types")
+    if given is not None and not (isinstance(given, list) and all(isinstance(t, str) for t in given)):
+        cfg.invalid.append(f"layers_block_type must be a list of layer type names, got {show(given)}")
+        return ["linear_attention"]
     if given is None and isinstance(cfg.data.get("hybrid_override_pattern"), str):
         pattern = cfg.data["hybrid_override_pattern"]
         bad = sorted(set(pattern) - set(_PATTERN))
@@ -105,6 +109,8 @@ def _nemotron_h(cfg: ConfigView, name: str) -> ModelSpec:
     d, vocab = cfg.int("hidden_size"), cfg.int("vocab_size")
     types = _nemotron_types(cfg)
     cfg.require(len(types) > 0, "the layer pattern is empty")
+    cfg.require(len(types) <= MAX_LAYERS, f"the layer pattern has {len(types):,} layers; at most {MAX_LAYERS:,}")
+    types = types[:MAX_LAYERS]
     h = cfg.int("num_attention_heads")
     hkv, hd = kv_heads(cfg, h), cfg.int("head_dim")
     use_bias, mlp_bias = cfg.bool("use_bias"), cfg.bool("mlp_bias")
@@ -114,7 +120,7 @@ def _nemotron_h(cfg: ConfigView, name: str) -> ModelSpec:
     mamba = blocks.mamba2(d=d, dims=MambaDims(heads=heads, head_dim=hdim, state_size=cfg.int("ssm_state_size"),
                                               groups=groups, conv_kernel=cfg.int("conv_kernel"),
                                               intermediate=heads * hdim,
-                                              chunk_size=cfg.int("chunk_size", cfg.data.get("mamba_chunk_size", 128))),
+                                              chunk_size=cfg.int("chunk_size", cfg.int("mamba_chunk_size", 128))),
                           conv_bias=cfg.bool("use_conv_bias"), proj_bias=use_bias)
     attn = blocks.attention(d=d, heads=h, kv_heads=hkv, head_dim=hd, prefix="mixer")
     d_ff = cfg.int("intermediate_size")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from trainmath.model import blocks
 from trainmath.model.config import ConfigView
-from trainmath.model.families.common import embeddings, head, head_dim, kv_heads, layer_types, window_for
+from trainmath.model.families.common import (embeddings, head, head_dim, int_list, kv_heads, layer_types,
+                                             window_for)
 from trainmath.model.families.dense import _arch
 from trainmath.model.spec import LayerSpec, ModelSpec, MoEDims, TensorSpec
 
@@ -21,12 +22,12 @@ def _is_sparse(cfg: ConfigView, mt: str, i: int, n_experts: int) -> bool:
     if mt == "mixtral":
         return True
     if mt == "llama4_text":
-        moe_layers = cfg.data.get("moe_layers")
+        moe_layers = int_list(cfg, "moe_layers", cfg.int("num_hidden_layers"))
         if moe_layers is None:
             step = cfg.int("interleave_moe_layer_step")
             moe_layers = range(step - 1, cfg.int("num_hidden_layers"), step)
         return i in moe_layers
-    only = cfg.get("mlp_only_layers", []) or []
+    only = int_list(cfg, "mlp_only_layers", cfg.int("num_hidden_layers"), []) or []
     step = cfg.int("decoder_sparse_step")
     return i not in only and n_experts > 0 and (i + 1) % step == 0
 
@@ -95,15 +96,16 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
     if mt == "llama4_text":
         # Llama4TextConfig: layers that use RoPE (no_rope_layers[i] == 1, all but every no_rope_layer_interval-th)
         # attend within chunks of attention_chunk_size; the others are full attention.
-        window = cfg.get("attention_chunk_size", None)
+        window = cfg.window("attention_chunk_size")
         interval = cfg.int("no_rope_layer_interval")
-        rope = cfg.data.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+        rope = (int_list(cfg, "no_rope_layers", 1) or [int((i + 1) % interval != 0) for i in range(n)])[:n]
         default = ["chunked_attention" if r and window is not None else "full_attention" for r in rope]
     else:
-        window = cfg.get("sliding_window", None)
-        use_sw = cfg.bool("use_sliding_window", False) if mt != "mixtral" else window is not None
+        # Qwen reads the window only with use_sliding_window (transformers writes sliding_window 0 when it is off)
+        use_sw = cfg.bool("use_sliding_window", False) if mt != "mixtral" else cfg.window() is not None
+        window = cfg.window() if use_sw else None
         default = (["sliding_attention"] * n if use_sw and window is not None else ["full_attention"] * n)
-    types = layer_types(cfg, n, default)
+    types = layer_types(cfg, n, default, ("full_attention", "sliding_attention", "chunked_attention"))
     n_experts = sparse.dims.experts
     cache: dict[tuple[str, bool], LayerSpec] = {}
     layers = []
@@ -119,7 +121,7 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
         layers.append(cache[key])
     prefix = "model."
     notes: tuple[str, ...] = ()
-    if cfg.data.get("architectures") and "ForConditionalGeneration" in str(cfg.data["architectures"][0]):
+    if "ForConditionalGeneration" in _arch(cfg):
         prefix = "language_model.model."  # the multimodal checkpoint nests the text model
     symbols = dict(N=n, V=vocab, d=d, h=h, h_kv=hkv, h_d=hd, n=n_experts, k=sparse.dims.top_k,
                    d_ff=sparse.dims.expert_intermediate)
