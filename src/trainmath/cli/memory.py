@@ -22,8 +22,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
     p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--optimizer-impl", choices=("foreach", "fused"), default="foreach",
-                   help="torch optimizer implementation (fused keeps the step scalars on the GPU)")
+    p.add_argument("--optimizer-impl", choices=("forloop", "foreach", "fused"), default="foreach",
+                   help="torch optimizer implementation: forloop (foreach=False), foreach (the default on CUDA; "
+                        "its temporaries hold one state-sized tensor per parameter), fused (no temporaries; "
+                        "keeps the step scalars on the GPU)")
+    p.add_argument("--grad-lifetime", choices=("set_to_none", "zero", "accumulate"), default="set_to_none",
+                   help="when gradients exist: set_to_none (torch's zero_grad default: none when the step starts), "
+                        "zero (zero_grad(set_to_none=False)), accumulate (gradient accumulation: the whole step)")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="DDP gradient_as_bucket_view=True (ZeRO-0, dp > 1): gradients are views of the buckets")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda: what torch.cuda.max_memory_allocated reports; cpu: what CPU kernels allocate "
+                        "(MemTracker on a CPU step)")
+    p.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
+                   help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
+                        "parameter shards")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     p.add_argument("--profile", choices=("hf", "megatron"), default="hf",
@@ -38,6 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--world-size", type=int, default=None, help="GPUs; checked to equal dp·tp·pp·cp")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="micro-batches per step (gradient accumulation); default: at least pp")
+    p.add_argument("--timeline", action="store_true",
+                   help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     p.set_defaults(func=run)
 
@@ -49,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
 
     setup = TrainingSetup(micro_batch=args.micro_batch, seq=args.seq, precision=args.precision,
                           optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
-                          attention=args.attention, profile=args.profile, micro_batches=args.micro_batches)
+                          attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
+                          grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
+                          offload=args.offload)
     layout = ParallelLayout(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
                             zero=args.zero, world_size=args.world_size)
     # check the cheap things before reading the model
@@ -62,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
         raise TrainmathError("; ".join(bad))
     spec = load_spec(args.model)
     report = training_memory(spec, setup, layout)
+    if args.timeline and args.json:
+        print(json.dumps(report.to_dict()["timeline"], indent=1))
+        return 0
+    if args.timeline:
+        print(render_timeline(report))
+        return 0
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0
@@ -76,7 +99,8 @@ def render(report) -> str:
     peak = report.peak_bytes
     lines = [f"{report.model}: training memory per GPU",
              f"  micro-batch {s.micro_batch} × seq {s.seq}, {s.precision}, {s.optimizer} ({s.optimizer_impl}), "
-             f"recompute {s.recompute}, attention {s.attention}, profile {s.profile}",
+             f"recompute {s.recompute}, attention {s.attention}, profile {s.profile}, "
+             f"grad lifetime {s.grad_lifetime}, device {s.device}",
              f"  {lay.describe()}  ({lay.ranks} GPUs)", ""]
     rows = []
     for node in report.breakdown.children:
@@ -86,13 +110,27 @@ def render(report) -> str:
             for c in node.children:
                 rows.append([f"  {c.name}", f"{c.value:,}", human_bytes(c.value), "", ""])
     rows.append(["peak_bytes", f"{peak:,}", human_bytes(peak), "100.0%", report.breakdown.note])
+    lines.append(f"  peak at {report.stages[report.stage].phase!r} (stage {report.stage}); --timeline prints "
+                 f"every event")
+    lines.append("")
     lines.append(table(["term", "bytes", "GiB (2**30)", "share", ""], rows, align="lrrrl"))
     if len(report.stages) > 1:
         lines.append("")
         srows = [[m.stage, f"{m.layers.start}-{m.layers.stop - 1}", m.in_flight, m.phase,
                   f"{m.breakdown.value:,}", human_bytes(m.breakdown.value)] for m in report.stages]
-        lines.append(table(["stage", "layers", "in flight", "peak phase", "peak bytes", "GiB"], srows))
+        lines.append(table(["stage", "layers", "in flight", "peak event", "peak bytes", "GiB"], srows))
     lines.append("")
     lines.append("outside peak_bytes (not tensors; measured at run time): CUDA context, allocator cached-free memory")
     lines.extend(f"convention: {c}" for c in report.conventions)
     return "\n".join(lines)
+
+
+def render_timeline(report) -> str:
+    """The peak stage's timeline: one row per event, the peak marked."""
+    from trainmath.render import human_bytes, table
+
+    m = report.stages[report.stage]
+    rows = [[e.name, f"{e.bytes:,}", human_bytes(e.bytes), "<- peak" if e.name == m.phase else ""]
+            for e in m.timeline]
+    head = f"{report.model}: bytes live at each event of one step (stage {m.stage}, {report.setup.grad_lifetime})"
+    return head + "\n" + table(["event", "bytes", "GiB (2**30)", ""], rows, align="lrrl")

@@ -60,10 +60,11 @@ class ModelStates:
 
 
 def model_states(placement: Placement, layout: ParallelLayout, prec: Precision, optimizer: str, *,
-                 impl: str = "foreach", granularity: int = ALLOC_GRANULARITY, block_size: int = 256
-                 ) -> ModelStates:
+                 impl: str = "foreach", granularity: int = ALLOC_GRANULARITY, block_size: int = 256,
+                 device: str = "cuda") -> ModelStates:
     """Weights (sharded at ZeRO-3), gradients (ZeRO-2), master weights and optimizer states (ZeRO-1) of one rank.
-    Optimizer states count what the GPU holds: non-fused torch optimizers keep their ``step`` scalar on the CPU."""
+    Optimizer states count what the device holds: on ``cuda`` non-fused torch optimizers keep their ``step``
+    scalar on the CPU; on ``cpu`` every state is on the one device."""
     w = g = m = s = 0
     any_8bit = False
     for t in placement.tensors:
@@ -72,7 +73,7 @@ def model_states(placement: Placement, layout: ParallelLayout, prec: Precision, 
         shard = held_shape(t, layout, 1)
         m += t.copies * alloc_bytes(numel(shard) * prec.master_bytes, granularity)
         for st in state_tensors(optimizer, shard, state_bytes=prec.state_bytes, impl=impl, block_size=block_size):
-            if st.on_device:
+            if st.on_device or device == "cpu":
                 s += t.copies * alloc_bytes(st.nbytes, granularity)
             any_8bit |= st.elem_bytes == 1
     if any_8bit:
