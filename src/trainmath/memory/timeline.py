@@ -89,6 +89,9 @@ class StepInputs:
     (the shifted labels and the total weight), less the loss's own gradient (``ones_like``, 4 bytes)."""
     logits: int
     """The logits and the loss, held by the model output until the step returns."""
+    batch: int
+    """The input batch (int64 ids; the labels are the same tensor), held by the loop until the step returns;
+    during forward and backward it is the embedding's saved input (in ``resident``)."""
     logits_fp32: int
     cross_entropy_grads: int
     hidden_grad: int
@@ -191,9 +194,12 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         grads += 0 if inp.tied_head else inp.unit_grads.get("embed", 0)
         ev("backward: embedding", acts=_acts(inp, kept), grads=grads, gather=root,
            reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad)
-    ev("optimizer step", acts=none, grads=all_grads, logits=held, temps=inp.optimizer_temporaries,
+    batch = Node.of("activations_bytes", [Node(name="input batch", value=inp.batch, unit="bytes",
+                                               note="held by the training loop until the step returns")],
+                    "bytes") if inp.first and inp.batch else none
+    ev("optimizer step", acts=batch, grads=all_grads, logits=held, temps=inp.optimizer_temporaries,
        fp32g=inp.fp32_grad_copies)
-    ev("zero_grad", acts=none, grads=0, logits=held)
+    ev("zero_grad", acts=batch, grads=0, logits=held)
     return tuple(events)
 
 

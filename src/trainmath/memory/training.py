@@ -343,7 +343,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     inp = tl.StepInputs(
         layers=tuple(pl.layers), first=first, last=last, saved=saved, recomputed=recomputed, resident=resident,
         other_micro_batches=(in_flight - 1) * act.value, head_saved=head_saved, loss_freed=max(0, loss_freed),
-        logits=logits, logits_fp32=up,
+        logits=logits, batch=8 * tokens, logits_fp32=up,
         cross_entropy_grads=ce, hidden_grad=tl.hidden_grad_bytes(tokens, spec.hidden_size, residual, layout.tp,
                                                                   layout.sp),
         ffn_transient=ffn, weight_copies=copies, unit_grads=grads, unit_gathered=gathered, unit_full_grads=full_grads,
