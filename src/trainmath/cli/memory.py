@@ -42,13 +42,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", choices=("hf", "megatron"), default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over data parallel")
-    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--dp", type=int, default=None,
+                   help="data-parallel degree (default: --world-size / (tp·pp·cp), else 1)")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--cp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
-    p.add_argument("--world-size", type=int, default=None, help="GPUs; checked to equal dp·tp·pp·cp")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="GPUs: with --dp given, checked to equal dp·tp·pp·cp; without, dp is derived from it")
+    p.add_argument("--gpu", metavar="NAME", default=None,
+                   help="a GPU preset (trainmath infer --help lists them, e.g. h100): print whether the step fits, "
+                        "the margin, and which levers (recompute, ZeRO stage, more DP ranks, TP, offload) would "
+                        "make it fit, each re-run through the model")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="micro-batches per step (gradient accumulation); default: at least pp")
     p.add_argument("--timeline", action="store_true",
@@ -67,7 +73,12 @@ def run(args: argparse.Namespace) -> int:
                           attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
                           grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
                           offload=args.offload)
-    layout = ParallelLayout(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
+    from trainmath.memory.fit import derive_dp
+
+    dp = args.dp
+    if dp is None:
+        dp = derive_dp(args.world_size, tp=args.tp, pp=args.pp, cp=args.cp) if args.world_size is not None else 1
+    layout = ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
                             zero=args.zero, world_size=args.world_size)
     # check the cheap things before reading the model
     from trainmath.errors import TrainmathError
@@ -77,8 +88,18 @@ def run(args: argparse.Namespace) -> int:
     bad = check_setup(setup) + layout_problems(layout)
     if bad:
         raise TrainmathError("; ".join(bad))
+    gpu = None
+    if args.gpu is not None:
+        from trainmath.hardware import gpu as lookup_gpu
+
+        gpu = lookup_gpu(args.gpu)
     spec = load_spec(args.model)
     report = training_memory(spec, setup, layout)
+    verdict = None
+    if gpu is not None:
+        from trainmath.memory.fit import fit
+
+        verdict = fit(spec, setup, layout, gpu, report=report)
     if args.timeline and args.json:
         print(json.dumps(report.to_dict()["timeline"], indent=1))
         return 0
@@ -86,9 +107,14 @@ def run(args: argparse.Namespace) -> int:
         print(render_timeline(report))
         return 0
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        out = report.to_dict()
+        if verdict is not None:
+            out.update(verdict.to_dict())
+        print(json.dumps(out, indent=1))
         return 0
     print(render(report))
+    if verdict is not None:
+        print(render_fit(verdict))
     return 0
 
 
@@ -134,3 +160,24 @@ def render_timeline(report) -> str:
             for e in m.timeline]
     head = f"{report.model}: bytes live at each event of one step (stage {m.stage}, {report.setup.grad_lifetime})"
     return head + "\n" + table(["event", "bytes", "GiB (2**30)", ""], rows, align="lrrl")
+
+
+def render_fit(v) -> str:
+    """The verdict line, and when it does not fit, one line per lever re-run."""
+    from trainmath.render import human_bytes
+
+    cap = f"{v.gpu.name} ({human_bytes(v.capacity_bytes)} = {v.capacity_bytes:,} bytes; GiB = 2**30 bytes, the " \
+          f"datasheet's 'GB' read as GiB)"
+    if v.fits:
+        return f"fits {cap}: margin {human_bytes(v.margin_bytes)} ({v.margin_bytes:,} bytes) before the CUDA " \
+               f"context and cached-free memory"
+    lines = [f"does NOT fit {cap}: short by {human_bytes(-v.margin_bytes)} ({-v.margin_bytes:,} bytes)"]
+    good = [lv for lv in v.levers if lv.fits]
+    lines.append("would fit with: " + (", ".join(f"{lv.name} ({human_bytes(lv.peak_bytes)})" for lv in good)
+                                       if good else "none of the single levers below"))
+    for lv in v.levers:
+        if lv.peak_bytes is None:
+            lines.append(f"  {lv.name}: cannot be built here: {lv.reason}")
+        else:
+            lines.append(f"  {lv.name}: peak {human_bytes(lv.peak_bytes)} -> {'fits' if lv.fits else 'does not fit'}")
+    return "\n".join(lines)

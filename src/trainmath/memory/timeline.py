@@ -34,7 +34,7 @@ Gradient lifetime (``GRAD_LIFETIMES``), the convention every tool picks silently
 Data-parallel buffers: ZeRO-0 with dp·cp > 1 is torch DDP, whose buckets hold a copy of every gradient for the
 whole step (``gradient_as_bucket_view=False``, the default); with ``bucket_view`` the gradients are views of the
 buckets, so the gradients are allocated for the whole step and the buckets add nothing. ZeRO-1/2 is DeepSpeed
-(one reduce bucket; ZeRO-2's partitioned gradients persist). ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer
+(one reduce bucket for the whole step; ZeRO-2's partitioned gradients appear during backward like any other). ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer
 and at the root, ``reshard_after_forward=True``): the root's parameters (embeddings, final norm, LM head) stay
 unsharded from the first forward to the end of backward; each layer's are all-gathered for its forward and again
 for its backward, with the next layer prefetched; a layer's unsharded gradients live until its reduce-scatter.

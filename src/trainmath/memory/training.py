@@ -328,8 +328,6 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     ddp = layout.zero == 0 and layout.zero_degree > 1
     if ddp and setup.bucket_view:
         persist = True  # the gradients are views of DDP's buckets, allocated once
-    if layout.zero == 2 and layout.zero_degree > 1:
-        persist = True  # DeepSpeed ZeRO-2's partitioned gradients live in one buffer for the whole run
     weights, master, states = ms.weights_bytes, ms.master_weights_bytes, ms.optimizer_states_bytes
     temps = st.optimizer_temporaries_bytes(pl, layout, prec, setup.optimizer, impl=setup.optimizer_impl)
     fp32g = st.fp32_grad_copies_bytes(pl, layout, prec)
