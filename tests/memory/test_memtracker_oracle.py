@@ -118,3 +118,32 @@ def test_layer_backward_peak_within_1_percent(model_type, precision):
                                    impl="forloop")
     assert r.stages[0].phase.startswith("backward layer 0")
     assert abs(r.peak_bytes / (measured - buffers - _known("full", 64)) - 1) < 0.01
+
+
+@pytest.mark.parametrize("precision, recompute", [("fp32", "none"), ("bf16", "full"), ("amp-bf16", "none")])
+def test_fake_simulation_equals_real_step(precision, recompute):
+    """``--simulate`` (the same step on fake tensors) measures what the real step measures, to the byte, less the
+    module buffers (a model built in bf16 keeps its rotary buffers fp32; ``.to(bfloat16)`` converts them)."""
+    from trainmath.memory.simulate import simulate
+
+    measured, buffers, r = measure("qwen3", precision=precision, vocab=1024, b=2, s=64, recompute=recompute)
+    config = {"model_type": "qwen3", "vocab_size": 1024, **BASE}
+    sim = simulate(config, r.setup)
+    assert sim.peak_bytes - sim.buffers_bytes == measured - buffers
+
+
+def test_cli_simulate(capsys):
+    import json
+
+    from trainmath.cli import main
+
+    config = {"model_type": "qwen3", "vocab_size": 1024, **BASE}
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(config, f)
+    assert main(["memory", f.name, "--micro-batch", "2", "--seq", "64", "--precision", "fp32", "--simulate",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)["simulation"]
+    assert d["difference_bytes"] == 0 and d["predicted_cpu_peak_event"] == "backward: loss"
+    assert main(["memory", f.name, "--micro-batch", "2", "--seq", "64", "--simulate", "--dp", "2"]) == 2
+    assert "--simulate cannot run --precision mixed-bf16" in capsys.readouterr().err

@@ -57,6 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "make it fit, each re-run through the model")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="micro-batches per step (gradient accumulation); default: at least pp")
+    p.add_argument("--simulate", action="store_true",
+                   help="also run one step of the real transformers code on fake tensors under MemTracker (CPU, "
+                        "single device; needs torch and transformers) and print its peak beside the --device cpu "
+                        "prediction")
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
@@ -88,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
     bad = check_setup(setup) + layout_problems(layout)
     if bad:
         raise TrainmathError("; ".join(bad))
+    if args.simulate:
+        from trainmath.memory.simulate import check_simulable
+
+        check_simulable(setup, layout)
     gpu = None
     if args.gpu is not None:
         from trainmath.hardware import gpu as lookup_gpu
@@ -100,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         from trainmath.memory.fit import fit
 
         verdict = fit(spec, setup, layout, gpu, report=report)
+    sim = None
+    if args.simulate:
+        sim = simulation(args.model, spec, setup, layout)
     if args.timeline and args.json:
         print(json.dumps(report.to_dict()["timeline"], indent=1))
         return 0
@@ -110,12 +121,51 @@ def run(args: argparse.Namespace) -> int:
         out = report.to_dict()
         if verdict is not None:
             out.update(verdict.to_dict())
+        if sim is not None:
+            out["simulation"] = sim
         print(json.dumps(out, indent=1))
         return 0
     print(render(report))
     if verdict is not None:
         print(render_fit(verdict))
+    if sim is not None:
+        print(render_simulation(sim))
     return 0
+
+
+def simulation(model: str, spec, setup, layout) -> dict:
+    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures)."""
+    from dataclasses import replace
+
+    from trainmath.memory.simulate import simulate
+    from trainmath.memory.training import training_memory
+    from trainmath.model.spec import MoEDims
+    from trainmath.sources import resolve
+
+    moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
+    sim = simulate(resolve(model).config, setup, layout, moe=moe)
+    cpu = training_memory(spec, replace(setup, device="cpu"), layout)
+    out = sim.to_dict()
+    out["predicted_cpu_peak_bytes"] = cpu.peak_bytes
+    out["predicted_cpu_peak_event"] = cpu.stages[cpu.stage].phase
+    out["difference_bytes"] = cpu.peak_bytes - (sim.peak_bytes - sim.buffers_bytes)
+    return out
+
+
+def render_simulation(sim: dict) -> str:
+    from trainmath.render import human_bytes
+
+    measured = sim["peak_bytes"] - sim["buffers_bytes"]
+    kinds = ", ".join(f"{k} {human_bytes(v)}" for k, v in sim["by_kind"].items() if v)
+    rel = 100 * sim["difference_bytes"] / measured if measured else 0.0
+    return "\n".join([
+        "",
+        f"simulated (transformers on fake tensors under MemTracker, CPU, {sim['seconds']:.1f} s): peak "
+        f"{sim['peak_bytes']:,} bytes ({human_bytes(sim['peak_bytes'])}): {kinds}",
+        f"  less module buffers ({sim['buffers_bytes']:,} bytes, not modelled): {measured:,}",
+        f"  predicted with --device cpu: {sim['predicted_cpu_peak_bytes']:,} at "
+        f"{sim['predicted_cpu_peak_event']!r}; difference {sim['difference_bytes']:+,} bytes ({rel:+.2f}%)",
+    ])
 
 
 def render(report) -> str:
