@@ -6,14 +6,15 @@ optimizer's step scalars on the one device) and ``simulate(config, setup)`` (two
 ``out = model(ids, labels=ids); out.loss.backward(); opt.step(); opt.zero_grad()``, foreach AdamW, set_to_none,
 the second measured). The simulated peak less the module buffers (rotary ``inv_freq``, not modelled) is compared
 with the prediction. Target (issue 9): every case within 2%. Run: ``python benchmarks/memory_sim.py [--quick]``
-(``--quick``: one model, one sequence length). Each full-width case takes tens of seconds on two cores.
+(``--quick``: one model). ``--fsdp W``: rank 0 of a W-rank FSDP2 run instead (``--zero 3 --dp W``, bf16, for-loop
+AdamW, over a fake process group). Each full-width case takes minutes on two shared cores.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 
+from trainmath.layout import ParallelLayout
 from trainmath.memory.simulate import simulate
 from trainmath.memory.training import TrainingSetup, training_memory
 from trainmath.model.spec import MoEDims
@@ -26,23 +27,25 @@ CASES = [(p, r) for p in ("bf16", "amp-bf16") for r in ("none", "full")]
 def main() -> None:
     quick = "--quick" in sys.argv
     models = MODELS[:1] if quick else MODELS
-    print("| model | precision | recompute | b × s | predicted (B) | event | simulated − buffers (B) | "
+    world = int(sys.argv[sys.argv.index("--fsdp") + 1]) if "--fsdp" in sys.argv else 1
+    layout = ParallelLayout(dp=world, zero=3) if world > 1 else ParallelLayout()
+    cases = [("bf16", r) for r in ("none", "full")] if world > 1 else CASES
+    print("| model | layout | precision | recompute | b × s | predicted (B) | event | simulated − buffers (B) | "
           "difference | sim s |")
-    print("|---|---|---|---|---:|---|---:|---:|---:|")
+    print("|---|---|---|---|---|---:|---|---:|---:|---:|")
     for name in models:
         spec = load_spec(name)
         moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
-        for precision, recompute in CASES:
+        for precision, recompute in cases:
             setup = TrainingSetup(micro_batch=1, seq=2048, precision=precision, recompute=recompute,
-                                  device="cpu")
-            t = time.perf_counter()
-            r = training_memory(spec, setup)
-            sim = simulate(resolve(name).config, setup, moe=moe)
+                                  device="cpu", optimizer_impl="forloop" if world > 1 else "foreach")
+            r = training_memory(spec, setup, layout)
+            sim = simulate(resolve(name).config, setup, layout, moe=moe)
             measured = sim.peak_bytes - sim.buffers_bytes
             diff = 100 * (r.peak_bytes - measured) / measured
-            print(f"| {name} | {precision} | {recompute} | 1 × 2048 | {r.peak_bytes:,} | "
+            where = f"FSDP2 rank 0 of {world}" if world > 1 else "1 device"
+            print(f"| {name} | {where} | {precision} | {recompute} | 1 × 2048 | {r.peak_bytes:,} | "
                   f"{r.stages[0].phase} | {measured:,} | {diff:+.3f}% | {sim.seconds:.0f} |", flush=True)
-            del t
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda: what torch.cuda.max_memory_allocated reports; cpu: what CPU kernels allocate "
                         "(MemTracker on a CPU step)")
+    p.add_argument("--experts", choices=("grouped", "eager"), default="grouped",
+                   help="routed experts as transformers runs them: grouped (grouped_mm, its default) or eager "
+                        "(the per-expert loop, which saves more)")
     p.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
                    help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
                         "parameter shards")
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                           optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
                           attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
                           grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
-                          offload=args.offload)
+                          offload=args.offload, experts=args.experts)
     from trainmath.memory.fit import derive_dp
 
     dp = args.dp

@@ -37,7 +37,8 @@ buckets, so the gradients are allocated for the whole step and the buckets add n
 (one reduce bucket for the whole step; ZeRO-2's partitioned gradients appear during backward like any other). ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer
 and at the root, ``reshard_after_forward=True``): the root's parameters (embeddings, final norm, LM head) stay
 unsharded from the first forward to the end of backward; each layer's are all-gathered for its forward and again
-for its backward, with the next layer prefetched; a layer's unsharded gradients live until its reduce-scatter.
+for its backward, with the next layer prefetched (the last layer already before the loss's backward); a layer's
+unsharded gradients live until its reduce-scatter.
 """
 
 from __future__ import annotations
@@ -166,17 +167,19 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         kept.append(i)
         ev(f"forward layer {i}", acts=_acts(inp, kept), grads=0, gather=gathered(pos, +1),
            copies=inp.weight_copies)
+    # FSDP2's root pre-backward hook all-gathers the last layer before the loss's backward runs
+    first_bwd = root + (inp.unit_gathered.get(_layer_units(inp)[-1], 0) if inp.layers else 0)
     if inp.last:
         ev("forward: loss", acts=_acts(inp, kept), grads=0, gather=root, logits=inp.head_saved + inp.logits,
            up=inp.logits_fp32, copies=inp.weight_copies)
-        ev("backward: loss", acts=_acts(inp, kept), grads=0, gather=root,
+        ev("backward: loss", acts=_acts(inp, kept), grads=0, gather=first_bwd,
            logits=inp.head_saved - inp.loss_freed + inp.logits,
            ce=inp.cross_entropy_grads, copies=inp.weight_copies)
     grads = 0
     held = inp.logits if inp.last else 0
     if inp.last:
         grads += inp.unit_grads.get("head", 0) + (inp.unit_grads.get("embed", 0) if inp.tied_head else 0)
-        ev("backward: head", acts=_acts(inp, kept), grads=grads, gather=root,
+        ev("backward: head", acts=_acts(inp, kept), grads=grads, gather=first_bwd,
            reduce=inp.unit_full_grads.get("head", 0), logits=inp.head_saved + held, hidden=inp.hidden_grad,
            copies=inp.weight_copies)
     for pos in range(len(inp.layers) - 1, -1, -1):

@@ -32,6 +32,7 @@ RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("sdpa", "eager")
 PROFILES = ("hf", "megatron")
 DEVICES = ("cuda", "cpu")
+EXPERTS = ("grouped", "eager")
 OFFLOAD = ("none", "optimizer", "params")
 
 TERMS = (
@@ -89,6 +90,9 @@ class TrainingSetup:
     """``cuda``: what ``torch.cuda.max_memory_allocated`` reports (512-byte blocks; non-fused optimizers keep
     their step scalars on the CPU); ``cpu``: what CPU kernels allocate (no rounding; every tensor on the one
     device)."""
+    experts: str = "grouped"
+    """Routed experts as transformers runs them: ``grouped`` (``grouped_mm``, the default of transformers 5) or
+    ``eager`` (the per-expert loop, which saves more)."""
     offload: str = "none"
     """ZeRO-Offload (Ren et al. 2021): ``optimizer`` keeps optimizer states, master weights and the optimizer
     step on the CPU; ``params`` (ZeRO-3 only) also keeps the parameter shards there, gathered to the GPU per
@@ -137,7 +141,7 @@ class MemoryReport:
                       "optimizer": s.optimizer, "optimizer_impl": s.optimizer_impl, "recompute": s.recompute,
                       "attention": s.attention, "profile": s.profile, "micro_batches": s.micro_batches,
                       "grad_lifetime": s.grad_lifetime, "bucket_view": s.bucket_view, "device": s.device,
-                      "offload": s.offload},
+                      "offload": s.offload, "experts": s.experts},
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp,
                        "zero": lay.zero, "world_size": lay.ranks},
             "peak_bytes": self.peak_bytes,
@@ -178,7 +182,8 @@ def check_setup(setup: TrainingSetup) -> list[str]:
     if setup.micro_batches is not None and setup.micro_batches < 1:
         bad.append(f"micro-batches must be a positive integer, got {setup.micro_batches!r}")
     for field, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("profile", PROFILES),
-                           ("grad_lifetime", tl.GRAD_LIFETIMES), ("device", DEVICES), ("offload", OFFLOAD)):
+                           ("grad_lifetime", tl.GRAD_LIFETIMES), ("device", DEVICES), ("offload", OFFLOAD),
+                           ("experts", EXPERTS)):
         if getattr(setup, field) not in allowed:
             bad.append(f"{field} must be one of {', '.join(allowed)}, got {getattr(setup, field)!r}")
     return bad
@@ -284,7 +289,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     profile = "eager" if setup.attention == "eager" and setup.profile == "hf" else setup.profile
     kw = dict(micro_batch=setup.micro_batch, seq=setup.seq, profile=profile, attention=setup.attention,
               compute_dtype_bytes=prec.compute_bytes, param_dtype_bytes=prec.weight_bytes, tp=layout.tp,
-              sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers))
+              sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=setup.experts)
     act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
     saved, resident, _ = _per_layer(act, spec, pl.layers)
     recomputed = {i: 0 for i in pl.layers}
@@ -392,6 +397,8 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
         "device cpu: what CPU kernels allocate (no rounding; optimizer step scalars on the device), as MemTracker "
         "counts a CPU step",
         f"offload {setup.offload}: " + OFFLOAD_TEXT[setup.offload],
+        f"routed experts {setup.experts}: " + ("transformers' grouped_mm path (its default)"
+                                               if setup.experts == "grouped" else "the eager per-expert loop"),
     )
     return MemoryReport(model=spec.name, setup=setup, layout=layout, peak_bytes=top.breakdown.value,
                         stage=top.stage, breakdown=top.breakdown, stages=stages,
