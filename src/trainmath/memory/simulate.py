@@ -108,6 +108,10 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
             raise TrainmathError("--simulate --zero 3 needs its own process group; torch.distributed is already "
                                  "initialised in this process")
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=layout.dp)
+    if moe and setup.experts == "grouped" and setup.precision != "bf16":
+        raise TrainmathError(f"--simulate with --experts grouped needs --precision bf16 (torch's fake-tensor "
+                             f"_grouped_mm accepts bf16 only), got --precision {setup.precision}; or pass "
+                             f"--experts eager")
     cfg = hf_config(config)
     kw = {"attn_implementation": setup.attention}
     if moe:
