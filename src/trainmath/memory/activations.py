@@ -1287,8 +1287,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         return activations_megatron(spec, micro_batch=micro_batch, seq=seq, recompute=recompute, tp=tp, sp=sp,
                                     cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes)
     if (tp, sp, cp) != (1, False, 1):
-        raise TrainmathError(f"the {profile} profile is single-device (--tp {tp}, --sp {sp}, --cp {cp}); use "
-                             f"--profile megatron for tensor/sequence/context parallelism")
+        raise TrainmathError(f"the {profile} profile is single-device (--tp {tp}{' --sp' if sp else ''} --cp {cp}); "
+                             f"use --profile megatron for tensor/sequence/context parallelism")
     if recompute == "selective":
         raise TrainmathError(f"--recompute selective is defined for --profile megatron only, not {profile!r}: "
                              "transformers' gradient_checkpointing_enable() checkpoints whole layers "

@@ -244,6 +244,9 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
               sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=setup.experts)
     act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
     saved, resident, _ = _per_layer(act, spec, pl.layers)
+    if setup.recompute == "full" and setup.profile == "hf" and spec.model_type != "gpt2":
+        # torch.utils.checkpoint keeps every argument of the layer: also the (1, s) int64 position ids
+        resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * setup.seq, unit="bytes")]
     recomputed = {i: 0 for i in pl.layers}
     if setup.recompute == "full":
         none = _call(am.activation_bytes, spec, recompute="none", **kw)
