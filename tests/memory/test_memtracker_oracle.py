@@ -170,3 +170,58 @@ def test_fsdp2_rank_exact(world, precision):
     assert r.stages[0].phase == "backward: loss"
     assert sim.peak_bytes - sim.buffers_bytes == r.peak_bytes
     assert r.breakdown.flat()["zero3_gather_bytes"] == sim.by_kind["Unsharded Param"] + sim.by_kind["All Gather"]
+
+
+@pytest.mark.parametrize("bucket_view", [False, True])
+@pytest.mark.parametrize("vocab, b, s", [(1024, 2, 64), (128, 1, 8)])
+def test_ddp_buckets_exact(bucket_view, vocab, b, s):
+    """torch DDP at dp = 2 (a fake process group; a comm hook that returns each bucket as it is, which is what an
+    in-place all-reduce leaves): its buckets hold a copy of every gradient for the whole step, or, with
+    ``gradient_as_bucket_view``, are the gradients. Exact at the loss's peak and at the optimizer step's."""
+    import torch.distributed as dist
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from trainmath.layout import ParallelLayout
+
+    config = {"model_type": "qwen3", "vocab_size": vocab, **BASE}
+    cfg = transformers.AutoConfig.for_model(**config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    model.train()
+    batch = torch.randint(0, vocab, (b, s), generator=torch.Generator().manual_seed(1))
+
+    def hook(state, bucket):
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        with MemTracker() as mt:
+            mt.track_external(model)
+            ddp = DistributedDataParallel(model, gradient_as_bucket_view=bucket_view)  # buckets made in view
+            ddp.register_comm_hook(None, hook)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+
+            def step():
+                ids = batch.clone()
+                out = ddp(input_ids=ids, labels=ids, use_cache=False)
+                out.loss.backward()
+                opt.step()
+                opt.zero_grad()
+
+            step()
+            mt.reset_mod_stats()
+            step()
+            peak = mt.get_tracker_snapshot("peak")[torch.device("cpu")]
+    finally:
+        dist.destroy_process_group()
+    buffers = sum(x.untyped_storage().nbytes() for x in model.buffers())
+    spec = spec_from_config(config, name="tiny", source="test")
+    r = training_memory(spec, TrainingSetup(micro_batch=b, seq=s, precision="fp32", device="cpu",
+                                            bucket_view=bucket_view), ParallelLayout(dp=2))
+    assert peak["Total"] - buffers == r.peak_bytes
+    assert r.breakdown.flat()["framework_overhead_bytes"] == (0 if bucket_view else r.stages[0].at(
+        "optimizer step").flat()["gradients_bytes"])
