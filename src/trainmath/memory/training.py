@@ -330,6 +330,10 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
     check_optimizer(setup.optimizer, setup.optimizer_impl)
     if bad:
         raise TrainmathError("invalid training setup: " + "; ".join(bad))
+    if isinstance(layout.cp, int) and layout.cp > 1 and setup.seq % layout.cp:
+        raise TrainmathError(f"--seq ({setup.seq}) must be a multiple of --cp ({layout.cp}): context parallelism "
+                             f"gives every rank an equal slice of the sequence; pass --seq "
+                             f"{setup.seq - setup.seq % layout.cp or layout.cp}")
     if setup.offload == "params" and layout.zero != 3:
         raise TrainmathError(f"--offload params needs --zero 3 (parameter offload moves ZeRO-3's parameter "
                              f"shards to the CPU), got --zero {layout.zero}")
