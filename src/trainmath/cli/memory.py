@@ -55,15 +55,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--world-size", type=int, default=None,
                    help="GPUs: with --dp given, checked to equal dp·tp·pp·cp; without, dp is derived from it")
     p.add_argument("--gpu", metavar="NAME", default=None,
-                   help="a GPU preset (trainmath infer --help lists them, e.g. h100): print whether the step fits, "
+                   help="a GPU preset (h100, h200, a100, a100-40gb, b200, l40s, 4090, mi300x; "
+                        "src/trainmath/hardware/gpus.json): print whether the step fits, "
                         "the margin, and which levers (recompute, ZeRO stage, more DP ranks, TP, offload) would "
                         "make it fit, each re-run through the model")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="micro-batches per step (gradient accumulation); default: at least pp")
     p.add_argument("--simulate", action="store_true",
-                   help="also run one step of the real transformers code on fake tensors under MemTracker (CPU, "
-                        "single device; needs torch and transformers) and print its peak beside the --device cpu "
-                        "prediction")
+                   help="also run one step of the real transformers code on fake tensors under MemTracker (CPU; "
+                        "one device, or rank 0 of FSDP2 with --zero 3 --dp W; needs torch and transformers) and "
+                        "print its peak beside the --device cpu prediction")
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
