@@ -58,6 +58,8 @@ RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
                "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon", "gpt_oss", "llama4_text", "qwen3_next", "nemotron_h")
+GROUPED_UNMODELLED = ("gpt_oss", "llama4_text", "nemotron_h", "qwen3_next")
+"""MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is)."""
 ROTARY_CAT = ("phi3", "glm4_moe", "qwen3_next")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
@@ -572,8 +574,7 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     if model_type == "cohere" and mixer is not None and mixer.kind == "attention" and \
             isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         return _cohere_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
-    if experts == "grouped" and ffn is not None and isinstance(ffn.dims, MoEDims) and model_type in (
-            "gpt_oss", "llama4_text", "nemotron_h", "qwen3_next"):
+    if experts == "grouped" and ffn is not None and isinstance(ffn.dims, MoEDims) and model_type in GROUPED_UNMODELLED:
         raise TrainmathError(f"the grouped_mm expert path of {model_type} is not modelled; pass --experts eager "
                              f"(transformers' experts_implementation='eager')")
     if model_type == "gpt_oss" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MoEDims):

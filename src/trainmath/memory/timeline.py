@@ -34,11 +34,13 @@ Gradient lifetime (``GRAD_LIFETIMES``), the convention every tool picks silently
 Data-parallel buffers: ZeRO-0 with dp·cp > 1 is torch DDP, whose buckets hold a copy of every gradient for the
 whole step (``gradient_as_bucket_view=False``, the default); with ``bucket_view`` the gradients are views of the
 buckets, so the gradients are allocated for the whole step and the buckets add nothing. ZeRO-1/2 is DeepSpeed
-(one reduce bucket for the whole step; ZeRO-2's partitioned gradients appear during backward like any other). ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer
-and at the root, ``reshard_after_forward=True``): the root's parameters (embeddings, final norm, LM head) stay
-unsharded from the first forward to the end of backward; each layer's are all-gathered for its forward and again
-for its backward, with the next layer prefetched (the last layer already before the loss's backward); a layer's
-unsharded gradients live until its reduce-scatter.
+(one reduce bucket for the whole step; ZeRO-2's partitioned gradients appear during backward like any other).
+ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer and at the root, ``reshard_after_forward=True``): the root's
+parameters (embeddings, final norm, LM head) stay unsharded from the first forward to the end of backward; each
+layer's are all-gathered for its forward and again for its backward, with the next layer prefetched (the last
+layer already before the loss's backward); a layer's unsharded gradients live until its reduce-scatter. Checked:
+DDP (both bucket modes) and FSDP2 against MemTracker / FSDPMemTracker over a fake process group
+(``tests/memory/test_memtracker_oracle.py``); DeepSpeed's ZeRO-1/2 buffers are not checked.
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         i = inp.layers[pos]
         unit = f"layer.{i}"
         ev(f"backward layer {i}", acts=_acts(inp, kept, live_layer=i), grads=grads, gather=gathered(pos, -1),
-           reduce=inp.unit_full_grads.get(unit, 0), logits=held,
+           reduce=inp.unit_full_grads.get(unit, 0), logits=held,  # the MLP's backward transient with the grads
            hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies)
         kept.pop()
         grads += inp.unit_grads.get(unit, 0)

@@ -199,6 +199,14 @@ def _activation_model(activation_model):
     return activations
 
 
+def experts_path(spec: ModelSpec, setup: TrainingSetup) -> str:
+    """The expert path modelled: ``setup.experts``, except the families whose grouped path is not modelled
+    (``activations.GROUPED_UNMODELLED``), which get their eager loop (the conventions say so)."""
+    from trainmath.memory.activations import GROUPED_UNMODELLED
+
+    return "eager" if setup.experts == "grouped" and spec.model_type in GROUPED_UNMODELLED else setup.experts
+
+
 def _per_layer(act: Node, spec: ModelSpec, layers: range) -> tuple[dict, list[Node], int]:
     """(layer index → saved bytes, the resident nodes, the recompute transient) of an activation tree: its layer
     groups (named by the layer label, "label × n" in the real model) divided evenly over this stage's layers of
@@ -241,7 +249,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     profile = "eager" if setup.attention == "eager" and setup.profile == "hf" else setup.profile
     kw = dict(micro_batch=setup.micro_batch, seq=setup.seq, profile=profile, attention=setup.attention,
               compute_dtype_bytes=prec.compute_bytes, param_dtype_bytes=prec.weight_bytes, tp=layout.tp,
-              sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=setup.experts)
+              sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup))
     act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
     saved, resident, _ = _per_layer(act, spec, pl.layers)
     if setup.recompute == "full" and setup.profile == "hf" and spec.model_type != "gpt2":
@@ -305,7 +313,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         cross_entropy_grads=ce, hidden_grad=tl.hidden_grad_bytes(tokens, spec.hidden_size, residual, layout.tp,
                                                                   layout.sp),
         ffn_transient=ffn, weight_copies=copies, unit_grads=grads, unit_gathered=gathered, unit_full_grads=full_grads,
-        tied_head=layout.pp == 1 and any(t.tied for t in spec.post), persistent=persistent, grads_persist=persist, optimizer_temporaries=temps, fp32_grad_copies=fp32g)
+        tied_head=layout.pp == 1 and any(t.tied for t in spec.post), persistent=persistent, grads_persist=persist,
+        optimizer_temporaries=temps, fp32_grad_copies=fp32g)
     events = tl.step_timeline(inp)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
     return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=peak.name, timeline=events,
@@ -357,7 +366,10 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
         "counts a CPU step",
         f"offload {setup.offload}: " + OFFLOAD_TEXT[setup.offload],
         f"routed experts {setup.experts}: " + ("transformers' grouped_mm path (its default)"
-                                               if setup.experts == "grouped" else "the eager per-expert loop"),
+                                               if setup.experts == "grouped" else "the eager per-expert loop")
+        + ("" if experts_path(spec, setup) == setup.experts else
+           f"; {spec.model_type}'s grouped path is not modelled: its eager loop is counted (where both are "
+           f"modelled, the eager loop saves more)"),
     )
     return MemoryReport(model=spec.name, setup=setup, layout=layout, peak_bytes=top.breakdown.value,
                         stage=top.stage, breakdown=top.breakdown, stages=stages,
