@@ -64,6 +64,12 @@ class ParallelLayout:
                 f"zero={self.zero}")
 
 
+def _divisors(n: int, flag: str) -> str:
+    """The CLI fix: the values of ``flag`` that divide ``n`` (at most 8 listed)."""
+    ds = [d for d in range(1, min(n, 4096) + 1) if n % d == 0]
+    return f"; pass {flag} " + ", ".join(str(d) for d in ds[:8]) + (" ..." if len(ds) > 8 else "")
+
+
 def layout_problems(layout: ParallelLayout, spec: ModelSpec | None = None) -> list[str]:
     """Every reason ``layout`` is impossible (for ``spec`` when given), each quoting the values; empty if fine."""
     bad: list[str] = []
@@ -84,7 +90,8 @@ def layout_problems(layout: ParallelLayout, spec: ModelSpec | None = None) -> li
     if spec is None:
         return bad
     if layout.pp > spec.num_layers:
-        bad.append(f"pp ({layout.pp}) must not exceed the number of layers ({spec.num_layers})")
+        bad.append(f"pp ({layout.pp}) must not exceed the number of layers ({spec.num_layers}); pass --pp "
+                   f"{spec.num_layers} or less")
     tp = layout.tp
     seen: set[str] = set()
 
@@ -98,9 +105,10 @@ def layout_problems(layout: ParallelLayout, spec: ModelSpec | None = None) -> li
         for b in layer.blocks:
             d = b.dims
             if isinstance(d, AttentionDims):
-                need(d.heads % tp == 0, f"tp ({tp}) must divide attention heads ({d.heads})")
+                need(d.heads % tp == 0, f"tp ({tp}) must divide attention heads ({d.heads})"
+                     + _divisors(d.heads, "--tp"))
                 need(d.kv_heads % tp == 0, f"tp ({tp}) must divide KV heads ({d.kv_heads}); "
-                                           f"KV-head replication is not modelled")
+                                           f"KV-head replication is not modelled" + _divisors(d.kv_heads, "--tp"))
             elif isinstance(d, MLADims):
                 need(d.heads % tp == 0, f"tp ({tp}) must divide attention heads ({d.heads})")
             elif isinstance(d, LinearAttentionDims):
@@ -113,7 +121,7 @@ def layout_problems(layout: ParallelLayout, spec: ModelSpec | None = None) -> li
             elif isinstance(d, MoEDims):
                 experts.add(d.experts)
     for n in sorted(experts):
-        need(n % layout.ep == 0, f"ep ({layout.ep}) must divide the routed experts ({n})")
+        need(n % layout.ep == 0, f"ep ({layout.ep}) must divide the routed experts ({n})" + _divisors(n, "--ep"))
     if layout.ep > 1 and not experts:
         bad.append(f"ep ({layout.ep}) > 1 but {spec.name} has no routed experts")
     return bad

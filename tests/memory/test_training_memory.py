@@ -117,15 +117,20 @@ def test_peak_never_grows_with_dp_at_fixed_stage(zero, dp, tp, pp, precision):
         assert check_sums(m.breakdown) == []
 
 
-def test_zero3_can_cost_more_than_zero2_on_a_small_model():
-    """Pinned honesty check: Qwen3-0.6B's tied 151936×1024 embedding is the largest ZeRO-3 module; at dp=2 the
-    two gathered copies (and its unsharded gradient) outweigh what sharding the weights saves, so ZeRO-3's peak
-    is higher than ZeRO-2's — the breakdown says why (``zero3_gather_bytes``)."""
+def test_zero3_gathers_the_root_and_two_layers():
+    """FSDP2 (per layer and at the root): Qwen3-0.6B's root (the tied 151936×1024 embedding and the final norm,
+    bf16) stays unsharded through forward and backward; a layer's forward adds its own unsharded parameters and
+    the next layer's, prefetched; the last layer is gathered again before the loss's backward. The sharded weights
+    are smaller than ZeRO-2's."""
     spec = SPECS["qwen3-0.6b"]
-    setup = TrainingSetup(micro_batch=1, seq=1024)
+    setup = TrainingSetup(micro_batch=1, seq=1024, granularity=1)
     z2 = training_memory(spec, setup, ParallelLayout(dp=2, zero=2), activation_model=standin)
     z3 = training_memory(spec, setup, ParallelLayout(dp=2, zero=3), activation_model=standin)
-    assert z3.breakdown.flat()["zero3_gather_bytes"] == 2 * 151936 * 1024 * 2
+    root = 151936 * 1024 * 2 + 1024 * 2
+    layer = 2 * sum(t.params for t in place(spec, ParallelLayout()).tensors if t.unit == "layer.0")
+    assert z3.stages[0].at("backward: loss").flat()["zero3_gather_bytes"] == root + layer
+    assert z3.stages[0].at("forward layer 0").flat()["zero3_gather_bytes"] == root + 2 * layer
+    assert z3.stages[0].at("forward layer 27").flat()["zero3_gather_bytes"] == root + layer
     assert z3.breakdown.flat()["weights_bytes"] < z2.breakdown.flat()["weights_bytes"]
 
 
@@ -134,21 +139,22 @@ def test_pipeline_first_stage_holds_pp_micro_batches():
     r = training_memory(spec, TrainingSetup(micro_batch=1, seq=1024), ParallelLayout(pp=4), activation_model=standin)
     assert [m.in_flight for m in r.stages] == [4, 3, 2, 1]
     one = standin.activation_bytes(spec, micro_batch=1, seq=1024, layers=range(4)).value
-    assert r.stages[0].by_phase["backward_start"].flat()["activations_bytes"] == 4 * one
+    assert r.stages[0].at("forward layer 3").flat()["activations_bytes"] == 4 * one
     capped = training_memory(spec, TrainingSetup(micro_batch=1, seq=1024, micro_batches=2), ParallelLayout(pp=4),
                              activation_model=standin)
     assert [m.in_flight for m in capped.stages] == [2, 2, 2, 1]
 
 
 def test_loss_transients_pinned():
-    """HF loss at the start of backward: fp32 log-probs 4·b·s·|V| plus two fp32 gradients 8·b·s·|V|."""
+    """HF loss: the fp32 upcast 4·b·s·|V| at the end of the forward, two fp32 gradients 8·b·s·|V| at the start
+    of backward (the upcast freed by then)."""
     spec = SPECS["qwen3-0.6b"]
     r = training_memory(spec, TrainingSetup(micro_batch=2, seq=512), ParallelLayout(), activation_model=standin)
-    f = r.stages[0].by_phase["backward_start"].flat()
-    assert f["logits_fp32_bytes"] == 4 * 2 * 512 * 151936
-    assert f["cross_entropy_grad_bytes"] == 8 * 2 * 512 * 151936
+    fwd, bwd = r.stages[0].at("forward: loss").flat(), r.stages[0].at("backward: loss").flat()
+    assert (fwd["logits_fp32_bytes"], fwd["cross_entropy_grad_bytes"]) == (4 * 2 * 512 * 151936, 0)
+    assert (bwd["logits_fp32_bytes"], bwd["cross_entropy_grad_bytes"]) == (0, 8 * 2 * 512 * 151936)
     m = training_memory(spec, TrainingSetup(micro_batch=2, seq=512, profile="megatron"), ParallelLayout(tp=2),
-                        activation_model=standin).stages[0].by_phase["backward_start"].flat()
+                        activation_model=standin).stages[0].at("backward: loss").flat()
     assert m["cross_entropy_grad_bytes"] == 2 * 2 * 512 * 151936 // 2
 
 

@@ -24,22 +24,51 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=integer, required=True, help="tokens per sequence")
     p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--optimizer-impl", choices=("foreach", "fused"), default="foreach",
-                   help="torch optimizer implementation (fused keeps the step scalars on the GPU)")
+    p.add_argument("--optimizer-impl", choices=("forloop", "foreach", "fused"), default="foreach",
+                   help="torch optimizer implementation: forloop (foreach=False), foreach (the default on CUDA; "
+                        "its temporaries hold one state-sized tensor per parameter), fused (no temporaries; "
+                        "keeps the step scalars on the GPU)")
+    p.add_argument("--grad-lifetime", choices=("set_to_none", "zero", "accumulate"), default="set_to_none",
+                   help="when gradients exist: set_to_none (torch's zero_grad default: none when the step starts), "
+                        "zero (zero_grad(set_to_none=False)), accumulate (gradient accumulation: the whole step)")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="DDP gradient_as_bucket_view=True (ZeRO-0, dp > 1): gradients are views of the buckets")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda: what torch.cuda.max_memory_allocated reports; cpu: what CPU kernels allocate "
+                        "(MemTracker on a CPU step)")
+    p.add_argument("--experts", choices=("grouped", "eager"), default="grouped",
+                   help="routed experts as transformers runs them: grouped (grouped_mm, its default) or eager "
+                        "(the per-expert loop, which saves more)")
+    p.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
+                   help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
+                        "parameter shards")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     p.add_argument("--profile", choices=("hf", "megatron"), default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")
     p.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
-    p.add_argument("--dp", type=integer, default=1)
+    p.add_argument("--dp", type=integer, default=None,
+                   help="data-parallel degree (default: --world-size / (tp·pp·cp), else 1)")
     p.add_argument("--tp", type=integer, default=1)
     p.add_argument("--pp", type=integer, default=1)
     p.add_argument("--cp", type=integer, default=1)
     p.add_argument("--ep", type=integer, default=1)
     p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
-    p.add_argument("--world-size", type=integer, default=None, help="GPUs; checked to equal dp·tp·pp·cp")
+    p.add_argument("--world-size", type=integer, default=None,
+                   help="GPUs: with --dp given, checked to equal dp·tp·pp·cp; without, dp is derived from it")
+    p.add_argument("--gpu", metavar="NAME", default=None,
+                   help="a GPU preset (h100, h200, a100, a100-40gb, b200, l40s, 4090, mi300x; "
+                        "src/trainmath/hardware/gpus.json): print whether the step fits, "
+                        "the margin, and which levers (recompute, ZeRO stage, more DP ranks, TP, offload) would "
+                        "make it fit, each re-run through the model")
     p.add_argument("--micro-batches", type=integer, default=None,
                    help="micro-batches per step (gradient accumulation); default: at least pp")
+    p.add_argument("--simulate", action="store_true",
+                   help="also run one step of the real transformers code on fake tensors under MemTracker (CPU; "
+                        "one device, or rank 0 of FSDP2 with --zero 3 --dp W; needs torch and transformers) and "
+                        "print its peak beside the --device cpu prediction")
+    p.add_argument("--timeline", action="store_true",
+                   help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     p.set_defaults(func=run)
 
@@ -51,8 +80,15 @@ def run(args: argparse.Namespace) -> int:
 
     setup = TrainingSetup(micro_batch=args.micro_batch, seq=args.seq, precision=args.precision,
                           optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
-                          attention=args.attention, profile=args.profile, micro_batches=args.micro_batches)
-    layout = ParallelLayout(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
+                          attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
+                          grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
+                          offload=args.offload, experts=args.experts)
+    from trainmath.memory.fit import derive_dp
+
+    dp = args.dp
+    if dp is None:
+        dp = derive_dp(args.world_size, tp=args.tp, pp=args.pp, cp=args.cp) if args.world_size is not None else 1
+    layout = ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
                             zero=args.zero, world_size=args.world_size)
     # check the cheap things before reading the model
     from trainmath.errors import TrainmathError
@@ -62,13 +98,80 @@ def run(args: argparse.Namespace) -> int:
     bad = check_setup(setup) + layout_problems(layout)
     if bad:
         raise TrainmathError("; ".join(bad))
+    if args.simulate:
+        from trainmath.memory.simulate import check_simulable
+
+        check_simulable(setup, layout)
+    gpu = None
+    if args.gpu is not None:
+        from trainmath.hardware import gpu as lookup_gpu
+
+        gpu = lookup_gpu(args.gpu)
     spec = load_spec(args.model)
     report = training_memory(spec, setup, layout)
+    verdict = None
+    if gpu is not None:
+        from trainmath.memory.fit import fit
+
+        verdict = fit(spec, setup, layout, gpu, report=report)
+    sim = None
+    if args.simulate:
+        sim = simulation(args.model, spec, setup, layout)
+    if args.timeline and args.json:
+        print(json.dumps(report.to_dict()["timeline"], indent=1))
+        return 0
+    if args.timeline:
+        print(render_timeline(report))
+        return 0
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        out = report.to_dict()
+        if verdict is not None:
+            out.update(verdict.to_dict())
+        if sim is not None:
+            out["simulation"] = sim
+        print(json.dumps(out, indent=1))
         return 0
     print(render(report))
+    if verdict is not None:
+        print(render_fit(verdict))
+    if sim is not None:
+        print(render_simulation(sim))
     return 0
+
+
+def simulation(model: str, spec, setup, layout) -> dict:
+    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures)."""
+    from dataclasses import replace
+
+    from trainmath.memory.simulate import simulate
+    from trainmath.memory.training import training_memory
+    from trainmath.model.spec import MoEDims
+    from trainmath.sources import resolve
+
+    moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
+    sim = simulate(resolve(model).config, setup, layout, moe=moe)
+    cpu = training_memory(spec, replace(setup, device="cpu"), layout)
+    out = sim.to_dict()
+    out["predicted_cpu_peak_bytes"] = cpu.peak_bytes
+    out["predicted_cpu_peak_event"] = cpu.stages[cpu.stage].phase
+    out["difference_bytes"] = cpu.peak_bytes - (sim.peak_bytes - sim.buffers_bytes)
+    return out
+
+
+def render_simulation(sim: dict) -> str:
+    from trainmath.render import human_bytes
+
+    measured = sim["peak_bytes"] - sim["buffers_bytes"]
+    kinds = ", ".join(f"{k} {human_bytes(v)}" for k, v in sim["by_kind"].items() if v)
+    rel = 100 * sim["difference_bytes"] / measured if measured else 0.0
+    return "\n".join([
+        "",
+        f"simulated (transformers on fake tensors under MemTracker, CPU, {sim['seconds']:.1f} s): peak "
+        f"{sim['peak_bytes']:,} bytes ({human_bytes(sim['peak_bytes'])}): {kinds}",
+        f"  less module buffers ({sim['buffers_bytes']:,} bytes, not modelled): {measured:,}",
+        f"  predicted with --device cpu: {sim['predicted_cpu_peak_bytes']:,} at "
+        f"{sim['predicted_cpu_peak_event']!r}; difference {sim['difference_bytes']:+,} bytes ({rel:+.2f}%)",
+    ])
 
 
 def render(report) -> str:
@@ -78,7 +181,8 @@ def render(report) -> str:
     peak = report.peak_bytes
     lines = [f"{report.model}: training memory per GPU",
              f"  micro-batch {s.micro_batch} × seq {s.seq}, {s.precision}, {s.optimizer} ({s.optimizer_impl}), "
-             f"recompute {s.recompute}, attention {s.attention}, profile {s.profile}",
+             f"recompute {s.recompute}, attention {s.attention}, profile {s.profile}, "
+             f"grad lifetime {s.grad_lifetime}, device {s.device}",
              f"  {lay.describe()}  ({lay.ranks} GPUs)", ""]
     rows = []
     for node in report.breakdown.children:
@@ -88,13 +192,48 @@ def render(report) -> str:
             for c in node.children:
                 rows.append([f"  {c.name}", f"{c.value:,}", human_bytes(c.value), "", ""])
     rows.append(["peak_bytes", f"{peak:,}", human_bytes(peak), "100.0%", report.breakdown.note])
+    lines.append(f"  peak at {report.stages[report.stage].phase!r} (stage {report.stage}); --timeline prints "
+                 f"every event")
+    lines.append("")
     lines.append(table(["term", "bytes", "GiB (2**30)", "share", ""], rows, align="lrrrl"))
     if len(report.stages) > 1:
         lines.append("")
         srows = [[m.stage, f"{m.layers.start}-{m.layers.stop - 1}", m.in_flight, m.phase,
                   f"{m.breakdown.value:,}", human_bytes(m.breakdown.value)] for m in report.stages]
-        lines.append(table(["stage", "layers", "in flight", "peak phase", "peak bytes", "GiB"], srows))
+        lines.append(table(["stage", "layers", "in flight", "peak event", "peak bytes", "GiB"], srows))
     lines.append("")
     lines.append("outside peak_bytes (not tensors; measured at run time): CUDA context, allocator cached-free memory")
     lines.extend(f"convention: {c}" for c in report.conventions)
+    return "\n".join(lines)
+
+
+def render_timeline(report) -> str:
+    """The peak stage's timeline: one row per event, the peak marked."""
+    from trainmath.render import human_bytes, table
+
+    m = report.stages[report.stage]
+    rows = [[e.name, f"{e.bytes:,}", human_bytes(e.bytes), "<- peak" if e.name == m.phase else ""]
+            for e in m.timeline]
+    head = f"{report.model}: bytes live at each event of one step (stage {m.stage}, {report.setup.grad_lifetime})"
+    return head + "\n" + table(["event", "bytes", "GiB (2**30)", ""], rows, align="lrrl")
+
+
+def render_fit(v) -> str:
+    """The verdict line, and when it does not fit, one line per lever re-run."""
+    from trainmath.render import human_bytes
+
+    cap = f"{v.gpu.name} ({human_bytes(v.capacity_bytes)} = {v.capacity_bytes:,} bytes; GiB = 2**30 bytes, the " \
+          f"datasheet's 'GB' read as GiB)"
+    if v.fits:
+        return f"fits {cap}: margin {human_bytes(v.margin_bytes)} ({v.margin_bytes:,} bytes) before the CUDA " \
+               f"context and cached-free memory"
+    lines = [f"does NOT fit {cap}: short by {human_bytes(-v.margin_bytes)} ({-v.margin_bytes:,} bytes)"]
+    good = [lv for lv in v.levers if lv.fits]
+    lines.append("would fit with: " + (", ".join(f"{lv.name} ({human_bytes(lv.peak_bytes)})" for lv in good)
+                                       if good else "none of the single levers below"))
+    for lv in v.levers:
+        if lv.peak_bytes is None:
+            lines.append(f"  {lv.name}: cannot be built here: {lv.reason}")
+        else:
+            lines.append(f"  {lv.name}: peak {human_bytes(lv.peak_bytes)} -> {'fits' if lv.fits else 'does not fit'}")
     return "\n".join(lines)

@@ -1,5 +1,7 @@
 """Memory per GPU: training (weights, gradients, optimizer states, activations, transients) and its parts.
 
-``training.training_memory`` is the entry point; ``optimizers`` and ``precision`` hold the per-element facts
-it uses, ``states`` the ZeRO-sharded model states, ``activations`` the activation model.
+``training.training_memory`` is the entry point: it builds the step's timeline (``timeline``) from the ZeRO-sharded
+model states (``states``), the per-element facts of ``optimizers`` and ``precision``, the activation model
+(``activations``) and the loss and wrapper buffers (``terms``). ``fit`` gives the verdict for a GPU preset and its
+levers; ``simulate`` runs the real modeling code on fake tensors (torch imported inside it only).
 """

@@ -58,6 +58,8 @@ RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
                "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon", "gpt_oss", "llama4_text", "qwen3_next", "nemotron_h")
+GROUPED_UNMODELLED = ("gpt_oss", "llama4_text", "nemotron_h", "qwen3_next")
+"""MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is)."""
 ROTARY_CAT = ("phi3", "glm4_moe", "qwen3_next")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 INT64 = 8
@@ -383,13 +385,32 @@ def mla_saved(block: Block, *, b: int, s: int, d: int, p: Precision) -> list[Nod
     return out
 
 
-def experts_saved(tk: int, d: int, f: int, p: Precision, weight_bytes: int) -> list[Node]:
+def experts_saved(tk: int, d: int, f: int, p: Precision, weight_bytes: int, experts: str = "eager",
+                  n: int = 0) -> list[Node]:
     """transformers' eager expert loop (``experts_implementation="eager"``), summed over the hit experts; Σ n_e =
     T·k for any routing. Per expert e with n_e tokens: torch.where's (n_e, 2) int64 token/slot indices, the gathered
     input (c·n_e·d), the fused gate_up output (2c·n_e·f: gate and up are views of it), the activation output and
     the product (c·n_e·f each), its routing weights (``weight_bytes``·n_e), the down output (c·n_e·d) and the
-    index_add source in the residual dtype (r·n_e·d)."""
+    index_add source in the residual dtype (r·n_e·d).
+
+    ``experts="grouped"`` (``grouped_mm``, transformers 5's default): all T·k rows at once, sorted by expert: the
+    sort permutation, its inverse and the token index (8·T·k each, int64), the per-expert offsets (int32, 4·n),
+    then the same gathered input, gate_up output, activation output, product and down output, in the residual
+    dtype r (``_grouped_mm`` is not an autocast op: under autocast it runs in fp32 on the fp32 weights, which are
+    not cast), the routing weights (``weight_bytes``·T·k), and no index_add source (derived from
+    ``transformers.integrations.moe``, measured with MemTracker and saved_tensors_hooks)."""
     c, r = p.compute, p.residual
+    if experts == "grouped":
+        return [
+            _leaf("experts.sort_indices", 3 * INT64 * tk, "permutation, inverse and token index"),
+            _leaf("experts.offsets", 4 * n, "int32 per-expert offsets"),
+            _leaf("experts.gathered_input", r * tk * d),
+            _leaf("experts.gate_up_out", 2 * r * tk * f),
+            _leaf("experts.act_out", r * tk * f),
+            _leaf("experts.down_proj.input", r * tk * f),
+            _leaf("experts.routing_weight", weight_bytes * tk),
+            _leaf("experts.down_out", r * tk * d),
+        ]
     return [
         _leaf("experts.token_slot_indices", 2 * INT64 * tk),
         _leaf("experts.gathered_input", c * tk * d),
@@ -402,8 +423,8 @@ def experts_saved(tk: int, d: int, f: int, p: Precision, weight_bytes: int) -> l
     ]
 
 
-def deepseek_moe_saved(block: Block, *, T: int, d: int, p: Precision, router: Router, model_type: str
-                       ) -> list[Node]:
+def deepseek_moe_saved(block: Block, *, T: int, d: int, p: Precision, router: Router, model_type: str,
+                       experts: str = "eager") -> list[Node]:
     """DeepSeek-V2/V3 MoE (``DeepseekV{2,3}MoE``): a router computed in fp32, the eager expert loop and the shared
     experts (one gated MLP of width n_shared·f on the same input).
 
@@ -451,7 +472,7 @@ def deepseek_moe_saved(block: Block, *, T: int, d: int, p: Precision, router: Ro
                                  f"group_limited_greedy")
         out.append(_leaf("router.topk_indices", INT64 * T * k))
         weight_bytes = FP32
-    out += experts_saved(T * k, d, f, p, weight_bytes)
+    out += experts_saved(T * k, d, f, p, weight_bytes, experts, n)
     if dims.shared_intermediate:
         out += gated_mlp_saved("shared_experts", T, d, dims.shared_intermediate, p, input_saved=shared_reads_input)
     return out
@@ -483,7 +504,7 @@ def gated_mlp_saved(prefix: str, tokens: int, d: int, f: int, p: Precision, *, i
 
 
 def moe_saved(block: Block, *, T: int, d: int, p: Precision, norm_topk_prob: bool = True,
-              fp32_routing_weights: bool = False) -> list[Node]:
+              fp32_routing_weights: bool = False, experts: str = "eager") -> list[Node]:
     """Qwen3-MoE/Mixtral sparse block with ``experts_implementation="eager"`` (a loop over hit experts).
 
     Router: its input (``linear_inputs``), fp32 softmax (4·T·n), top-k indices (8·T·k); with ``norm_topk_prob``
@@ -509,7 +530,7 @@ def moe_saved(block: Block, *, T: int, d: int, p: Precision, norm_topk_prob: boo
         _leaf("router.topk_indices", INT64 * T * k),
         *([_leaf("router.topk_values", FP32 * T * k), _leaf("router.topk_sum", FP32 * T)] if norm_topk_prob else []),
     ]
-    out += experts_saved(tk, d, f, p, FP32 if fp32_routing_weights else c)
+    out += experts_saved(tk, d, f, p, FP32 if fp32_routing_weights else c, experts, n)
     if dims.shared_intermediate:
         # the shared expert reads the router's input: one storage unless autocast casts it per Linear
         out += gated_mlp_saved("shared_expert", T, d, dims.shared_intermediate, p, input_saved=p.autocast)
@@ -534,7 +555,7 @@ def shared_expert_gate_saved(T: int, d: int, p: Precision) -> list[Node]:
 
 def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager: bool,
                 experts_hit: int | None = None, norm_topk_prob: bool = True, model_type: str = "",
-                router: Router | None = None, family: Family | None = None) -> Node:
+                router: Router | None = None, family: Family | None = None, experts: str = "eager") -> Node:
     """Everything one decoder layer saves for backward (hf profile, no recompute): its input norm (whose fp32 x
     is the layer input itself when the residual stream is fp32), the mixer, the post-attention norm (on the
     residual after attention), the FFN, and under autocast the layer's weight copies. Residual adds save nothing."""
@@ -553,6 +574,9 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     if model_type == "cohere" and mixer is not None and mixer.kind == "attention" and \
             isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         return _cohere_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
+    if experts == "grouped" and ffn is not None and isinstance(ffn.dims, MoEDims) and model_type in GROUPED_UNMODELLED:
+        raise TrainmathError(f"the grouped_mm expert path of {model_type} is not modelled; pass --experts eager "
+                             f"(transformers' experts_implementation='eager')")
     if model_type == "gpt_oss" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MoEDims):
         return _gpt_oss_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, experts_hit=experts_hit)
     if model_type == "falcon" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
@@ -593,14 +617,16 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
         kids += deepseek_moe_saved(ffn, T=T, d=d, p=p, model_type="deepseek_v3" if model_type == "glm4_moe"
                                    else model_type,
                                    router=router or Router(norm_topk_prob=norm_topk_prob, topk_method=(
-                                       "greedy" if model_type == "deepseek_v2" else "noaux_tc")))
+                                       "greedy" if model_type == "deepseek_v2" else "noaux_tc")), experts=experts)
     elif isinstance(ffn.dims, MoEDims):
         mixtral = model_type == "mixtral"  # always renormalises, keeps fp32 routing weights
-        kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=norm_topk_prob or mixtral, fp32_routing_weights=mixtral)
+        kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=norm_topk_prob or mixtral, fp32_routing_weights=mixtral,
+                          experts=experts)
     else:
         raise TrainmathError(f"the hf activation profile has no rule for a plain (non-gated) MLP: {layer.label!r}")
     activ = Node.of("activations", kids, "bytes")
-    copies = weight_copies(mixer, p) + weight_copies(ffn, p, experts_hit)
+    # grouped_mm reads the fp32 expert weights as they are: no per-expert casts
+    copies = weight_copies(mixer, p) + weight_copies(ffn, p, 0 if experts == "grouped" else experts_hit)
     parts = [activ]
     if copies:
         parts.append(Node.of("autocast weight copies", copies, "bytes",
@@ -727,7 +753,7 @@ def _falcon_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int,
         raise TrainmathError("the eager profile has no rule for Falcon attention; use profile='hf' (SDPA)")
     if any(t.kind == "bias" for t in mixer.tensors + ffn.tensors):
         raise TrainmathError("Falcon with bias=True is not yet modelled (an autocast bf16 product plus an fp32 bias "
-                             "promotes to fp32): use profile='megatron'")
+                             "promotes to fp32): use --profile megatron")
     dims = mixer.dims
     T, c, r = b * s, p.compute, p.residual
     h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
@@ -1151,7 +1177,7 @@ def _nemotron_h_layer(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision,
     elif mixer.kind == "moe":
         dims = mixer.dims
         if any("latent" in t.name for t in mixer.tensors):
-            raise TrainmathError("nemotron_h with moe_latent_size is not yet modelled (use profile='megatron')")
+            raise TrainmathError("nemotron_h with moe_latent_size is not yet modelled (use --profile megatron)")
         n, k, f = dims.experts, dims.top_k, dims.expert_intermediate
         rd = c if p.autocast else FP32
         if p.autocast:
@@ -1228,7 +1254,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      cp: int = 1, pp: int = 1, layers: Sequence[int] | None = None,
                      param_dtype_bytes: int = 4, experts_hit: int | None = None,
                      norm_topk_prob: bool | None = None, router: Router | None = None,
-                     family: Family | None = None) -> Node:
+                     family: Family | None = None, experts: str = "eager") -> Node:
     """Bytes saved for backward by one micro-batch on one rank: per layer type (× its layers) → per saved tensor,
     plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin, computed once, shared by all layers).
     The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -1251,6 +1277,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     _check("recompute", recompute, RECOMPUTE)
     _check("compute_dtype_bytes", compute_dtype_bytes, (2, 4))
     _check("param_dtype_bytes", param_dtype_bytes, (2, 4))
+    _check("experts", experts, ("eager", "grouped"))
     if micro_batch < 1 or seq < 1:
         raise TrainmathError(f"micro_batch ({micro_batch}) and seq ({seq}) must be positive")
     if param_dtype_bytes < compute_dtype_bytes:
@@ -1261,21 +1288,21 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         return activations_megatron(spec, micro_batch=micro_batch, seq=seq, recompute=recompute, tp=tp, sp=sp,
                                     cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes)
     if (tp, sp, cp) != (1, False, 1):
-        raise TrainmathError(f"the {profile} profile is single-device (tp={tp}, sp={sp}, cp={cp}); use "
-                             f"profile='megatron' for tensor/sequence/context parallelism")
+        raise TrainmathError(f"the {profile} profile is single-device (--tp {tp}{' --sp' if sp else ''} --cp {cp}); "
+                             f"use --profile megatron for tensor/sequence/context parallelism")
     if recompute == "selective":
-        raise TrainmathError(f"recompute='selective' is defined for profile='megatron' only, not {profile!r}: "
+        raise TrainmathError(f"--recompute selective is defined for --profile megatron only, not {profile!r}: "
                              "transformers' gradient_checkpointing_enable() checkpoints whole layers "
                              "(recompute='full'); it has no selective checkpointing, and with SDPA there is no s² "
                              "tensor for Korthikanti's selective recompute to drop")
     if spec.model_type not in HF_FAMILIES:
         raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
-                             f"{spec.name} is {spec.model_type!r} (not yet modelled: use profile='megatron')")
+                             f"{spec.name} is {spec.model_type!r} (not yet modelled: use --profile megatron)")
     if spec.model_type == "llama4_text" and not any(
             isinstance(bl.dims, AttentionDims) and bl.dims.sliding_window is not None
             for layer in spec.layers for bl in layer.blocks):
         raise TrainmathError(f"{spec.name}: llama4_text without attention_chunk_size is not modelled (the spec then "
-                             f"cannot tell RoPE from no-RoPE layers); use profile='megatron'")
+                             f"cannot tell RoPE from no-RoPE layers); use --profile megatron")
     config = {**spec.options, "model_type": spec.model_type}  # the config's switches, carried by the spec
     if norm_topk_prob is None:
         norm_topk_prob = Router.from_config(config).norm_topk_prob
@@ -1292,7 +1319,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
             continue
         one = layer_saved(layer, b=b, s=s, d=d, p=p, eager=profile == "eager", experts_hit=experts_hit,
                           norm_topk_prob=router.norm_topk_prob if router else norm_topk_prob,
-                          model_type=spec.model_type, router=router, family=family)
+                          model_type=spec.model_type, router=router, family=family, experts=experts)
         if largest is None or one.value > largest.value:
             largest = one
         if recompute == "full":

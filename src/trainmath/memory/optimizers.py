@@ -32,7 +32,7 @@ from trainmath.errors import TrainmathError
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit",
               "lion")
-IMPLS = ("foreach", "fused")
+IMPLS = ("forloop", "foreach", "fused")
 BNB_MIN_8BIT_SIZE = 4096
 BNB_QMAP_BYTES = 2 * 256 * 4
 """The two shared quantization maps of an 8-bit Adam (``dynamic`` and ``udynamic``, 256 fp32 values each)."""
@@ -121,6 +121,8 @@ def step_temporary_bytes(name: str, shapes: Iterable[tuple[int, ...]], *, state_
 
     - foreach Adam/AdamW (``_multi_tensor_adam``): ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`` holds one
       state-sized tensor per parameter of the whole group at once → Σ numel · state_bytes. Fused: 0.
+      For-loop (``_single_tensor_adam``, ``foreach=False``): ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)``
+      holds the square root and the quotient of one parameter at once → 2 · max numel · state_bytes.
     - foreach Adafactor (``_multi_tensor_adafactor``): ``var_estimates`` (row_var @ col_var, or a clone of
       ``variance``) is one full-size tensor per parameter → Σ numel · state_bytes (row/col means are negligible).
     - Lion (``lion-pytorch``, a loop over tensors): ``exp_avg.clone().mul_(β1).add(grad, ...)`` holds two
@@ -129,6 +131,10 @@ def step_temporary_bytes(name: str, shapes: Iterable[tuple[int, ...]], *, state_
     """
     check_optimizer(name, impl)
     numels = [numel(s) for s in shapes]
+    if name in ("adam", "adamw", "adam-amsgrad") and impl == "forloop":
+        return 2 * max(numels, default=0) * state_bytes
+    if name == "adafactor" and impl == "forloop":
+        return max(numels, default=0) * state_bytes
     if name in ("adam", "adamw", "adam-amsgrad", "adafactor"):
         return 0 if impl == "fused" else sum(numels) * state_bytes
     if name == "lion":

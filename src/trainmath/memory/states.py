@@ -60,24 +60,44 @@ class ModelStates:
 
 
 def model_states(placement: Placement, layout: ParallelLayout, prec: Precision, optimizer: str, *,
-                 impl: str = "foreach", granularity: int = ALLOC_GRANULARITY, block_size: int = 256
-                 ) -> ModelStates:
+                 impl: str = "foreach", granularity: int = ALLOC_GRANULARITY, block_size: int = 256,
+                 device: str = "cuda") -> ModelStates:
     """Weights (sharded at ZeRO-3), gradients (ZeRO-2), master weights and optimizer states (ZeRO-1) of one rank.
-    Optimizer states count what the GPU holds: non-fused torch optimizers keep their ``step`` scalar on the CPU."""
+    Optimizer states count what the device holds: on ``cuda`` non-fused torch optimizers keep their ``step``
+    scalar on the CPU; on ``cpu`` every state is on the one device.
+
+    Scalar states (Adam's ``step``) are one per torch parameter: a checkpoint's per-expert tensors
+    (``experts.{e}.gate_proj``, ``up_proj``, ``down_proj``) are, in transformers 5's modeling code, fused 3-D
+    parameters (``gate_up_proj``: gate and up concatenated, and ``down_proj``), so a layer's routed experts carry
+    ``runtime_expert_params`` scalars, not one per expert per tensor (measured: MemTracker counts them)."""
     w = g = m = s = 0
     any_8bit = False
+    scalar_units: dict[str, set] = {}
     for t in placement.tensors:
         w += t.copies * alloc_bytes(numel(held_shape(t, layout, 3)) * prec.weight_bytes, granularity)
         g += t.copies * alloc_bytes(numel(held_shape(t, layout, 2)) * prec.grad_bytes, granularity)
         shard = held_shape(t, layout, 1)
         m += t.copies * alloc_bytes(numel(shard) * prec.master_bytes, granularity)
+        per_expert = t.expert and "{e}" in t.spec.name
         for st in state_tensors(optimizer, shard, state_bytes=prec.state_bytes, impl=impl, block_size=block_size):
-            if st.on_device:
+            if st.on_device or device == "cpu":
+                if per_expert and st.numel == 1:
+                    scalar_units.setdefault(t.unit, set()).add(t.spec.name.rsplit(".", 2)[-2])
+                    continue
                 s += t.copies * alloc_bytes(st.nbytes, granularity)
             any_8bit |= st.elem_bytes == 1
+    for names in scalar_units.values():
+        s += runtime_expert_params(names) * alloc_bytes(4, granularity)
     if any_8bit:
         s += 2 * alloc_bytes(BNB_QMAP_BYTES // 2, granularity)
     return ModelStates(weights_bytes=w, gradients_bytes=g, master_weights_bytes=m, optimizer_states_bytes=s)
+
+
+def runtime_expert_params(names: set) -> int:
+    """Fused expert parameters of one layer given its per-expert tensor kinds (``gate_proj``, ``up_proj``,
+    ``down_proj``; Mixtral's ``w1``, ``w3``, ``w2``): gate and up become one ``gate_up_proj``; every other kind
+    stays one parameter."""
+    return len(names) - (1 if {"gate_proj", "up_proj"} <= names or {"w1", "w3"} <= names else 0)
 
 
 def optimizer_shard_shapes(placement: Placement, layout: ParallelLayout) -> list[tuple[int, ...]]:

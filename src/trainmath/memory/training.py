@@ -1,25 +1,16 @@
-"""Training memory per GPU: a typed breakdown whose sum is ``peak_bytes``.
+"""Training memory per GPU: the peak of one step's timeline, with a typed breakdown whose sum is ``peak_bytes``.
 
-``peak_bytes`` is what ``torch.cuda.max_memory_allocated`` would report for one training step: live tensors only.
-The CUDA context and the allocator's cached-but-free memory are not tensors; they are reported outside it
+``peak_bytes`` is what ``torch.cuda.max_memory_allocated`` would report for one training step (``device="cuda"``;
+``device="cpu"``: what CPU kernels allocate, as ``MemTracker`` counts it on the CPU): live tensors only. The CUDA
+context and the allocator's cached-but-free memory are not tensors; they are reported outside it
 (``outside_peak``, left ``None``: a runtime measurement fills them).
 
-The step has two candidate peaks, computed for every pipeline stage; the larger is the stage's peak and the
-largest stage is the GPU's peak (per-stage figures are reported too):
-
-- ``backward_start`` — model states + activations of every micro-batch in flight + logits + the loss's transient
-  buffers + low-precision weight copies + ZeRO-3 gather buffers + framework buffers. Activations peak here: the
-  forward is complete and backward has not yet freed anything.
-- ``optimizer_step`` — model states + optimizer temporaries + fp32 gradient copies + framework buffers
-  (activations are freed).
-
-Terms not live in the peak phase appear with 0 so that every breakdown has the same field names.
-
-Conventions (stated in the output): gradients are counted live for the whole step (Megatron's and DeepSpeed's
-contiguous gradient buffers, or gradient accumulation; torch with ``zero_grad(set_to_none=True)`` and one
-micro-batch frees them between steps, so a measured peak can be lower by up to ``gradients_bytes``). 1F1B
-pipeline schedule: stage s holds activations of min(pp − s, micro_batches) micro-batches (Narayanan et al. 2021,
-§2.2: the first stage holds pp).
+The step is a timeline of events (``timeline.step_timeline``: forward layer by layer, loss, backward layer by
+layer, optimizer step, zero_grad), computed for every pipeline stage; a stage's peak is its largest event and the
+GPU's peak is the largest stage's (per-stage figures are reported too). Gradient lifetime is an explicit
+convention (``TrainingSetup.grad_lifetime``), stated in the output with the others. 1F1B pipeline schedule:
+stage s holds activations of min(pp − s, micro_batches) micro-batches (Narayanan et al. 2021, §2.2: the first
+stage holds pp).
 """
 
 from __future__ import annotations
@@ -30,27 +21,41 @@ from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, validate_layout
 from trainmath.memory import states as st
+from trainmath.memory import timeline as tl
 from trainmath.memory.optimizers import check_optimizer
-from trainmath.memory.precision import Precision, get_precision
-from trainmath.model.spec import ModelSpec
-from trainmath.placement import Placement, place
+from trainmath.memory.precision import get_precision
+from trainmath.memory.terms import framework_overhead, loss_transients, weight_copies_bytes
+from trainmath.model.spec import MLPDims, ModelSpec
+from trainmath.placement import place
 from trainmath.tree import Node
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("sdpa", "eager")
 PROFILES = ("hf", "megatron")
+DEVICES = ("cuda", "cpu")
+EXPERTS = ("grouped", "eager")
+OFFLOAD = ("none", "optimizer", "params")
 
 TERMS = (
     "weights_bytes", "gradients_bytes", "master_weights_bytes", "optimizer_states_bytes",
-    "activations_bytes", "logits_bytes", "logits_fp32_bytes", "cross_entropy_grad_bytes", "weight_copies_bytes",
-    "zero3_gather_bytes", "zero3_grad_reduce_bytes",
+    "activations_bytes", "logits_bytes", "logits_fp32_bytes", "cross_entropy_grad_bytes", "activation_grads_bytes",
+    "weight_copies_bytes", "zero3_gather_bytes", "zero3_grad_reduce_bytes",
     "optimizer_step_temporaries_bytes", "optimizer_fp32_grads_bytes", "framework_overhead_bytes",
 )
 """Every field of a breakdown, in order; the same names a runtime measurement uses."""
 
-DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
-"""DeepSpeed's ``zero_optimization.reduce_bucket_size`` default (elements)."""
-
+GRAD_LIFETIME_TEXT = {
+    "set_to_none": "zero_grad(set_to_none=True), torch's default: no gradient when the step starts, each layer's "
+                   "appear in its backward, all live at the optimizer step (micro-batches > 1 or pp > 1 keep them "
+                   "for the whole step)",
+    "zero": "zero_grad(set_to_none=False): gradients allocated for the whole step",
+    "accumulate": "gradient accumulation: gradients allocated for the whole step",
+}
+OFFLOAD_TEXT = {
+    "none": "every state on the GPU",
+    "optimizer": "ZeRO-Offload: optimizer states, master weights and the optimizer step on the CPU",
+    "params": "ZeRO-3 parameter offload: also the parameter shards on the CPU, gathered to the GPU per module",
+}
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingSetup:
@@ -63,7 +68,7 @@ class TrainingSetup:
     precision: str = "mixed-bf16"
     optimizer: str = "adamw"
     optimizer_impl: str = "foreach"
-    """``foreach`` (torch's default on CUDA) or ``fused``."""
+    """``forloop`` (``foreach=False``), ``foreach`` (torch's default on CUDA) or ``fused``."""
     recompute: str = "none"
     attention: str = "sdpa"
     profile: str = "hf"
@@ -71,6 +76,24 @@ class TrainingSetup:
     micro_batches: int | None = None
     """Micro-batches per step (gradient accumulation); None means at least pp (1F1B fills the pipeline)."""
     granularity: int = st.ALLOC_GRANULARITY
+    """The CUDA caching allocator's block size; ``device="cpu"`` uses 1 (the CPU allocator does not round)."""
+    grad_lifetime: str = "set_to_none"
+    """When gradients exist (``timeline.GRAD_LIFETIMES``): ``set_to_none`` (torch's ``zero_grad`` default: none
+    at the start of the step), ``zero`` (``zero_grad(set_to_none=False)``), ``accumulate`` (gradient accumulation:
+    allocated for the whole step)."""
+    bucket_view: bool = False
+    """DDP's ``gradient_as_bucket_view`` (ZeRO-0 with dp·cp > 1): gradients are views of the buckets."""
+    device: str = "cuda"
+    """``cuda``: what ``torch.cuda.max_memory_allocated`` reports (512-byte blocks; non-fused optimizers keep
+    their step scalars on the CPU); ``cpu``: what CPU kernels allocate (no rounding; every tensor on the one
+    device)."""
+    experts: str = "grouped"
+    """Routed experts as transformers runs them: ``grouped`` (``grouped_mm``, the default of transformers 5) or
+    ``eager`` (the per-expert loop, which saves more)."""
+    offload: str = "none"
+    """ZeRO-Offload (Ren et al. 2021): ``optimizer`` keeps optimizer states, master weights and the optimizer
+    step on the CPU; ``params`` (ZeRO-3 only) also keeps the parameter shards there, gathered to the GPU per
+    module."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,13 +103,18 @@ class StageMemory:
     in_flight: int
     """Micro-batches whose activations this stage holds at once (1F1B)."""
     phase: str
-    """``backward_start`` or ``optimizer_step``: where this stage peaks."""
-    phases: dict
-    """phase → its total bytes."""
+    """The event of the timeline where this stage peaks."""
+    timeline: tuple
+    """The step's events (``timeline.Event``), in order."""
     breakdown: Node
     """What is live at this stage's peak."""
-    by_phase: dict
-    """phase → what is live then (the same terms; ``breakdown`` is the larger)."""
+
+    def at(self, event: str) -> Node:
+        """The breakdown at ``event`` (the same terms as ``breakdown``)."""
+        for e in self.timeline:
+            if e.name == event:
+                return _event_tree(e, self.stage)
+        raise KeyError(event)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,17 +136,20 @@ class MemoryReport:
             "model": self.model,
             "setup": {"micro_batch": s.micro_batch, "seq": s.seq, "precision": s.precision,
                       "optimizer": s.optimizer, "optimizer_impl": s.optimizer_impl, "recompute": s.recompute,
-                      "attention": s.attention, "profile": s.profile, "micro_batches": s.micro_batches},
+                      "attention": s.attention, "profile": s.profile, "micro_batches": s.micro_batches,
+                      "grad_lifetime": s.grad_lifetime, "bucket_view": s.bucket_view, "device": s.device,
+                      "offload": s.offload, "experts": s.experts},
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp,
                        "zero": lay.zero, "world_size": lay.ranks},
             "peak_bytes": self.peak_bytes,
             "peak_stage": self.stage,
             "phase": self.stages[self.stage].phase,
+            "peak_event": self.stages[self.stage].phase,
+            "timeline": [{"event": e.name, "bytes": e.bytes} for e in self.stages[self.stage].timeline],
             "breakdown": self.breakdown.flat(),
             "breakdown_tree": self.breakdown.to_dict(),
-            "breakdown_by_phase": {p: t.flat() for p, t in self.stages[self.stage].by_phase.items()},
             "stages": [{"stage": m.stage, "layers": [m.layers.start, m.layers.stop], "in_flight": m.in_flight,
-                        "phase": m.phase, "peak_bytes": m.breakdown.value, "phases": m.phases}
+                        "phase": m.phase, "peak_bytes": m.breakdown.value}
                        for m in self.stages],
             "outside_peak": self.outside_peak,
             "conventions": list(self.conventions),
@@ -139,12 +170,6 @@ def _mentions(node: Node, word: str) -> bool:
     return any(word in n.name for _, n in node.walk())
 
 
-def _scaled(node: Node, k: int, name: str | None = None, note: str = "") -> Node:
-    kids = tuple(_scaled(c, k) for c in node.children)
-    return Node(name=name or node.name, value=node.value * k, unit=node.unit, children=kids,
-                note=note or node.note)
-
-
 def check_setup(setup: TrainingSetup) -> list[str]:
     bad = []
     if not isinstance(setup.micro_batch, int) or setup.micro_batch < 1:
@@ -153,72 +178,12 @@ def check_setup(setup: TrainingSetup) -> list[str]:
         bad.append(f"seq must be a positive integer, got {setup.seq!r}")
     if setup.micro_batches is not None and setup.micro_batches < 1:
         bad.append(f"micro-batches must be a positive integer, got {setup.micro_batches!r}")
-    for field, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("profile", PROFILES)):
+    for field, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("profile", PROFILES),
+                           ("grad_lifetime", tl.GRAD_LIFETIMES), ("device", DEVICES), ("offload", OFFLOAD),
+                           ("experts", EXPERTS)):
         if getattr(setup, field) not in allowed:
             bad.append(f"{field} must be one of {', '.join(allowed)}, got {getattr(setup, field)!r}")
     return bad
-
-
-def loss_transients(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout) -> tuple[int, int]:
-    """(logits_fp32_bytes, cross_entropy_grad_bytes) on the last stage at the start of backward. T = b · s/cp
-    tokens, V' = ceil_div(|V|, tp) vocabulary entries per rank.
-
-    - ``hf``: transformers' ``ForCausalLMLoss`` does ``logits.float()`` then ``F.cross_entropy``; log_softmax
-      saves its fp32 output (4·T·V'). In backward, ``nll_loss_backward`` makes the fp32 gradient of the
-      log-probabilities and ``log_softmax_backward`` the fp32 gradient of the logits, both live at once
-      (2 · 4·T·V').
-    - ``megatron``: ``vocab_parallel_cross_entropy(logits.float())`` keeps the fp32 softmax (4·T·V') and writes
-      the gradient into it in place; only the cast of that gradient back to the compute dtype is new
-      (c·T·V' when c < 4, else 0).
-    Derived from the code; the compute-dtype logits themselves are ``logits_bytes`` (activation model)."""
-    tokens = setup.micro_batch * ceil_div(setup.seq, layout.cp)
-    tv = tokens * ceil_div(spec.vocab_size, layout.tp)
-    c = get_precision(setup.precision).compute_bytes
-    if setup.profile == "megatron":
-        return 4 * tv, (c * tv if c < 4 else 0)
-    return 4 * tv, 2 * 4 * tv
-
-
-def weight_copies_bytes(placement: Placement, prec: Precision, in_flight: int) -> int:
-    """Low-precision copies of linear weights live during forward+backward: autocast's bf16 casts are saved by
-    every micro-batch's matmuls (× micro-batches in flight); Transformer Engine caches its fp8 weight and
-    transpose once per step. Embedding lookups are not cast (autocast runs them in fp32)."""
-    if not prec.weight_copy_bytes:
-        return 0
-    linear = sum(t.params for t in placement.tensors if t.spec.kind == "linear")
-    return linear * prec.weight_copy_bytes * (in_flight if prec.name == "amp-bf16" else 1)
-
-
-def zero3_buffers(placement: Placement, layout: ParallelLayout, prec: Precision) -> tuple[int, int]:
-    """(gather_bytes, grad_reduce_bytes) of ZeRO-3 / FSDP: the all-gathered parameters of the largest module and
-    of the next one prefetched (FSDP's default one-module forward/backward prefetch, DeepSpeed's
-    ``stage3_prefetch_bucket_size``): 2 × largest module in the weight dtype, an upper bound; and the unsharded
-    gradients of the largest module before its reduce-scatter, in the gradient dtype. Tensors ZeRO does not shard
-    (degree 1) are resident already and add nothing."""
-    if layout.zero < 3:
-        return 0, 0
-    units: dict[str, int] = {}
-    for t in placement.tensors:
-        degree = layout.expert_zero_degree if t.expert else layout.zero_degree
-        if degree > 1:
-            units[t.unit] = units.get(t.unit, 0) + t.params
-    largest = max(units.values(), default=0)
-    return 2 * largest * prec.weight_bytes, largest * prec.grad_bytes
-
-
-def framework_overhead(placement: Placement, layout: ParallelLayout, prec: Precision, grads_bytes: int) -> int:
-    """Communication buffers of the data-parallel wrapper:
-    ZeRO-0 with dp·cp > 1 is torch DDP, whose buckets copy every gradient (``gradient_as_bucket_view=False``, the
-    default; torch's DDP docs: the view "saves memory equal to the total gradients size");
-    ZeRO-1/2 is DeepSpeed, whose reduce bucket holds up to ``reduce_bucket_size`` = 5e8 elements in the gradient
-    dtype; ZeRO-3's buffers are counted in ``zero3_*``."""
-    if layout.zero_degree == 1:
-        return 0
-    if layout.zero == 0:
-        return grads_bytes
-    if layout.zero in (1, 2):
-        return min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, placement.params) * prec.grad_bytes
-    return 0
 
 
 def _activation_model(activation_model):
@@ -234,79 +199,135 @@ def _activation_model(activation_model):
     return activations
 
 
+def experts_path(spec: ModelSpec, setup: TrainingSetup) -> str:
+    """The expert path modelled: ``setup.experts``, except the families whose grouped path is not modelled
+    (``activations.GROUPED_UNMODELLED``), which get their eager loop (the conventions say so)."""
+    from trainmath.memory.activations import GROUPED_UNMODELLED
+
+    return "eager" if setup.experts == "grouped" and spec.model_type in GROUPED_UNMODELLED else setup.experts
+
+
+def _per_layer(act: Node, spec: ModelSpec, layers: range) -> tuple[dict, list[Node], int]:
+    """(layer index → saved bytes, the resident nodes, the recompute transient) of an activation tree: its layer
+    groups (named by the layer label, "label × n" in the real model) divided evenly over this stage's layers of
+    that label; embedding and rotary children are resident for the whole forward+backward."""
+    groups = act.child("layers").children if any(c.name == "layers" for c in act.children) else act.children
+    label_of = {i: spec.layers[i].label for i in layers}
+    count: dict[str, int] = {}
+    for i in layers:
+        count[label_of[i]] = count.get(label_of[i], 0) + 1
+    per_label: dict[str, int] = {}
+    resident: list[Node] = []
+    transient = 0
+    for g in groups:
+        label = g.name.split(" × ")[0]
+        if label in count:
+            per_label[label] = g.value // count[label]
+    if groups is not act.children:
+        for c in act.children:
+            if c.name == "recompute transient":
+                transient = c.value
+            elif c.name != "layers":
+                resident.append(c)
+    return {i: per_label.get(label_of[i], 0) for i in layers}, resident, transient
+
+
 def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, stage: int,
                  activation_model=None) -> StageMemory:
-    """The peak of one rank of pipeline ``stage`` and what is live then."""
+    """The timeline of one rank of pipeline ``stage``, its peak event and what is live then."""
     am = _activation_model(activation_model)
     prec = get_precision(setup.precision)
+    gran = 1 if setup.device == "cpu" else setup.granularity
     pl = place(spec, layout, stage)
-    last = stage == layout.pp - 1
+    first, last = stage == 0, stage == layout.pp - 1
     in_flight = layout.pp - stage
     if setup.micro_batches is not None:
         in_flight = min(in_flight, setup.micro_batches)
-    ms = st.model_states(pl, layout, prec, setup.optimizer, impl=setup.optimizer_impl,
-                         granularity=setup.granularity)
+    ms = st.model_states(pl, layout, prec, setup.optimizer, impl=setup.optimizer_impl, granularity=gran,
+                         device=setup.device)
     # The activation model's "eager" profile is transformers with attn_implementation="eager" (s² scores saved).
     profile = "eager" if setup.attention == "eager" and setup.profile == "hf" else setup.profile
-    act = _call(am.activation_bytes, spec, micro_batch=setup.micro_batch, seq=setup.seq, profile=profile,
-                recompute=setup.recompute, attention=setup.attention, compute_dtype_bytes=prec.compute_bytes,
-                param_dtype_bytes=prec.weight_bytes, tp=layout.tp, sp=layout.sp, cp=layout.cp, pp=1,
-                layers=list(pl.layers))
+    kw = dict(micro_batch=setup.micro_batch, seq=setup.seq, profile=profile, attention=setup.attention,
+              compute_dtype_bytes=prec.compute_bytes, param_dtype_bytes=prec.weight_bytes, tp=layout.tp,
+              sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup))
+    act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
+    saved, resident, _ = _per_layer(act, spec, pl.layers)
+    if setup.recompute == "full" and setup.profile == "hf" and spec.model_type != "gpt2":
+        # torch.utils.checkpoint keeps every argument of the layer: also the (1, s) int64 position ids
+        resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * setup.seq, unit="bytes")]
+    recomputed = {i: 0 for i in pl.layers}
+    if setup.recompute == "full":
+        none = _call(am.activation_bytes, spec, recompute="none", **kw)
+        full, _, _ = _per_layer(none, spec, pl.layers)
+        # An fp32 residual stream: the recomputed norm's fp32 input is the checkpointed layer input itself.
+        dup = saved if prec.weight_bytes == 4 and _mentions(none, "input_layernorm.x_fp32") else {}
+        recomputed = {i: full[i] - dup.get(i, 0) for i in pl.layers}
     copies = weight_copies_bytes(pl, prec, in_flight)
     if copies and prec.name == "amp-bf16" and _mentions(act, "weight"):  # (the LM head's cast is in logits)
         copies = 0  # the activation model already counts autocast's weight casts as saved tensors
-    act = _scaled(act, in_flight, "activations_bytes",
-                  note=f"{in_flight} micro-batch(es) in flight × {act.value:,} bytes")
+    head_saved = logits = up = ce = loss_freed = 0
     if last:
-        logits = _call(am.logits_bytes, spec, setup.micro_batch, setup.seq, profile=profile,
-                       param_dtype_bytes=prec.weight_bytes,
-                       compute_dtype_bytes=prec.compute_bytes, tp=layout.tp, sp=layout.sp, cp=layout.cp)
-        logits = _scaled(logits, 1, "logits_bytes")
-        up, ce = loss_transients(spec, setup, layout)
-        # The activation model's logits tree may already hold the fp32 log-probabilities and, as a transient, the
-        # fp32 upcast (freed before backward starts): count only what backward adds beyond them.
-        if _mentions(logits, "log_softmax"):
-            up = 0
-        ce = max(0, ce - sum(n.value for _, n in logits.walk() if not n.children and "logits_fp32" in n.name))
-    else:
-        logits, up, ce = Node(name="logits_bytes", value=0, unit="bytes", note="not on this stage"), 0, 0
-    gather, reduce = zero3_buffers(pl, layout, prec)
-    overhead = framework_overhead(pl, layout, prec, ms.gradients_bytes)
-    persistent = {"weights_bytes": ms.weights_bytes, "gradients_bytes": ms.gradients_bytes,
-                  "master_weights_bytes": ms.master_weights_bytes,
-                  "optimizer_states_bytes": ms.optimizer_states_bytes, "framework_overhead_bytes": overhead}
-    backward = {"activations_bytes": act, "logits_bytes": logits, "logits_fp32_bytes": up,
-                "cross_entropy_grad_bytes": ce, "weight_copies_bytes": copies,
-                "zero3_gather_bytes": gather, "zero3_grad_reduce_bytes": reduce}
-    step = {"optimizer_step_temporaries_bytes": st.optimizer_temporaries_bytes(pl, layout, prec, setup.optimizer,
-                                                                               impl=setup.optimizer_impl),
-            "optimizer_fp32_grads_bytes": st.fp32_grad_copies_bytes(pl, layout, prec)}
+        tree = _call(am.logits_bytes, spec, setup.micro_batch, setup.seq, profile=profile,
+                     param_dtype_bytes=prec.weight_bytes, compute_dtype_bytes=prec.compute_bytes, tp=layout.tp,
+                     sp=layout.sp, cp=layout.cp)
+        leaves = [n for _, n in tree.walk() if not n.children]
+        up_leaf = sum(n.value for n in leaves if "logits_fp32" in n.name)
+        held = sum(n.value for n in leaves if n.name.startswith("logits") and "fp32" not in n.name)
+        if tree.children:
+            logits, head_saved = held, tree.value - held - up_leaf
+        else:  # a one-number logits model: the logits alone
+            logits = tree.value
+        logits += 4  # the fp32 loss scalar, held with the logits by the output
+        loss_freed = sum(n.value for n in leaves if n.name in ("labels", "total_weight")) - 4
+        up4, ce = loss_transients(spec, setup, layout)
+        up = up_leaf if _mentions(tree, "log_softmax") else up4
+        if prec.compute_bytes == 4 and setup.profile == "hf":
+            up = 0  # logits.float() of fp32 logits is the same tensor
+    tokens = setup.micro_batch * ceil_div(setup.seq, layout.cp)
+    residual = prec.compute_bytes if setup.profile == "megatron" else prec.weight_bytes
+    grads, gathered, full_grads = tl.unit_bytes(pl, layout, prec, granularity=gran)
+    ffn = {}
+    for i in pl.layers:
+        mlp = [b.dims for b in spec.layers[i].blocks if isinstance(b.dims, MLPDims)]
+        ffn[i] = tl.ffn_backward_transient(tokens=tokens, hidden=spec.hidden_size, intermediate=mlp[-1].intermediate,
+                                           gated=mlp[-1].gated, compute_bytes=prec.compute_bytes,
+                                           grad_bytes=prec.grad_bytes, granularity=gran, tp=layout.tp) if mlp else 0
+    persist = setup.grad_lifetime != "set_to_none" or (setup.micro_batches or 1) > 1 or in_flight > 1
+    ddp = layout.zero == 0 and layout.zero_degree > 1
+    if ddp and setup.bucket_view:
+        persist = True  # the gradients are views of DDP's buckets, allocated once
+    weights, master, states = ms.weights_bytes, ms.master_weights_bytes, ms.optimizer_states_bytes
+    temps = st.optimizer_temporaries_bytes(pl, layout, prec, setup.optimizer, impl=setup.optimizer_impl)
+    fp32g = st.fp32_grad_copies_bytes(pl, layout, prec)
+    if setup.offload in ("optimizer", "params"):
+        master = states = temps = fp32g = 0  # on the CPU, and so is the step
+    if setup.offload == "params":
+        weights = 0  # the shards live on the CPU; FSDP gathers each module to the GPU (zero3_gather_bytes)
+    overhead = framework_overhead(pl, layout, prec, sum(grads.values()) if not setup.bucket_view else 0)
+    persistent = {"weights_bytes": weights, "master_weights_bytes": master, "optimizer_states_bytes": states,
+                  "framework_overhead_bytes": overhead}
+    inp = tl.StepInputs(
+        layers=tuple(pl.layers), first=first, last=last, saved=saved, recomputed=recomputed, resident=resident,
+        other_micro_batches=(in_flight - 1) * act.value, head_saved=head_saved, loss_freed=max(0, loss_freed),
+        logits=logits, batch=8 * tokens, logits_fp32=up,
+        cross_entropy_grads=ce, hidden_grad=tl.hidden_grad_bytes(tokens, spec.hidden_size, residual, layout.tp,
+                                                                  layout.sp),
+        ffn_transient=ffn, weight_copies=copies, unit_grads=grads, unit_gathered=gathered, unit_full_grads=full_grads,
+        tied_head=layout.pp == 1 and any(t.tied for t in spec.post), persistent=persistent, grads_persist=persist,
+        optimizer_temporaries=temps, fp32_grad_copies=fp32g)
+    events = tl.step_timeline(inp)
+    peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
+    return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=peak.name, timeline=events,
+                       breakdown=_event_tree(peak, stage))
 
-    def val(v) -> int:
-        return v.value if isinstance(v, Node) else v
 
-    base = sum(persistent.values())
-    phases = {"backward_start": base + sum(val(v) for v in backward.values()),
-              "optimizer_step": base + sum(step.values())}
-    phase = max(phases, key=lambda p: (phases[p], p == "backward_start"))
-    trees = {p: _phase_tree(p, stage, persistent, backward if p == "backward_start" else step)
-             for p in phases}
-    return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=phase, phases=phases,
-                       breakdown=trees[phase], by_phase=trees)
-
-
-def _phase_tree(phase: str, stage: int, persistent: dict, live: dict) -> Node:
-    """Every term of ``TERMS`` as live in ``phase`` (0, with a note, when not live then)."""
+def _event_tree(event: tl.Event, stage: int) -> Node:
+    """Every term of ``TERMS`` as live at ``event`` (0 when not live then)."""
     kids = []
     for name in TERMS:
-        v = persistent.get(name, live.get(name))
-        if v is None:
-            kids.append(Node(name=name, value=0, unit="bytes", note=f"not live in {phase}"))
-        elif isinstance(v, Node):
-            kids.append(v)
-        else:
-            kids.append(Node(name=name, value=v, unit="bytes"))
-    return Node.of("peak_bytes", kids, "bytes", note=f"stage {stage}, {phase}")
+        v = event.parts.get(name, 0)
+        kids.append(v if isinstance(v, Node) else Node(name=name, value=v, unit="bytes"))
+    return Node.of("peak_bytes", kids, "bytes", note=f"stage {stage}, {event.name}")
 
 
 def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout = ParallelLayout(), *,
@@ -318,6 +339,13 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
     check_optimizer(setup.optimizer, setup.optimizer_impl)
     if bad:
         raise TrainmathError("invalid training setup: " + "; ".join(bad))
+    if isinstance(layout.cp, int) and layout.cp > 1 and setup.seq % layout.cp:
+        raise TrainmathError(f"--seq ({setup.seq}) must be a multiple of --cp ({layout.cp}): context parallelism "
+                             f"gives every rank an equal slice of the sequence; pass --seq "
+                             f"{setup.seq - setup.seq % layout.cp or layout.cp}")
+    if setup.offload == "params" and layout.zero != 3:
+        raise TrainmathError(f"--offload params needs --zero 3 (parameter offload moves ZeRO-3's parameter "
+                             f"shards to the CPU), got --zero {layout.zero}")
     validate_layout(layout, spec)
     stages = tuple(stage_memory(spec, setup, layout, s, activation_model) for s in range(layout.pp))
     top = max(stages, key=lambda m: (m.breakdown.value, -m.stage))
@@ -326,10 +354,22 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
         f"precision {prec.name}: {prec.description}",
         f"optimizer {setup.optimizer} ({setup.optimizer_impl}); ZeRO-{layout.zero} over dp·cp = "
         f"{layout.zero_degree} ranks (experts over {layout.expert_zero_degree})",
-        "gradients counted live for the whole step (contiguous gradient buffers / accumulation)",
+        f"gradient lifetime {setup.grad_lifetime}: " + GRAD_LIFETIME_TEXT[setup.grad_lifetime]
+        + ("; DDP gradient_as_bucket_view: gradients are views of the buckets" if setup.bucket_view else ""),
         "1F1B pipeline: stage s holds min(pp - s, micro-batches) micro-batches of activations",
-        f"every tensor rounded up to the allocator's {setup.granularity}-byte blocks",
-        "peak_bytes = torch.cuda.max_memory_allocated of a step; CUDA context and cached-free memory are outside",
+        f"peak_bytes is the largest event of the step's timeline (here: {top.phase!r} on stage {top.stage}); "
+        "op-level transients inside one layer's forward or backward are not events",
+        (f"every tensor rounded up to the CUDA allocator's {setup.granularity}-byte blocks; "
+         "peak_bytes = torch.cuda.max_memory_allocated of a step; CUDA context and cached-free memory are outside")
+        if setup.device == "cuda" else
+        "device cpu: what CPU kernels allocate (no rounding; optimizer step scalars on the device), as MemTracker "
+        "counts a CPU step",
+        f"offload {setup.offload}: " + OFFLOAD_TEXT[setup.offload],
+        f"routed experts {setup.experts}: " + ("transformers' grouped_mm path (its default)"
+                                               if setup.experts == "grouped" else "the eager per-expert loop")
+        + ("" if experts_path(spec, setup) == setup.experts else
+           f"; {spec.model_type}'s grouped path is not modelled: its eager loop is counted (where both are "
+           f"modelled, the eager loop saves more)"),
     )
     return MemoryReport(model=spec.name, setup=setup, layout=layout, peak_bytes=top.breakdown.value,
                         stage=top.stage, breakdown=top.breakdown, stages=stages,

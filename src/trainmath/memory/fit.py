@@ -1,0 +1,106 @@
+"""Does a training step fit a GPU, and if not, which of the usual levers would make it fit.
+
+The verdict compares ``peak_bytes`` (the largest event of the step's timeline) with the preset's memory. Preset
+capacities are the datasheet's "GB" read as GiB (``hardware/gpus.json``'s conventions: "80GB" = 80 · 2**30 bytes);
+the margin is exact bytes, rendered in GiB. The CUDA context and the allocator's cached-free memory come on top of
+``peak_bytes`` at run time and are not in the margin (they are not tensors; see ``training``).
+
+Levers are not guessed: each is the same model re-run with one change to the setup or layout, and its peak is
+reported beside whether it fits. Tried in order: full recompute; each higher ZeRO stage (when data parallelism
+has more than one rank); more data-parallel ranks (×2, ×4, ×8, only with ZeRO ≥ 1, since plain DDP replicates
+everything); tensor parallelism (2, 4, 8; impossible degrees or a single-device activation profile are skipped
+with the reason); optimizer offload; parameter offload (ZeRO-3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from trainmath.errors import TrainmathError
+from trainmath.hardware import GPU
+from trainmath.layout import ParallelLayout
+from trainmath.memory.training import MemoryReport, TrainingSetup, training_memory
+from trainmath.model.spec import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lever:
+    """One change to the job and what the model says it does."""
+
+    name: str
+    """What changes, as CLI flags (``--recompute full``, ``--zero 3``, ``--dp 16``)."""
+    peak_bytes: int | None
+    """The re-run model's peak, or None when the change cannot be built (``reason`` says why)."""
+    fits: bool
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return {"lever": self.name, "peak_bytes": self.peak_bytes, "fits": self.fits, "reason": self.reason}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fit:
+    gpu: GPU
+    peak_bytes: int
+    capacity_bytes: int
+    levers: tuple[Lever, ...]
+    """Empty when the job fits as given."""
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def margin_bytes(self) -> int:
+        """Capacity − peak: negative when it does not fit."""
+        return self.capacity_bytes - self.peak_bytes
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu.name, "capacity_bytes": self.capacity_bytes, "fits": self.fits,
+                "margin_bytes": self.margin_bytes, "levers": [lv.to_dict() for lv in self.levers]}
+
+
+def candidate_changes(setup: TrainingSetup, layout: ParallelLayout) -> list[tuple[str, TrainingSetup, ParallelLayout]]:
+    """The levers to try, each as (flags, setup, layout)."""
+    out: list[tuple[str, TrainingSetup, ParallelLayout]] = []
+    if setup.recompute != "full":
+        out.append(("--recompute full", replace(setup, recompute="full"), layout))
+    if layout.zero_degree > 1:
+        for z in range(layout.zero + 1, 4):
+            out.append((f"--zero {z}", setup, replace(layout, zero=z)))
+    if layout.zero >= 1:
+        for k in (2, 4, 8):
+            out.append((f"--dp {layout.dp * k}", setup, replace(layout, dp=layout.dp * k, world_size=None)))
+    if layout.tp == 1:
+        for t in (2, 4, 8):
+            out.append((f"--tp {t}", setup, replace(layout, tp=t, world_size=None)))
+    if setup.offload == "none":
+        out.append(("--offload optimizer", replace(setup, offload="optimizer"), layout))
+    if layout.zero == 3 and setup.offload != "params":
+        out.append(("--offload params", replace(setup, offload="params"), layout))
+    return out
+
+
+def fit(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, gpu: GPU, *,
+        report: MemoryReport | None = None, activation_model=None) -> Fit:
+    """The verdict for ``gpu`` and, when the job does not fit, every lever re-run."""
+    report = report or training_memory(spec, setup, layout, activation_model=activation_model)
+    levers: list[Lever] = []
+    if report.peak_bytes > gpu.memory_bytes:
+        for name, s, lay in candidate_changes(setup, layout):
+            try:
+                peak = training_memory(spec, s, lay, activation_model=activation_model).peak_bytes
+            except TrainmathError as e:
+                levers.append(Lever(name=name, peak_bytes=None, fits=False, reason=str(e)))
+                continue
+            levers.append(Lever(name=name, peak_bytes=peak, fits=peak <= gpu.memory_bytes))
+    return Fit(gpu=gpu, peak_bytes=report.peak_bytes, capacity_bytes=gpu.memory_bytes, levers=tuple(levers))
+
+
+def derive_dp(world_size: int, *, tp: int, pp: int, cp: int) -> int:
+    """The data-parallel degree that ``world_size`` GPUs leave once tp, pp and cp are given."""
+    model = tp * pp * cp
+    if world_size < 1 or world_size % model:
+        raise TrainmathError(f"--world-size ({world_size}) must be a positive multiple of tp·pp·cp "
+                             f"({tp}·{pp}·{cp} = {model}) to derive --dp")
+    return world_size // model

@@ -1,0 +1,63 @@
+"""Terms of the step that are not model states or saved activations: the loss's fp32 buffers, autocast's weight
+copies, and the data-parallel wrapper's gradient buffers. Each is one function with its source."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainmath.arith import ceil_div
+from trainmath.layout import ParallelLayout
+from trainmath.memory.precision import Precision, get_precision
+from trainmath.model.spec import ModelSpec
+from trainmath.placement import Placement
+
+if TYPE_CHECKING:
+    from trainmath.memory.training import TrainingSetup
+
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's ``zero_optimization.reduce_bucket_size`` default (elements)."""
+
+
+def loss_transients(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout) -> tuple[int, int]:
+    """(logits_fp32_bytes, cross_entropy_grad_bytes) on the last stage at the start of backward. T = b · s/cp
+    tokens, V' = ceil_div(|V|, tp) vocabulary entries per rank.
+
+    - ``hf``: transformers' ``ForCausalLMLoss`` does ``logits.float()`` then ``F.cross_entropy``; log_softmax
+      saves its fp32 output (4·T·V'). In backward, ``nll_loss_backward`` makes the fp32 gradient of the
+      log-probabilities and ``log_softmax_backward`` the fp32 gradient of the logits, both live at once
+      (2 · 4·T·V').
+    - ``megatron``: ``vocab_parallel_cross_entropy(logits.float())`` keeps the fp32 softmax (4·T·V') and writes
+      the gradient into it in place; only the cast of that gradient back to the compute dtype is new
+      (c·T·V' when c < 4, else 0).
+    Derived from the code; the compute-dtype logits themselves are ``logits_bytes`` (activation model)."""
+    tokens = setup.micro_batch * ceil_div(setup.seq, layout.cp)
+    tv = tokens * ceil_div(spec.vocab_size, layout.tp)
+    c = get_precision(setup.precision).compute_bytes
+    if setup.profile == "megatron":
+        return 4 * tv, (c * tv if c < 4 else 0)
+    return 4 * tv, 2 * 4 * tv
+
+
+def weight_copies_bytes(placement: Placement, prec: Precision, in_flight: int) -> int:
+    """Low-precision copies of linear weights live during forward+backward: autocast's bf16 casts are saved by
+    every micro-batch's matmuls (× micro-batches in flight); Transformer Engine caches its fp8 weight and
+    transpose once per step. Embedding lookups are not cast (autocast runs them in fp32)."""
+    if not prec.weight_copy_bytes:
+        return 0
+    linear = sum(t.params for t in placement.tensors if t.spec.kind == "linear")
+    return linear * prec.weight_copy_bytes * (in_flight if prec.name == "amp-bf16" else 1)
+
+
+def framework_overhead(placement: Placement, layout: ParallelLayout, prec: Precision, grads_bytes: int) -> int:
+    """Communication buffers of the data-parallel wrapper:
+    ZeRO-0 with dp·cp > 1 is torch DDP, whose buckets copy every gradient (``gradient_as_bucket_view=False``, the
+    default; torch's DDP docs: the view "saves memory equal to the total gradients size");
+    ZeRO-1/2 is DeepSpeed, whose reduce bucket holds up to ``reduce_bucket_size`` = 5e8 elements in the gradient
+    dtype; ZeRO-3's buffers are counted in ``zero3_*``."""
+    if layout.zero_degree == 1:
+        return 0
+    if layout.zero == 0:
+        return grads_bytes
+    if layout.zero in (1, 2):
+        return min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, placement.params) * prec.grad_bytes
+    return 0

@@ -1,0 +1,247 @@
+"""One training step of one rank as a timeline of events, each with the bytes live at that moment.
+
+The step is ``out = model(ids, labels=ids); out.loss.backward(); opt.step(); opt.zero_grad()``, run as a function
+(the model output is dropped when the step returns), one micro-batch after another:
+
+- ``step start``: weights, master weights, optimizer states (after the first step), and the gradients when they
+  outlive the step (``grad_lifetime``), and the data-parallel wrapper's buffers;
+- ``forward layer i``: the saved tensors of layers 0..i accumulate (plus what the embedding and the rotary
+  embedding keep); under ZeRO-3 (FSDP2) the unsharded parameters of layer i and of layer i+1, prefetched;
+- ``forward: loss``: the head's saved tensors, the logits (held by the output until the step returns) and their
+  fp32 upcast, alive together with ``log_softmax``'s output just before the upcast is dropped;
+- ``backward: loss``: the two fp32 gradients of cross-entropy's backward (``nll_loss_backward`` and
+  ``log_softmax_backward``) beside the log-probabilities they read (the labels nll_loss saved are freed by then);
+- ``backward: head``: the LM head's weight gradient appears; the loss's tensors are freed;
+- ``backward layer i`` (i from the last down): its first backward ops, the MLP's, with every saved tensor of the
+  layer (under full recompute: the recomputed ones) still alive, the gradient of the layer's output, and what the
+  MLP's backward has made so far (``ffn_backward_transient``); ``backward layer i done``: its saved tensors are
+  freed and all its weight gradients exist, beside the gradient of its input;
+- ``optimizer step``: every gradient, plus the implementation's temporaries (``optimizers.step_temporary_bytes``);
+- ``zero_grad``: set_to_none frees the gradients.
+
+``peak_bytes`` is the largest event. Op-level transients inside one layer's forward or backward (an MLP's
+intermediate gradients, a kernel's workspace) are not events: the model is a lower bound by those bytes, which
+the MemTracker oracle test bounds (``tests/memory/test_memtracker_oracle.py``).
+
+Gradient lifetime (``GRAD_LIFETIMES``), the convention every tool picks silently:
+
+- ``set_to_none`` (torch's and the HF Trainer's default ``zero_grad``): no gradient exists when the step starts;
+  each layer's appear during its backward;
+- ``zero``: ``zero_grad(set_to_none=False)``: gradients persist between steps, zeroed;
+- ``accumulate``: gradient accumulation over micro-batches (and any pipeline schedule): the last micro-batch runs
+  with every gradient already allocated; what ``micro_batches > 1`` implies under ``set_to_none`` as well.
+
+Data-parallel buffers: ZeRO-0 with dp·cp > 1 is torch DDP, whose buckets hold a copy of every gradient for the
+whole step (``gradient_as_bucket_view=False``, the default); with ``bucket_view`` the gradients are views of the
+buckets, so the gradients are allocated for the whole step and the buckets add nothing. ZeRO-1/2 is DeepSpeed
+(one reduce bucket for the whole step; ZeRO-2's partitioned gradients appear during backward like any other).
+ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer and at the root, ``reshard_after_forward=True``): the root's
+parameters (embeddings, final norm, LM head) stay unsharded from the first forward to the end of backward; each
+layer's are all-gathered for its forward and again for its backward, with the next layer prefetched (the last
+layer already before the loss's backward); a layer's unsharded gradients live until its reduce-scatter. Checked:
+DDP (both bucket modes) and FSDP2 against MemTracker / FSDPMemTracker over a fake process group
+(``tests/memory/test_memtracker_oracle.py``); DeepSpeed's ZeRO-1/2 buffers are not checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainmath.arith import ceil_div, numel
+from trainmath.layout import ParallelLayout
+from trainmath.memory import states as st
+from trainmath.memory.precision import Precision
+from trainmath.placement import Placement
+from trainmath.tree import Node
+
+GRAD_LIFETIMES = ("set_to_none", "zero", "accumulate")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """One moment of the step and what is live then: term name → bytes, or a ``Node`` whose value is its bytes."""
+
+    name: str
+    parts: dict = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        return sum(v.value if isinstance(v, Node) else v for v in self.parts.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepInputs:
+    """Everything the timeline of one stage needs, computed by ``training.stage_memory``."""
+
+    layers: tuple[int, ...]
+    """Layer indices on this stage, in forward order."""
+    first: bool
+    last: bool
+    saved: dict
+    """layer index → bytes that layer keeps for backward (as the run keeps them: checkpoint inputs under
+    recompute)."""
+    recomputed: dict
+    """layer index → bytes its recomputation saves again in backward (0 without recompute)."""
+    resident: list
+    """Nodes kept for the whole forward+backward on this stage (embedding indices, rotary cos/sin)."""
+    other_micro_batches: int
+    """Bytes of the activations of the other micro-batches in flight (1F1B), resident throughout."""
+    head_saved: int
+    loss_freed: int
+    """Bytes of the head's saved tensors that ``nll_loss_backward`` frees before ``log_softmax_backward`` runs
+    (the shifted labels and the total weight), less the loss's own gradient (``ones_like``, 4 bytes)."""
+    logits: int
+    """The logits and the loss, held by the model output until the step returns."""
+    batch: int
+    """The input batch (int64 ids; the labels are the same tensor), held by the loop until the step returns;
+    during forward and backward it is the embedding's saved input (in ``resident``)."""
+    logits_fp32: int
+    cross_entropy_grads: int
+    hidden_grad: int
+    """Bytes of one gradient of the hidden states (r·T·d on this rank)."""
+    ffn_transient: dict
+    """layer index → bytes its first backward op leaves beside the saved tensors (``ffn_backward_transient``)."""
+    weight_copies: int
+    unit_grads: dict
+    """unit (``embed``, ``layer.<i>``, ``head``) → gradient bytes this rank holds for it."""
+    unit_gathered: dict
+    """unit → bytes of its unsharded parameters under ZeRO-3 (0 for units ZeRO does not shard, or below ZeRO-3)."""
+    unit_full_grads: dict
+    """unit → bytes of its unsharded gradients before the reduce-scatter (ZeRO-3), else 0."""
+    tied_head: bool
+    """The LM head is the embedding (tied, one stage): its gradient appears in the head's backward."""
+    persistent: dict
+    """weights, master weights, optimizer states, framework buffers: live the whole step."""
+    grads_persist: bool
+    """Gradients allocated from the start of the step (``zero``, ``accumulate``, DDP bucket views)."""
+    optimizer_temporaries: int
+    fp32_grad_copies: int
+
+
+def _acts(inp: StepInputs, kept: list[int], live_layer: int | None = None) -> Node:
+    """The activations live now: resident tensors, the saved tensors of ``kept`` layers, and a recomputed one."""
+    kids = list(inp.resident)
+    if kept:
+        kids.append(Node(name=f"layers saved ({len(kept)} of {len(inp.layers)})",
+                         value=sum(inp.saved[i] for i in kept), unit="bytes",
+                         note=f"layers {kept[0]}..{kept[-1]}"))
+    if live_layer is not None and inp.recomputed.get(live_layer):
+        kids.append(Node(name=f"layer {live_layer} recomputed", value=inp.recomputed[live_layer], unit="bytes",
+                         note="its saved tensors again, while its backward runs"))
+    if inp.other_micro_batches:
+        kids.append(Node(name="other micro-batches in flight", value=inp.other_micro_batches, unit="bytes",
+                         note="1F1B: the stage holds more than one micro-batch's activations"))
+    return Node.of("activations_bytes", kids, "bytes")
+
+
+def _layer_units(inp: StepInputs) -> list[str]:
+    return [f"layer.{i}" for i in inp.layers]
+
+
+def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
+    """The events of one step on one rank (see the module docstring), in order."""
+    all_grads = sum(inp.unit_grads.values())
+    root = sum(inp.unit_gathered.get(u, 0) for u in ("embed", "head"))
+    events: list[Event] = []
+
+    def ev(name: str, *, acts: Node, grads: int, gather: int = 0, reduce: int = 0, logits: int = 0, up: int = 0,
+           ce: int = 0, hidden: int = 0, copies: int = 0, temps: int = 0, fp32g: int = 0) -> None:
+        g = all_grads if inp.grads_persist else grads
+        parts = {**inp.persistent, "gradients_bytes": g, "activations_bytes": acts, "logits_bytes": logits,
+                 "logits_fp32_bytes": up, "cross_entropy_grad_bytes": ce, "activation_grads_bytes": hidden,
+                 "weight_copies_bytes": copies, "zero3_gather_bytes": gather, "zero3_grad_reduce_bytes": reduce,
+                 "optimizer_step_temporaries_bytes": temps, "optimizer_fp32_grads_bytes": fp32g}
+        events.append(Event(name=name, parts=parts))
+
+    none = Node.of("activations_bytes", [], "bytes")
+    ev("step start", acts=none, grads=0)
+
+    def gathered(i: int, direction: int) -> int:
+        """Unsharded parameters while layer position ``i`` runs: it, the next one prefetched, and the root."""
+        layer_units = _layer_units(inp)
+        mine = inp.unit_gathered.get(layer_units[i], 0)
+        j = i + direction
+        nxt = inp.unit_gathered.get(layer_units[j], 0) if 0 <= j < len(layer_units) else 0
+        return root + mine + nxt
+
+    kept: list[int] = []
+    for pos, i in enumerate(inp.layers):
+        kept.append(i)
+        ev(f"forward layer {i}", acts=_acts(inp, kept), grads=0, gather=gathered(pos, +1),
+           copies=inp.weight_copies)
+    # FSDP2's root pre-backward hook all-gathers the last layer before the loss's backward runs
+    first_bwd = root + (inp.unit_gathered.get(_layer_units(inp)[-1], 0) if inp.layers else 0)
+    if inp.last:
+        ev("forward: loss", acts=_acts(inp, kept), grads=0, gather=root, logits=inp.head_saved + inp.logits,
+           up=inp.logits_fp32, copies=inp.weight_copies)
+        ev("backward: loss", acts=_acts(inp, kept), grads=0, gather=first_bwd,
+           logits=inp.head_saved - inp.loss_freed + inp.logits,
+           ce=inp.cross_entropy_grads, copies=inp.weight_copies)
+    grads = 0
+    held = inp.logits if inp.last else 0
+    if inp.last:
+        grads += inp.unit_grads.get("head", 0) + (inp.unit_grads.get("embed", 0) if inp.tied_head else 0)
+        ev("backward: head", acts=_acts(inp, kept), grads=grads, gather=first_bwd,
+           reduce=inp.unit_full_grads.get("head", 0), logits=inp.head_saved + held, hidden=inp.hidden_grad,
+           copies=inp.weight_copies)
+    for pos in range(len(inp.layers) - 1, -1, -1):
+        i = inp.layers[pos]
+        unit = f"layer.{i}"
+        ev(f"backward layer {i}", acts=_acts(inp, kept, live_layer=i), grads=grads, gather=gathered(pos, -1),
+           reduce=inp.unit_full_grads.get(unit, 0), logits=held,  # the MLP's backward transient with the grads
+           hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies)
+        kept.pop()
+        grads += inp.unit_grads.get(unit, 0)
+        ev(f"backward layer {i} done", acts=_acts(inp, kept), grads=grads, gather=gathered(pos, -1),
+           reduce=inp.unit_full_grads.get(unit, 0), logits=held, hidden=inp.hidden_grad,
+           copies=inp.weight_copies)
+    if inp.first:
+        grads += 0 if inp.tied_head else inp.unit_grads.get("embed", 0)
+        ev("backward: embedding", acts=_acts(inp, kept), grads=grads, gather=root,
+           reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad)
+    batch = Node.of("activations_bytes", [Node(name="input batch", value=inp.batch, unit="bytes",
+                                               note="held by the training loop until the step returns")],
+                    "bytes") if inp.first and inp.batch else none
+    ev("optimizer step", acts=batch, grads=all_grads, logits=held, temps=inp.optimizer_temporaries,
+       fp32g=inp.fp32_grad_copies)
+    ev("zero_grad", acts=batch, grads=0, logits=held)
+    return tuple(events)
+
+
+def unit_bytes(placement: Placement, layout: ParallelLayout, prec: Precision, *, granularity: int) -> tuple[
+        dict, dict, dict]:
+    """Per unit (``embed``, ``layer.<i>``, ``head``): (gradient bytes held, unsharded parameter bytes under
+    ZeRO-3, unsharded gradient bytes under ZeRO-3). Units whose tensors ZeRO does not shard (degree 1) are
+    resident already and gather nothing."""
+    grads: dict[str, int] = {}
+    gathered: dict[str, int] = {}
+    full_grads: dict[str, int] = {}
+    for t in placement.tensors:
+        shard = st.held_shape(t, layout, 2)
+        g = t.copies * st.alloc_bytes(numel(shard) * prec.grad_bytes, granularity)
+        grads[t.unit] = grads.get(t.unit, 0) + g
+        degree = layout.expert_zero_degree if t.expert else layout.zero_degree
+        if layout.zero >= 3 and degree > 1:
+            gathered[t.unit] = gathered.get(t.unit, 0) + t.copies * st.alloc_bytes(
+                t.numel * prec.weight_bytes, granularity)
+            full_grads[t.unit] = full_grads.get(t.unit, 0) + t.copies * st.alloc_bytes(
+                t.numel * prec.grad_bytes, granularity)
+    return grads, gathered, full_grads
+
+
+def hidden_grad_bytes(tokens: int, hidden: int, residual_bytes: int, tp: int = 1, sp: bool = False) -> int:
+    """One gradient of the hidden states: (T, d) in the residual stream's dtype (split by tp under SP)."""
+    return residual_bytes * ceil_div(tokens, tp if sp else 1) * hidden
+
+
+def ffn_backward_transient(*, tokens: int, hidden: int, intermediate: int, gated: bool, compute_bytes: int,
+                           grad_bytes: int, granularity: int, tp: int = 1) -> int:
+    """Bytes a dense MLP's backward holds at its peak beyond the layer's saved tensors and its output gradient
+    (derived from the op order of ``down(act(gate(x)) * up(x))``, checked by the MemTracker oracle): the down
+    projection's weight gradient (d·f/tp in the gradient dtype) and the gradient of its input (c·T·f/tp), after
+    which the down projection's saved input (c·T·f/tp) is freed; then, for a gated MLP, the two gradients
+    ``mul``'s backward returns (2·c·T·f/tp), for a plain one the activation's (c·T·f/tp). Net: the weight
+    gradient + 2·c·T·f/tp (gated) or + c·T·f/tp (plain)."""
+    f = ceil_div(intermediate, tp)
+    a = st.alloc_bytes(compute_bytes * tokens * f, granularity)
+    return st.alloc_bytes(hidden * f * grad_bytes, granularity) + (2 if gated else 1) * a
