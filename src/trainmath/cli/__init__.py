@@ -27,6 +27,8 @@ COMMANDS = {
     "check-checkpoint": ("check_checkpoint", "compare a safetensors checkpoint with the ledger, tensor by tensor "
                                              "(headers only)"),
     "comm": ("comm", "run, check and benchmark torch.distributed collectives"),
+    "train": ("train", "train a transformers model with DDP or ZeRO-1/2/3 (torch's or ours), checkpoint, resume"),
+    "verify": ("verify", "train and compare the calculator with the measurement, field by field"),
 }
 
 
