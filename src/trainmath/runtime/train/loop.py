@@ -65,6 +65,8 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
     for step in range(start, last):
         probe = StepProbe(strategy, device, fsdp=cfg.impl == "torch" and cfg.zero >= 2) \
             if step == measure_at else contextlib.nullcontext()
+        comm = getattr(strategy, "comm", None)
+        comm_before = dict(comm.bytes) if comm is not None else {}
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -77,6 +79,8 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
                     loss = strategy.model(input_ids=x, labels=x).loss
                 (loss / accum).backward()
                 loss_sum += loss.detach().double() / accum
+                if step == measure_at and micro < accum - 1:
+                    probe.micro_step_done()
             strategy.after_backward()
             if step == measure_at:
                 measured.update(state_bytes(strategy))
@@ -91,18 +95,23 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
                   "tokens_per_s": tokens / dt, "tokens": tokens}
         if step == measure_at:
             measured.update({"peak_bytes": probe.peak_bytes, "peak_breakdown": probe.breakdown,
-                             "training_flops": probe.flops})
-            comm = getattr(strategy, "comm", None)
+                             "training_flops": probe.flops,
+                             "attention_core_flops": probe.attention_flops, "cuda": device.type == "cuda"})
             if comm is not None:
-                measured["collective_bytes"] = dict(comm.bytes)
+                measured["collective_bytes"] = {k: v - comm_before.get(k, 0) for k, v in comm.bytes.items()}
         records.append(record)
         if rank == 0:
             _emit(out_fd, record, as_json)
         done = step + 1
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == last):
             checkpoint.save(cfg.checkpoint_dir, done, strategy, {**meta, "samples": done * tokens // cfg.seq}, group)
+    every = None
+    if cfg.measure:  # every rank's measurement on every rank (under torchrun each process reports alone)
+        every = [None] * world_size
+        dist.all_gather_object(every, measured, group=group)
     dist.barrier(group)  # a rank leaving while another still talks to it aborts gloo at exit
-    return {"records": records, "measured": measured, "model": name, "config": conf, "rank": rank}
+    return {"records": records, "measured": measured, "measured_by_rank": every, "model": name, "config": conf,
+            "rank": rank}
 
 
 def rank_entry(ctx, cfg: TrainConfig, out_fd: int | None, as_json: bool) -> dict:

@@ -7,7 +7,9 @@
   ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on CPU torch's ``MemTracker``
   (``FSDPMemTracker`` under FSDP2), which follows every tensor storage created or resized in the step.
 - ``training_flops`` of one step: ``FlopCounterMode`` over the same step (every micro-step, forward + backward,
-  recompute included), the oracle the calculator's FLOPs are tested against.
+  recompute included), the oracle the calculator's FLOPs are tested against. torch 2.13's counter has no formula
+  for the CPU flash-attention kernel (``_scaled_dot_product_flash_attention_for_cpu`` and its backward) and
+  counts it as 0; we register torch's own SDPA formulas (``sdpa_flop``, ``sdpa_backward_flop``) for it.
 - bytes per collective: our ZeRO's ``Comm`` counts each call's buffer (nccl-tests' size).
 """
 
@@ -35,7 +37,24 @@ def tensor_bytes(tensors) -> int:
 def state_bytes(strategy) -> dict:
     return {"weights_bytes": tensor_bytes(strategy.weights()),
             "gradients_bytes": tensor_bytes(strategy.gradients()),
+            "master_weights_bytes": 0,  # no strategy here keeps a separate fp32 copy of bf16 weights
             "optimizer_states_bytes": tensor_bytes(strategy.optimizer_state())}
+
+
+def _sdpa_forward(q, k, v, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(q, k, v)
+
+
+def _sdpa_backward(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad_out, q, k, v)
+
+
+_CPU_SDPA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_forward,
+             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward}
 
 
 class StepProbe:
@@ -46,12 +65,14 @@ class StepProbe:
         self.peak_bytes = 0
         self.breakdown: dict[str, int] = {}
         self.flops = 0
+        self.attention_flops = 0
+        """FLOPs of the attention kernels (SDPA forward and backward), part of ``flops``."""
         self._stack = contextlib.ExitStack()
 
     def __enter__(self):
         from torch.utils.flop_counter import FlopCounterMode
 
-        self._flops = FlopCounterMode(display=False)
+        self._flops = FlopCounterMode(display=False, custom_mapping=_CPU_SDPA)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -71,11 +92,19 @@ class StepProbe:
         self._stack.enter_context(self._flops)
         return self
 
+    def micro_step_done(self) -> None:
+        """MemTracker follows one forward+backward per module; with gradient accumulation its per-module records
+        are cleared between micro-steps (the peak it keeps is the step's)."""
+        if self._tracker is not None:
+            self._tracker.reset_mod_stats()
+
     def __exit__(self, *exc):
         self._stack.close()
         if exc[0] is not None:
             return False
         self.flops = int(self._flops.get_total_flops())
+        counts = self._flops.get_flop_counts().get("Global", {})
+        self.attention_flops = int(sum(v for op, v in counts.items() if "scaled_dot_product" in str(op)))
         if self._tracker is None:
             torch.cuda.synchronize()
             self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
