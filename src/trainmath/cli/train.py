@@ -99,10 +99,10 @@ def run_training(args) -> tuple[dict, dict]:
                    master_addr=args.master_addr, master_port=args.master_port, timeout_s=args.timeout)
     cfg = config_from_args(args, spec.world_size)
     _check_model(cfg)
-    import transformers  # noqa: F401 - imported before the fork, so no rank pays for it
-
     from trainmath.runtime.launch import launch
-    from trainmath.runtime.train.loop import rank_entry
+    from trainmath.runtime.train.loop import prepare, rank_entry
+
+    prepare(cfg)  # imports before the fork, so no rank pays for them
 
     out_fd = os.dup(sys.stdout.fileno()) if spec.node_rank == 0 else None
     try:

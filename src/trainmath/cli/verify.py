@@ -63,7 +63,7 @@ def render(name, cfg, world, fields, rank0: dict, predicted: dict) -> str:
              f"{'field':<40} {'predicted':>14} {'measured':>14} {'rel err':>8} {'tol':>6}  ok"]
     for f in fields:
         lines.append(f"{f.name:<40} {f.predicted:>14,.0f} {f.measured:>14,.0f} {f.rel_error:>8.4f} "
-                     f"{f.tolerance:>6.3f}  {'yes' if f.ok else 'NO'}")
+                     f"{'≤' if f.upper_bound else f'{f.tolerance:.3f}':>6}  {'yes' if f.ok else 'NO'}")
     comm = rank0.get("collective_bytes")
     if comm:
         lines.append("collective bytes per step (rank 0, buffer sizes): "
