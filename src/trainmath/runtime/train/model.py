@@ -77,7 +77,9 @@ def build_model(cfg: dict, *, seed: int, recompute: str) -> torch.nn.Module:
         raise TrainmathError(f"transformers cannot build a {model_type} config: {str(e).splitlines()[0]}") from None
     hf._attn_implementation = "sdpa"
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf, dtype=torch.float32)
+    # Experts as a loop of plain matmuls ("eager"): the path FlopCounterMode and the calculator's profile describe
+    # (transformers' default grouped kernels are invisible to the counter on CPU).
+    model = AutoModelForCausalLM.from_config(hf, dtype=torch.float32, experts_implementation="eager")
     if recompute == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
