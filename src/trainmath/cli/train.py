@@ -53,6 +53,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (default: after the last)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--stop-after", type=int, help="stop after this step, as if interrupted")
+    p.add_argument("--gpu", help="GPU preset for MFU on CUDA (trainmath infer --gpu names; default: from the device "
+                                 "name). MFU = the calculator's model FLOPs (no recompute) / step time / dense BF16 peak")
     p.add_argument("--json", action="store_true", help="one JSON object per step")
     p.add_argument("--keep-logs", action="store_true", help="on failure, keep each rank's log and print its folder")
 
@@ -76,7 +78,8 @@ def config_from_args(args, world_size: int):
                       recompute=args.recompute, micro_batch=args.micro_batch, global_batch=args.global_batch,
                       seq=args.seq, steps=args.steps, grad_accum=args.grad_accum, lr=args.lr, seed=args.seed,
                       data=args.data, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                      resume=args.resume, stop_after=args.stop_after, measure=getattr(args, "measure", False))
+                      resume=args.resume, stop_after=args.stop_after, gpu=args.gpu,
+                      measure=getattr(args, "measure", False))
     return validate(cfg, world_size)
 
 

@@ -57,6 +57,9 @@ class TrainConfig:
     resume: bool = False
     stop_after: int | None = None
     """Stop after this step (the run is as if interrupted); for resume tests and demos."""
+    gpu: str | None = None
+    """GPU preset (``trainmath.hardware``) whose dense BF16 peak is MFU's denominator on CUDA; None: guessed from
+    the device name."""
     measure: bool = False
     """Measure the bytes of each state, the peak of the first step and its FLOPs (``verify``)."""
 
@@ -113,6 +116,13 @@ def problems(cfg: TrainConfig, world_size: int) -> list[str]:
             bad.append(f"--data {cfg.data!r}: no such file (pass a text file or 'synthetic')")
         elif not os.access(cfg.data, os.R_OK):
             bad.append(f"--data {cfg.data!r}: file is not readable")
+    if cfg.gpu is not None:
+        from trainmath.hardware import gpu
+
+        try:
+            gpu(cfg.gpu)
+        except TrainmathError as e:
+            bad.append(f"--gpu: {e}")
     return bad
 
 

@@ -19,7 +19,7 @@ from trainmath.runtime.train import checkpoint
 from trainmath.runtime.train.config import TrainConfig
 from trainmath.runtime.train.data import TokenSource
 from trainmath.runtime.train.measure import StepProbe, state_bytes
-from trainmath.runtime.train.model import build_model, shrunk_config
+from trainmath.runtime.train.model import build_model, model_spec, shrunk_config
 from trainmath.runtime.train.strategies import build_strategy
 
 
@@ -29,13 +29,37 @@ def _autocast(cfg: TrainConfig, device: torch.device):
     return contextlib.nullcontext()
 
 
+def _mfu_inputs(cfg: TrainConfig, spec, batch: int, device: torch.device) -> tuple[int, float | None, str]:
+    """(model FLOPs per rank and step, the GPU's peak FLOP/s or None, its name). Model FLOPs are the calculator's
+    without recompute (PaLM's MFU, Chowdhery et al. 2022, App. B: recomputed work is not useful work); the peak is
+    the preset's dense BF16 figure, whatever the precision."""
+    from trainmath.flops import count_flops
+    from trainmath.hardware import all_gpus, gpu
+
+    flops = count_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq, recompute="none").training_flops
+    if device.type != "cuda":
+        return flops, None, ""
+    if cfg.gpu:
+        g = gpu(cfg.gpu)
+        return flops, g.bf16_flops_per_s, g.name
+    words = torch.cuda.get_device_name(device).lower().replace("-", " ").split()
+    for g in all_gpus():
+        if any(a.split("-")[0] in words for a in g.aliases):
+            return flops, g.bf16_flops_per_s, g.name
+    return flops, None, ""
+
+
 def _emit(out_fd: int | None, record: dict, as_json: bool) -> None:
     """Rank 0's live output, written straight to the launcher's terminal (``out_fd``) or stdout."""
     if as_json:
         line = json.dumps(record) + "\n"
     else:
         line = (f"step {record['step']:>4}  loss {record['loss']:.6f}  {record['step_time_s'] * 1e3:8.1f} ms  "
-                f"{record['tokens_per_s']:10.0f} tok/s\n")
+                f"{record['tokens_per_s']:10.0f} tok/s")
+        if "tflops_per_s" in record:
+            mfu = f"  MFU {record['mfu']:.1%} of {record['gpu']} bf16" if record["mfu"] is not None else ""
+            line += f"  {record['tflops_per_s']:.1f} TFLOP/s per GPU{mfu}"
+        line += "\n"
     if out_fd is None:
         print(line, end="", flush=True)
     else:
@@ -46,6 +70,8 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
                out_fd: int | None = None, as_json: bool = False) -> dict:
     """Train on this rank; return ``{"records": [...], "measured": {...}}`` (losses are the same on every rank)."""
     name, conf = shrunk_config(cfg.model, cfg.overrides)
+    model_flops, peak_flops, gpu_name = _mfu_inputs(cfg, model_spec(name, conf), cfg.micro_batch_for(world_size),
+                                                    device)
     model = build_model(conf, seed=cfg.seed, recompute=cfg.recompute)
     if cfg.precision == "bf16":
         model = model.to(torch.bfloat16)
@@ -93,6 +119,10 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
         tokens = batch * accum * world_size * cfg.seq
         record = {"step": step + 1, "loss": loss_sum.item() / world_size, "step_time_s": dt,
                   "tokens_per_s": tokens / dt, "tokens": tokens}
+        if device.type == "cuda":  # per rank: the calculator's model FLOPs over the measured step time
+            record["tflops_per_s"] = model_flops / dt / 1e12
+            record["mfu"] = model_flops / dt / peak_flops if peak_flops else None
+            record["gpu"] = gpu_name
         if step == measure_at:
             measured.update({"peak_bytes": probe.peak_bytes, "peak_breakdown": probe.breakdown,
                              "training_flops": probe.flops,
