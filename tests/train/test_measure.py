@@ -17,7 +17,8 @@ def _fields(nproc, strategy, impl):
     cfg = config(strategy=strategy, impl=impl, measure=True)
     name, conf = shrunk_config(cfg.model, cfg.overrides)
     pred = predict(model_spec(name, conf), cfg, nproc)
-    return pred, {r: v["measured"] for r, v in res.items()}, compare(pred, {r: v["measured"] for r, v in res.items()}, cfg)
+    measured = {r: v["measured"] for r, v in res.items()}
+    return pred, measured, compare(pred, measured, cfg)
 
 
 @pytest.mark.parametrize("nproc", [2, 4])

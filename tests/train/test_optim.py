@@ -47,7 +47,8 @@ def test_adam_l2_and_sgd_weight_decay_bitwise(wd):
 
 
 def test_adam_first_step_by_hand():
-    """One AdamW step from the formulas: m = (1−β₁)g, v = (1−β₂)g², m̂ = g, v̂ = g², θ ← θ(1−ηλ) − η·g/(|g| + ε)."""
+    """One AdamW step from the formulas: m = (1−β₁)g, v = (1−β₂)g², m̂ = g, v̂ = g²,
+    θ ← θ(1−ηλ) − η·g/(|g| + ε)."""
     p = torch.tensor([1.0, -2.0], dtype=torch.float64, requires_grad=True)
     p.grad = torch.tensor([0.5, -4.0], dtype=torch.float64)
     Adam([p], lr=0.1, weight_decay=0.01, decoupled=True).step()

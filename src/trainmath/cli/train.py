@@ -22,7 +22,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="catalog name, config.json, or a directory holding one")
     for key in SHRINK:
         p.add_argument(f"--{key.replace('_', '-')}", type=int, dest=key, help=f"set the config's {key} (shrink it)")
-    p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, default=1, help="ranks on this node (default 1)")
+    p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, default=1,
+                   help="ranks on this node (default 1)")
     p.add_argument("--nnodes", type=int, default=1, help="launchers (nodes) in the job; default 1")
     p.add_argument("--node-rank", type=int, default=0, help="this launcher's node index (default 0)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
@@ -53,8 +54,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (default: after the last)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--stop-after", type=int, help="stop after this step, as if interrupted")
-    p.add_argument("--gpu", help="GPU preset for MFU on CUDA (trainmath infer --gpu names; default: from the device "
-                                 "name). MFU = the calculator's model FLOPs (no recompute) / step time / dense BF16 peak")
+    p.add_argument("--gpu", help="GPU preset for MFU on CUDA (trainmath infer --gpu names; default: from the "
+                                 "device name). MFU = the calculator's model FLOPs (no recompute) / step time / "
+                                 "dense BF16 peak")
     p.add_argument("--json", action="store_true", help="one JSON object per step")
     p.add_argument("--keep-logs", action="store_true", help="on failure, keep each rank's log and print its folder")
 

@@ -50,8 +50,8 @@ def latest(directory: str) -> str | None:
     """The newest complete checkpoint folder (one with ``trainmath.json``), or None."""
     if not os.path.isdir(directory):
         return None
-    done = sorted(d for d in os.listdir(directory)
-                  if d.startswith("step-") and not d.endswith(".tmp") and os.path.isfile(os.path.join(directory, d, META)))
+    done = sorted(d for d in os.listdir(directory) if d.startswith("step-") and not d.endswith(".tmp")
+                  and os.path.isfile(os.path.join(directory, d, META)))
     return os.path.join(directory, done[-1]) if done else None
 
 

@@ -81,7 +81,8 @@ class Adam(torch.optim.Optimizer):
                 m.lerp_(g, 1 - b1)  # m ← β₁m + (1−β₁)g
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)  # v ← β₂v + (1−β₂)g²
                 denom = (v.sqrt() / (1 - b2 ** t) ** 0.5).add_(eps)  # √v̂ + ε with v̂ = v/(1−β₂ᵗ)
-                p.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))  # θ ← θ − η·m̂/(√v̂ + ε), m̂ = m/(1−β₁ᵗ)
+                # θ ← θ − η·m̂/(√v̂ + ε) with m̂ = m/(1−β₁ᵗ)
+                p.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
 
 
 def init_param_state(state: dict, p: torch.Tensor, optimizer: str) -> None:

@@ -85,7 +85,9 @@ def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> d
     flops = count_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq, recompute=cfg.recompute)
     core = sum(part.flat()["attention_core"] for part in (flops.forward, flops.backward, flops.recomputed))
     return {**{k: flat[k] for k in STATE_FIELDS}, "peak_bytes": report.peak_bytes,
-            "gemm_flops": flops.training_flops - core, "attention_core_flops": core, "optimizer_states_bytes_unsharded": whole_states, "breakdown": flat, "conventions": list(report.conventions)}
+            "gemm_flops": flops.training_flops - core, "attention_core_flops": core,
+            "optimizer_states_bytes_unsharded": whole_states, "breakdown": flat,
+            "conventions": list(report.conventions)}
 
 
 def compare(predicted: dict, measured: dict[int, dict], cfg: TrainConfig) -> list[Field]:
