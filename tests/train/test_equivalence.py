@@ -42,3 +42,26 @@ def test_our_zero_equals_torchs(strategy, nproc):
 def test_every_rank_reports_the_same_losses():
     res = cached(4, strategy="zero3", impl="trainmath")
     assert all(losses({0: res[r]}) == losses(res) for r in res)
+
+
+@pytest.mark.parametrize("strategy,impl", [("ddp", "torch"), ("zero2", "trainmath")])
+def test_gradient_accumulation_at_equal_tokens(reference, strategy, impl):
+    got = losses(cached(2, strategy=strategy, impl=impl, grad_accum=2))
+    assert max(abs(a - b) for a, b in zip(got, reference)) <= LOSS_TOLERANCE
+
+
+@pytest.mark.parametrize("strategy,impl", [("ddp", "torch"), ("zero3", "torch"), ("zero3", "trainmath")])
+def test_full_recompute_is_bitwise_no_recompute(strategy, impl):
+    """Recomputing a layer's forward repeats the same arithmetic: the losses do not change at all."""
+    assert losses(cached(2, strategy=strategy, impl=impl, recompute="full")) == losses(
+        cached(2, strategy=strategy, impl=impl))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "amp-bf16"])
+def test_bf16_our_zero3_equals_fsdp2(reference, precision):
+    """The two ZeRO-3s agree as in fp32 (measured: bitwise); bf16 rounding moves the curve off the fp32 one by
+    ~4e-4 (bf16) and ~1e-4 (amp-bf16) here: asserted within 2e-3, and not equal to it."""
+    ours = losses(cached(2, strategy="zero3", impl="trainmath", precision=precision))
+    theirs = losses(cached(2, strategy="zero3", impl="torch", precision=precision))
+    assert max(abs(a - b) for a, b in zip(ours, theirs)) <= LOSS_TOLERANCE
+    assert 0 < max(abs(a - b) for a, b in zip(ours, reference)) <= 2e-3

@@ -64,8 +64,8 @@ def load(directory: str, strategy, cfg, world_size: int, group) -> dict:
         raise TrainmathError(f"--resume: no complete checkpoint in {directory!r}")
     with open(os.path.join(path, META)) as f:
         meta = json.load(f)
-    for key in ("strategy", "impl", "precision", "optimizer", "model_config"):
-        if meta.get(key) != getattr(cfg, key, meta.get(key)) and key != "model_config":
+    for key in ("strategy", "impl", "precision", "optimizer"):
+        if meta.get(key) != getattr(cfg, key):
             raise TrainmathError(f"--resume: the checkpoint in {path} was written with --{key.replace('_', '-')} "
                                  f"{meta.get(key)}, not {getattr(cfg, key)}")
     if cfg.strategy == "zero1" and cfg.impl == "torch" and meta["world_size"] != world_size:
