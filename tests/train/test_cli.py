@@ -60,6 +60,18 @@ def test_bad_input_is_one_line_exit_2(extra, message, capfd, tmp_path):
     assert len(err) == 1 and err[0].startswith("trainmath: error: ") and message in err[0]
 
 
+def test_model_that_cannot_fit(capfd):
+    assert main(["train", "Qwen/Qwen3-235B-A22B", "--nproc", "2", "--seq", "16"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("trainmath: error: Qwen/Qwen3-235B-A22B does not fit: the calculator's peak is ")
+    assert err.count("\n") == 1
+
+
+def test_experts_on_a_dense_model(capfd):
+    assert main(["train", *TINY, "--experts", "4"]) == 2
+    assert "--experts: Qwen/Qwen3-0.6B is not a mixture-of-experts model" in capfd.readouterr().err
+
+
 def test_short_data_file(tmp_path, capfd):
     f = tmp_path / "short.txt"
     f.write_text("abc")

@@ -97,13 +97,13 @@ def run_training(args) -> tuple[dict, dict]:
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         cfg = config_from_args(args, world)
-        _check_model(cfg)
+        _check_model(cfg, world, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), args.backend)
         results = {int(os.environ["RANK"]): _torchrun_rank(cfg, args)}
         return results, results
     spec = JobSpec(nproc_per_node=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, backend=args.backend,
                    master_addr=args.master_addr, master_port=args.master_port, timeout_s=args.timeout)
     cfg = config_from_args(args, spec.world_size)
-    _check_model(cfg)
+    _check_model(cfg, spec.world_size, spec.nproc_per_node, args.backend)
     from trainmath.runtime.launch import launch
     from trainmath.runtime.train.loop import prepare, rank_entry
 
@@ -119,12 +119,41 @@ def run_training(args) -> tuple[dict, dict]:
     return results, results
 
 
-def _check_model(cfg) -> None:
-    """Resolve the config before any rank starts, so a bad model name is one line."""
+def _check_model(cfg, world_size: int, local_ranks: int, backend: str) -> None:
+    """Resolve the config and check that the calculator's peak fits, before any rank starts: a bad model name or
+    a model that cannot fit is one line."""
     from trainmath.runtime.train.model import model_spec, shrunk_config
+    from trainmath.runtime.train.verify import predict
 
     name, conf = shrunk_config(cfg.model, cfg.overrides)
-    model_spec(name, conf)
+    peak = predict(model_spec(name, conf), cfg, world_size, cuda=backend == "nccl")["peak_bytes"]
+    if backend == "nccl":
+        import torch
+
+        have = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+        need, where = peak, "one GPU"
+    else:
+        have = _available_ram_bytes()
+        need, where = peak * local_ranks, f"{local_ranks} CPU rank(s) on this machine"
+    if have and need > have:
+        raise TrainmathError(f"{name} does not fit: the calculator's peak is {peak / 2**30:,.1f} GiB per rank, "
+                             f"{need / 2**30:,.1f} GiB for {where}, which has {have / 2**30:,.1f} GiB available "
+                             f"(shrink it with --layers/--hidden/..., or use more ranks and a higher ZeRO stage)")
+
+
+def _available_ram_bytes() -> int:
+    """Linux's MemAvailable (free + reclaimable cache), else free pages; 0 when unknown (no check)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _torchrun_rank(cfg, args) -> dict:

@@ -30,6 +30,9 @@ def shrunk_config(model: str, overrides: dict) -> tuple[str, dict]:
     src = resolve(model)
     cfg = {k: v for k, v in src.config.items() if not k.startswith("_")}
     old_layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+    if "experts" in overrides and not any(k in cfg for k in _KEYS["experts"]):
+        raise TrainmathError(f"--experts: {src.name} is not a mixture-of-experts model (its config has none of "
+                             f"{', '.join(_KEYS['experts'])})")
     for flag, value in overrides.items():
         keys = [k for k in _KEYS[flag] if k in cfg] or [_KEYS[flag][0]]
         cfg[keys[0]] = value
