@@ -22,6 +22,8 @@ STRATEGIES = [("ddp", "torch"), ("zero1", "torch"), ("zero2", "torch"), ("zero3"
 
 def config(**kw) -> TrainConfig:
     base = {"model": MODEL, "overrides": SHRINK, "global_batch": GLOBAL_BATCH, "seq": SEQ, "steps": STEPS}
+    if kw.pop("moe", False):  # Mixtral's top-2 of 64 experts: 64 tokens per rank leave ~23 experts without any
+        base.update(model="mistralai/Mixtral-8x7B-v0.1", overrides={**SHRINK, "experts": 64}, steps=2)
     return TrainConfig(**{**base, **kw})
 
 

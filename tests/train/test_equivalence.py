@@ -65,3 +65,11 @@ def test_bf16_our_zero3_equals_fsdp2(reference, precision):
     theirs = losses(cached(2, strategy="zero3", impl="torch", precision=precision))
     assert max(abs(a - b) for a, b in zip(ours, theirs)) <= LOSS_TOLERANCE
     assert 0 < max(abs(a - b) for a, b in zip(ours, reference)) <= 2e-3
+
+
+@pytest.mark.parametrize("strategy,impl", [("ddp", "torch"), ("zero3", "torch"), ("zero1", "trainmath"),
+                                           ("zero3", "trainmath")])
+def test_moe_with_experts_no_token_reaches(strategy, impl):
+    """Mixtral, top-2 of 64 experts (~23 get no token per rank and step): the same curve as one process."""
+    got = losses(cached(2, strategy=strategy, impl=impl, moe=True))
+    assert max(abs(a - b) for a, b in zip(got, losses(cached(1, moe=True)))) <= LOSS_TOLERANCE

@@ -33,6 +33,11 @@ def _state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
 
 
+def _is_moe(model) -> bool:
+    conf = model.config.to_dict()
+    return any(conf.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
 class TorchDDP:
     """DDP (and ZeRO-1 = DDP + ZeroRedundancyOptimizer): gradients all-reduced in buckets during backward."""
 
@@ -41,7 +46,9 @@ class TorchDDP:
 
         self.stage = cfg.zero
         self.cfg = cfg
-        self.model = DDP(model, process_group=group, device_ids=None if device.type == "cpu" else [device])
+        # MoE: experts no token was routed to get no gradient; DDP must look for them (a graph walk per step)
+        self.model = DDP(model, process_group=group, device_ids=None if device.type == "cpu" else [device],
+                         find_unused_parameters=_is_moe(model))
         params = [p for p in model.parameters() if p.requires_grad]
         if cfg.strategy == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -32,7 +32,9 @@ class Zero1:
 
     def after_backward(self) -> None:
         L = self.layout
-        buffer = L.pack([p.grad for p in L.params], L.new_buffer())
+        # a parameter without a gradient (an expert no token was routed to) contributes zeros
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in L.params]
+        buffer = L.pack(grads, L.new_buffer())
         self.grad_shard = L.new_shard()
         self.comm.reduce_scatter(self.grad_shard, buffer)
         self.grad_shard.div_(self.comm.n)

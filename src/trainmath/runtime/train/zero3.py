@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from trainmath.errors import TrainmathError
 from trainmath.runtime.train.flat import Comm, FlatLayout, alloc_storage, free_storage
 from trainmath.runtime.train.zero2 import split_units
 
@@ -92,7 +93,12 @@ class Zero3:
         self.release(u)
 
     def after_backward(self) -> None:
-        pass
+        """Every unit was reduced during backward; a parameter that got no gradient would leave its unit waiting
+        (transformers' eager experts give every expert one, zeros when no token was routed to it)."""
+        stuck = [L.names[0] for L, n in zip(self.layouts, self._pending) if n != len(L.params)]
+        if stuck:
+            raise TrainmathError(f"our ZeRO-{self.stage}: the unit of {stuck[0]} did not get a gradient for every "
+                                 f"parameter in this backward; use --impl torch")
 
     @torch.no_grad()
     def step(self) -> None:
