@@ -11,7 +11,7 @@ def test_shards_partition_the_step(world, accum):
     src = TokenSource("synthetic", vocab=67, seq=8, seed=3)
     batch = 4 // (world * accum)
     for step in range(3):
-        got = torch.cat([src.micro_batch(step, m, rank=r, world_size=world, batch=batch, accum=accum)
+        got = torch.cat([src.micro_batch(step * 4, m, rank=r, world_size=world, batch=batch)
                          for r in range(world) for m in range(accum)])
         want = torch.stack([src.sample(step * 4 + i) for i in range(4)])
         assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, want.tolist()))

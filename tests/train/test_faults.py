@@ -17,10 +17,10 @@ pytestmark = pytest.mark.timeout(120)
 def _fault_at_step_3(monkeypatch, action):
     real = TokenSource.micro_batch
 
-    def faulty(self, step, micro, *, rank, **kw):
-        if step == 2 and rank == 1:
+    def faulty(self, step_start, micro, *, rank, **kw):
+        if step_start == 2 * 4 and rank == 1:  # the third step's first sample: 2 steps × 4 sequences
             action()
-        return real(self, step, micro, rank=rank, **kw)
+        return real(self, step_start, micro, rank=rank, **kw)
 
     monkeypatch.setattr(TokenSource, "micro_batch", faulty)  # before the fork: the ranks inherit it
 

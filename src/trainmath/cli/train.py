@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 
 from trainmath.errors import TrainmathError
 
@@ -52,7 +53,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default="synthetic", help="'synthetic' (default) or a text file (bytes are tokens)")
     p.add_argument("--checkpoint-dir", help="save torch.distributed.checkpoint checkpoints here")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (default: after the last)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --checkpoint-dir (from step 0 when "
+                        "there is none yet, so a job can be restarted with the same command)")
     p.add_argument("--stop-after", type=int, help="stop after this step, as if interrupted")
     p.add_argument("--gpu", help="GPU preset for MFU on CUDA (trainmath infer --gpu names; default: from the "
                                  "device name). MFU = the calculator's model FLOPs (no recompute) / step time / "
@@ -109,14 +111,25 @@ def run_training(args) -> tuple[dict, dict]:
 
     prepare(cfg)  # imports before the fork, so no rank pays for them
 
-    out_fd = os.dup(sys.stdout.fileno()) if spec.node_rank == 0 else None
+    # Rank 0's live lines come back through a pipe and are printed here, as they arrive (the ranks' own stdout
+    # goes to their log files).
+    read_fd, write_fd = os.pipe()
+    relay = threading.Thread(target=_relay, args=(read_fd,), daemon=True)
+    relay.start()
     try:
-        sys.stdout.flush()
-        results = launch(spec, rank_entry, cfg, out_fd, args.json, keep_logs=args.keep_logs)
+        results = launch(spec, rank_entry, cfg, write_fd if spec.node_rank == 0 else None, args.json,
+                         keep_logs=args.keep_logs)
     finally:
-        if out_fd is not None:
-            os.close(out_fd)
+        os.close(write_fd)
+        relay.join(timeout=5)
     return results, results
+
+
+def _relay(read_fd: int) -> None:
+    with os.fdopen(read_fd, "r", buffering=1) as lines:
+        for line in lines:
+            sys.stdout.write(line)
+            sys.stdout.flush()
 
 
 def _check_model(cfg, world_size: int, local_ranks: int, backend: str) -> None:

@@ -1,8 +1,9 @@
 """Token batches: sample ``i`` of the run is the same tensor whatever the world size, so runs on 1, 2 or 4 ranks
 at equal tokens per step see the same data, and a resumed run continues where the interrupted one stopped.
 
-Step k consumes global samples ``k·G .. (k+1)·G - 1`` (G sequences per step). Micro-step m of rank r takes the
-``B`` samples starting at ``k·G + (m·W + r)·B``: each rank reads its own shard of the step.
+A step consumes the next G global samples (G sequences per step) after the ``s`` already consumed (the data
+position, kept in checkpoints). Micro-step m of rank r takes the ``B`` samples starting at ``s + (m·W + r)·B``:
+each rank reads its own shard of the step.
 
 - ``synthetic``: sample i is an arithmetic sequence ``(a + j·d) mod V`` with a, d drawn from a generator seeded
   by (seed, i): learnable, so the loss falls.
@@ -43,9 +44,9 @@ class TokenSource:
         a, d = torch.randint(0, self.vocab, (2,), generator=g).tolist()
         return (a + torch.arange(self.seq) * (d % 7 + 1)) % self.vocab
 
-    def micro_batch(self, step: int, micro: int, *, rank: int, world_size: int, batch: int, accum: int
+    def micro_batch(self, step_start: int, micro: int, *, rank: int, world_size: int, batch: int
                     ) -> torch.Tensor:
-        """(batch, seq) token ids of micro-step ``micro`` of ``step`` on ``rank``."""
-        per_step = batch * accum * world_size
-        first = step * per_step + (micro * world_size + rank) * batch
+        """(batch, seq) token ids of micro-step ``micro`` on ``rank`` of the step whose first global sample is
+        ``step_start`` (the samples consumed before it: the data position a checkpoint keeps)."""
+        first = step_start + (micro * world_size + rank) * batch
         return torch.stack([self.sample(first + j) for j in range(batch)])

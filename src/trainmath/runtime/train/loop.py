@@ -82,9 +82,10 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
     batch, accum = cfg.micro_batch_for(world_size), cfg.grad_accum
     meta = {"strategy": cfg.strategy, "impl": cfg.impl, "precision": cfg.precision, "optimizer": cfg.optimizer,
             "world_size": world_size}
-    start = 0
+    start = samples = 0  # steps done, and sequences consumed: the data position
     if cfg.resume and checkpoint.latest(cfg.checkpoint_dir) is not None:
-        start = checkpoint.load(cfg.checkpoint_dir, strategy, cfg, world_size, group)["step"]
+        meta_in = checkpoint.load(cfg.checkpoint_dir, strategy, cfg, world_size, group)
+        start, samples = meta_in["step"], meta_in["samples"]
     last = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     measure_at = min(start + 1, last - 1) if cfg.measure else None  # the 2nd step: optimizer states exist
     records, measured = [], {}
@@ -99,8 +100,7 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
         with probe:
             loss_sum = torch.zeros((), dtype=torch.float64, device=device)
             for micro in range(accum):
-                x = data.micro_batch(step, micro, rank=rank, world_size=world_size, batch=batch,
-                                     accum=accum).to(device)
+                x = data.micro_batch(samples, micro, rank=rank, world_size=world_size, batch=batch).to(device)
                 with strategy.sync(micro == accum - 1), _autocast(cfg, device):
                     loss = strategy.model(input_ids=x, labels=x).loss
                 (loss / accum).backward()
@@ -117,6 +117,7 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         tokens = batch * accum * world_size * cfg.seq
+        samples += batch * accum * world_size
         record = {"step": step + 1, "loss": loss_sum.item() / world_size, "step_time_s": dt,
                   "tokens_per_s": tokens / dt, "tokens": tokens}
         if device.type == "cuda":  # per rank: the calculator's model FLOPs over the measured step time
@@ -134,7 +135,7 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
             _emit(out_fd, record, as_json)
         done = step + 1
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == last):
-            checkpoint.save(cfg.checkpoint_dir, done, strategy, {**meta, "samples": done * tokens // cfg.seq}, group)
+            checkpoint.save(cfg.checkpoint_dir, done, strategy, {**meta, "samples": samples}, group)
     every = None
     if cfg.measure:  # every rank's measurement on every rank (under torchrun each process reports alone)
         every = [None] * world_size

@@ -46,7 +46,8 @@ class TorchDDP:
 
         self.stage = cfg.zero
         self.cfg = cfg
-        # MoE: experts no token was routed to get no gradient; DDP must look for them (a graph walk per step)
+        # MoE: an experts implementation that skips experts without tokens leaves them without a gradient, which
+        # DDP must then look for (a graph walk per step; transformers' eager path gives them zeros)
         self.model = DDP(model, process_group=group, device_ids=None if device.type == "cpu" else [device],
                          find_unused_parameters=_is_moe(model))
         params = [p for p in model.parameters() if p.requires_grad]
