@@ -88,3 +88,11 @@ def test_our_collective_bytes(strategy, nproc):
         assert comm["all_gather"] == padded
     else:
         assert padded < comm["all_gather"] < 2 * padded
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("strategy", ["ddp", "zero1"])
+def test_ddp_all_reduces_every_gradient_once_per_step(strategy, nproc):
+    res = cached(nproc, strategy=strategy, impl="torch")
+    pred, _, _ = _fields(nproc, strategy, "torch")
+    assert res[0]["measured"]["collective_bytes"] == {"all_reduce": pred["gradients_bytes"]}

@@ -10,7 +10,9 @@
   recompute included), the oracle the calculator's FLOPs are tested against. torch 2.13's counter has no formula
   for the CPU flash-attention kernel (``_scaled_dot_product_flash_attention_for_cpu`` and its backward) and
   counts it as 0; we register torch's own SDPA formulas (``sdpa_flop``, ``sdpa_backward_flop``) for it.
-- bytes per collective: our ZeRO's ``Comm`` counts each call's buffer (nccl-tests' size).
+- bytes per collective: our ZeRO's ``Comm`` counts each call's buffer (nccl-tests' size); DDP's gradient buckets
+  are counted by a communication hook (``ZeroRedundancyOptimizer``'s parameter broadcasts and FSDP2's
+  collectives are not counted).
 """
 
 from __future__ import annotations

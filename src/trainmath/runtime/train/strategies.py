@@ -38,6 +38,25 @@ def _is_moe(model) -> bool:
     return any(conf.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
 
 
+class _BucketCounter:
+    """Counts the bytes of DDP's gradient all-reduces (each bucket's buffer), through torch's own
+    ``allreduce_hook`` registered as DDP's communication hook (same arithmetic as the built-in one)."""
+
+    def __init__(self, ddp, group):
+        from collections import Counter
+
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        self.bytes: Counter = Counter()
+
+        def hook(state, bucket):
+            buf = bucket.buffer()
+            self.bytes["all_reduce"] += buf.numel() * buf.element_size()
+            return allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(group, hook)
+
+
 class TorchDDP:
     """DDP (and ZeRO-1 = DDP + ZeroRedundancyOptimizer): gradients all-reduced in buckets during backward."""
 
@@ -50,6 +69,7 @@ class TorchDDP:
         # DDP must then look for (a graph walk per step; transformers' eager path gives them zeros)
         self.model = DDP(model, process_group=group, device_ids=None if device.type == "cpu" else [device],
                          find_unused_parameters=_is_moe(model))
+        self.comm = _BucketCounter(self.model, group)
         params = [p for p in model.parameters() if p.requires_grad]
         if cfg.strategy == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer
