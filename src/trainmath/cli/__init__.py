@@ -34,6 +34,8 @@ COMMANDS = {
                      "layouts that fit"),
     "report": ("report", "one self-contained HTML page: parameters, FLOPs, memory and fit, KV cache, charts"),
     "serve": ("serve", "a local web calculator over the same core (127.0.0.1 by default)"),
+    "train": ("train", "train a transformers model with DDP or ZeRO-1/2/3 (torch's or ours), checkpoint, resume"),
+    "verify": ("verify", "train and compare the calculator with the measurement, field by field"),
 }
 
 

@@ -1,0 +1,76 @@
+"""``trainmath verify MODEL ...``: train as ``trainmath train`` does, measure every rank, and compare each field
+with the calculator's prediction. Exit 0 only when every field is within its tolerance, 1 otherwise.
+
+Top level imports only the standard library; the tolerances and what they stand for are in
+``trainmath.runtime.train.verify``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from trainmath.errors import TrainmathError
+
+
+def register(subparsers) -> None:
+    from trainmath.cli.train import add_train_args
+
+    p = subparsers.add_parser(
+        "verify", help="train and compare the calculator with the measurement, field by field",
+        description="Run the calculator (training memory per rank, FLOPs) and the training with the same flags; "
+                    "print predicted vs measured per field with the relative error and its tolerance. Exit 0 "
+                    "only when every field is within tolerance.")
+    add_train_args(p)
+    p.set_defaults(func=run, steps=2, measure=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainmath.cli.train import run_training
+    from trainmath.runtime.train.model import model_spec, shrunk_config
+    from trainmath.runtime.train.verify import compare, predict
+
+    if args.steps < 2:
+        raise TrainmathError(f"verify measures the second step (the first creates the optimizer states): --steps must "
+                             f"be >= 2, got {args.steps}")
+    if args.resume or args.stop_after is not None:
+        raise TrainmathError("verify runs from scratch: --resume and --stop-after are for trainmath train")
+    json_steps, args.json = args.json, False
+    results, _ = run_training(args)
+    first = results[min(results)]
+    by_rank = dict(enumerate(first["measured_by_rank"]))
+    cfg_world = len(by_rank)
+    from trainmath.cli.train import config_from_args
+
+    cfg = config_from_args(args, cfg_world)
+    name, conf = shrunk_config(cfg.model, cfg.overrides)
+    predicted = predict(model_spec(name, conf), cfg, cfg_world, cuda=args.backend == "nccl")
+    fields = compare(predicted, by_rank, cfg)
+    if min(results) != 0:  # under torchrun only rank 0 prints
+        return 0 if all(f.ok for f in fields) else 1
+    if json_steps:
+        print(json.dumps({"model": name, "world_size": cfg_world, "fields": [f.to_dict() for f in fields],
+                          "collective_bytes": by_rank[0].get("collective_bytes", {}),
+                          "conventions": predicted["conventions"]}, indent=2))
+    else:
+        print(render(name, cfg, cfg_world, fields, by_rank[0], predicted))
+    return 0 if all(f.ok for f in fields) else 1
+
+
+def render(name, cfg, world, fields, rank0: dict, predicted: dict) -> str:
+    lines = [f"{name}: {cfg.strategy} ({cfg.impl}) on {world} rank(s), {cfg.precision}, {cfg.optimizer}, "
+             f"recompute {cfg.recompute}; step 2 measured",
+             f"{'field':<40} {'predicted':>14} {'measured':>14} {'rel err':>8} {'tol':>6}  ok"]
+    for f in fields:
+        lines.append(f"{f.name:<40} {f.predicted:>14,.0f} {f.measured:>14,.0f} {f.rel_error:>8.4f} "
+                     f"{'≤' if f.upper_bound else f'{f.tolerance:.3f}':>6}  {'yes' if f.ok else 'NO'}")
+    comm = rank0.get("collective_bytes")
+    if comm:
+        lines.append("collective bytes per step (rank 0, buffer sizes): "
+                     + ", ".join(f"{k} {v:,}" for k, v in sorted(comm.items())))
+    bad = [f for f in fields if not f.ok]
+    lines.append(f"{len(fields) - len(bad)}/{len(fields)} fields within tolerance"
+                 + ("" if not bad else "; outside: " + ", ".join(f.name for f in bad)))
+    for f in {f.note for f in fields if f.note}:
+        lines.append(f"  note: {f}")
+    return "\n".join(lines)

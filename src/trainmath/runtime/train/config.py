@@ -1,0 +1,133 @@
+"""What one training run is, checked before any rank starts. Pure Python (no torch): the CLI validates here.
+
+The batch convention is the calculator's: ``micro_batch`` sequences per data-parallel rank per micro-step,
+``grad_accum`` micro-steps per optimizer step, so a step consumes ``micro_batch · grad_accum · world_size``
+sequences. ``global_batch`` (optional) fixes that product instead, so runs on different world sizes see the same
+tokens per step; the world size must divide it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from trainmath.errors import TrainmathError
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+IMPLS = ("torch", "trainmath")
+PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+OPTIMIZER_IMPLS = ("torch", "trainmath")
+RECOMPUTE = ("none", "full")
+COMMS = ("ring", "torch")
+
+CALCULATOR_OPTIMIZER = {"sgd": "sgd", "momentum": "sgd-momentum", "adam": "adam", "adamw": "adamw"}
+"""Our optimizer flag → the calculator's optimizer name."""
+
+ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training run (every rank gets the same one)."""
+
+    model: str
+    """Catalog name, config.json or directory (see ``trainmath.sources.resolve``)."""
+    overrides: dict = field(default_factory=dict)
+    """Config keys shrunk by the flags: layers, hidden, intermediate, heads, kv_heads, vocab, experts."""
+    strategy: str = "ddp"
+    impl: str = "torch"
+    comm: str = "ring"
+    """Collectives of ``impl=trainmath``: our ring (``trainmath.runtime.ring``) or torch's."""
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    optimizer_impl: str = "torch"
+    recompute: str = "none"
+    micro_batch: int = 1
+    global_batch: int | None = None
+    seq: int = 32
+    steps: int = 4
+    grad_accum: int = 1
+    lr: float = 1e-3
+    seed: int = 0
+    data: str = "synthetic"
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    """Save after every k-th step (0: only after the last step when a directory is given)."""
+    resume: bool = False
+    stop_after: int | None = None
+    """Stop after this step (the run is as if interrupted); for resume tests and demos."""
+    gpu: str | None = None
+    """GPU preset (``trainmath.hardware``) whose dense BF16 peak is MFU's denominator on CUDA; None: guessed from
+    the device name."""
+    measure: bool = False
+    """Measure the bytes of each state, the peak of the first step and its FLOPs (``verify``)."""
+
+    @property
+    def zero(self) -> int:
+        return ZERO_STAGE[self.strategy]
+
+    def micro_batch_for(self, world_size: int) -> int:
+        """Sequences per rank per micro-step on ``world_size`` ranks."""
+        if self.global_batch is None:
+            return self.micro_batch
+        return self.global_batch // (world_size * self.grad_accum)
+
+    def sequences_per_step(self, world_size: int) -> int:
+        return self.micro_batch_for(world_size) * self.grad_accum * world_size
+
+
+def _choice(name: str, value, allowed) -> list[str]:
+    return [] if value in allowed else [f"--{name} must be one of {', '.join(allowed)}, got {value!r}"]
+
+
+def problems(cfg: TrainConfig, world_size: int) -> list[str]:
+    """Everything wrong with ``cfg`` on ``world_size`` ranks, each naming the value and what is allowed."""
+    bad = (_choice("strategy", cfg.strategy, STRATEGIES) + _choice("impl", cfg.impl, IMPLS)
+           + _choice("comm", cfg.comm, COMMS) + _choice("precision", cfg.precision, PRECISIONS)
+           + _choice("optimizer", cfg.optimizer, OPTIMIZERS)
+           + _choice("optimizer-impl", cfg.optimizer_impl, OPTIMIZER_IMPLS)
+           + _choice("recompute", cfg.recompute, RECOMPUTE))
+    for name in ("seq", "steps", "grad_accum", "micro_batch"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or v < 1:
+            bad.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+    if cfg.global_batch is not None:
+        per = world_size * cfg.grad_accum
+        if cfg.global_batch < 1 or cfg.global_batch % per:
+            bad.append(f"--global-batch {cfg.global_batch} is not divisible by world size × grad-accum = "
+                       f"{world_size} × {cfg.grad_accum} = {per}")
+    if cfg.lr <= 0:
+        bad.append(f"--lr must be > 0, got {cfg.lr}")
+    if cfg.checkpoint_every < 0:
+        bad.append(f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}")
+    if (cfg.resume or cfg.checkpoint_every) and not cfg.checkpoint_dir:
+        bad.append("--resume and --checkpoint-every need --checkpoint-dir")
+    if cfg.strategy == "ddp" and cfg.impl == "trainmath":
+        bad.append("--strategy ddp has --impl torch only (ours starts at zero1)")
+    if cfg.precision == "mixed-bf16" and not (cfg.impl == "torch" and cfg.strategy in ("zero2", "zero3")):
+        bad.append("--precision mixed-bf16 (fp32 master weights, bf16 compute) is built on FSDP2's "
+                   "MixedPrecisionPolicy: use --strategy zero2|zero3 --impl torch, or fp32|amp-bf16|bf16")
+    for key, v in cfg.overrides.items():
+        if not isinstance(v, int) or v < 1:
+            bad.append(f"--{key.replace('_', '-')} must be an integer >= 1, got {v!r}")
+    if cfg.data != "synthetic":
+        if not os.path.isfile(cfg.data):
+            bad.append(f"--data {cfg.data!r}: no such file (pass a text file or 'synthetic')")
+        elif not os.access(cfg.data, os.R_OK):
+            bad.append(f"--data {cfg.data!r}: file is not readable")
+    if cfg.gpu is not None:
+        from trainmath.hardware import gpu
+
+        try:
+            gpu(cfg.gpu)
+        except TrainmathError as e:
+            bad.append(f"--gpu: {e}")
+    return bad
+
+
+def validate(cfg: TrainConfig, world_size: int) -> TrainConfig:
+    bad = problems(cfg, world_size)
+    if bad:
+        raise TrainmathError("; ".join(bad))
+    return cfg
