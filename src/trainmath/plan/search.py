@@ -59,6 +59,8 @@ class Rejected:
     detail: str
     """The full message, with values."""
     peak_bytes: int | None = None
+    step_time_s: float | None = None
+    """The step time, when the candidate was estimated before its memory rejected it."""
     count: int = 1
     """Candidates this rejection stands for (a layout-level reason removes every option under it at once)."""
 
@@ -199,10 +201,10 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     limit = gpu.memory_bytes * job.mem_util_percent // 100
     rejected: list[Rejected] = []
 
-    def reject(lay, jb, reason, detail, peak=None, count=1):
+    def reject(lay, jb, reason, detail, peak=None, count=1, step=None):
         rejected.append(Rejected(layout=lay, micro_batch=jb.micro_batch if jb else 0,
                                  recompute=jb.recompute if jb else "*", virtual_stages=jb.virtual_stages if jb else 0,
-                                 reason=reason, detail=detail, peak_bytes=peak, count=count))
+                                 reason=reason, detail=detail, peak_bytes=peak, count=count, step_time_s=step))
 
     live: list[tuple] = []
     n = 0
@@ -279,7 +281,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
         known = failures.dominated(lay, jb)
         if known is not None:
             reject(lay, jb, "does not fit memory", f"needs at least the {known / 2**30:.1f} GiB of a layout with "
-                                                   f"less memory that did not fit", known)
+                                                   f"less memory that did not fit", known, step=est.step_time_s)
             continue
         try:
             peak = peak_of(lay, jb, est.micro_batches)
@@ -289,7 +291,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
         if peak > limit:
             failures.add(lay, jb, peak)
             reject(lay, jb, "does not fit memory", f"peak {peak / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable",
-                   peak)
+                   peak, step=est.step_time_s)
             failed += 1
             if not found and failed > PROBE_AFTER_FAILURES:  # nothing fits so far: learn at once whether these
                 probe_leanest(lay, jb)                        # degrees can fit at all
