@@ -44,6 +44,10 @@ ZERO_STAGES = (0, 1, 2, 3)
 PROBE_AFTER_FAILURES = 8
 """Memory-model failures, with nothing fitting yet, after which each new failure also probes its degrees' leanest
 option (a probe costs one call; it pays off only when most degrees cannot fit at all)."""
+PROBE_LEAN_SHARE = 2
+"""A probe is asked only when the leanest option's memory lower bound is at least 1/PROBE_LEAN_SHARE of the usable
+memory (the memory model's peak stays within ~2× of that bound on the layouts profiled); below that the probe
+would almost surely fit and prune nothing. Either way the answer is the same: probes only prune soundly."""
 MIN_TOKENS_PER_CP_RANK = 1024
 """Context parallelism is tried only while each rank keeps at least this many tokens of a sequence."""
 
@@ -264,6 +268,9 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
             return
         probed.add(degrees)
         lean, lean_job = replace(lay, zero=3), replace(jb, micro_batch=1, recompute="full", virtual_stages=1)
+        if memory_lb(spec, lean, job, 1, "full") * PROBE_LEAN_SHARE < limit:
+            return  # the leanest option is far below the memory on its lower bound: it will likely fit, and a
+            #         probe that fits teaches nothing
         try:
             peak = peak_of(lean, lean_job, job.global_batch // lay.dp)
         except TrainmathError:
