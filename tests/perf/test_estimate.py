@@ -162,3 +162,28 @@ def test_calculator_imports_without_torch():
             "main(['estimate', 'qwen3-0.6b', '--gpus', '2', '--gpu', 'h100', '--seq', '512', '--global-batch', '2',"
             " '--json'])")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
+
+
+MOE = load_spec("Qwen/Qwen1.5-MoE-A2.7B")  # 60 routed experts
+
+
+@settings(max_examples=8, deadline=None)
+@given(base=st.sampled_from([dict(dp=2), dict(dp=4, ep=2), dict(dp=2, tp=2, sp=True)]), zero=st.sampled_from([0, 1, 3]))
+def test_per_rank_memory_never_grows_with_expert_parallelism(base, zero):
+    """The degree the dense-model property above cannot reach: ep (routed experts split over the DP ranks)."""
+    setup = TrainingSetup(**MEM_JOB)
+    lay = ParallelLayout(**base, zero=zero)
+    bigger = replace(lay, ep=lay.ep * 2)
+    assert training_memory(MOE, setup, bigger).peak_bytes <= training_memory(MOE, setup, lay).peak_bytes
+
+
+@settings(max_examples=15, deadline=None)
+@given(layout=st.sampled_from([ParallelLayout(dp=2, zero=1), ParallelLayout(tp=2, sp=True, dp=2, zero=3),
+                               ParallelLayout(pp=2, dp=2, zero=2), ParallelLayout(dp=2, cp=2, zero=0)]),
+       mb=st.sampled_from([1, 2]), rc=st.sampled_from([("full", "selective"), ("selective", "none"), ("full", "none")]))
+def test_per_rank_memory_never_falls_with_a_larger_micro_batch_or_less_recompute(layout, mb, rc):
+    """What the planner's dominance pruning (plan/search.py, _FitFailures) relies on: a layout needing no less
+    memory than one that failed — larger micro-batch, less recomputation — is rejected without asking."""
+    heavier, lighter = rc
+    assert _peak(layout, micro_batch=2 * mb) >= _peak(layout, micro_batch=mb)
+    assert _peak(layout, micro_batch=mb, recompute=lighter) >= _peak(layout, micro_batch=mb, recompute=heavier)

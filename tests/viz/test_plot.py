@@ -17,6 +17,8 @@ from trainmath.plot.charts import GIB, BarChart, params_chart  # noqa: E402
 from trainmath.plot.palette import colour  # noqa: E402
 
 MEM = ["--micro-batch", "1", "--seq", "2048"]
+PLAN_JOB = ["qwen3-1.7b", "--gpus", "8", "--gpu", "rtx4090", "--seq", "4096", "--global-batch", "16", "--top", "8"]
+"""A job some of whose candidates the memory model rejects after they were estimated (drawn as 'does not fit')."""
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +44,12 @@ def kinds(files):
         "comm": ["comm", str(files / "comm.json")],
         "timeline": ["timeline", str(files / "timeline.json")],
         "plan": ["plan", str(files / "plan.json")],
+        "plan-model": ["plan", *PLAN_JOB],
     }
 
 
-KINDS = ["params", "params-activated", "legacy", "params-many", "memory", "memory-zero", "memory-layouts", "comm", "timeline", "plan"]
+KINDS = ["params", "params-activated", "legacy", "params-many", "memory", "memory-zero", "memory-layouts", "comm", "timeline", "plan",
+         "plan-model"]
 
 
 def _charts(argv):
@@ -194,6 +198,8 @@ def test_same_component_same_colour_everywhere():
 @pytest.mark.parametrize("argv,needle", [
     (["plot", "comm", "missing.json"], "cannot read missing.json"),
     (["plot", "plan", "BAD"], "is not JSON"),
+    (["plot", "plan", "qwen3-0.6b", "--gpus", "8"], "plot plan MODEL needs --gpu, --seq, --global-batch"),
+    (["plot", "plan", "qwen3-0.6b", *PLAN_JOB[1:-2], "--top", "0"], "--top must be at least 1, got 0"),
     (["plot", "timeline", "EMPTY"], "timeline: expected a non-empty list"),
     (["plot", "memory", "qwen3-0.6b", "--micro-batch", "0", "--seq", "8"], "micro-batch must be a positive"),
     (["plot", "memory", "qwen3-0.6b", *MEM, "--layout", "dp=8,tq=2"], "'tq=2' is not KEY=INTEGER"),
@@ -239,3 +245,29 @@ def test_unwritable_directory_is_one_line(argv, capsys):
     assert main([*argv, "-o", f"/sys/trainmath-test{suffix}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("trainmath: error: cannot write /sys/trainmath-test")
+
+
+def _points(chart) -> dict:
+    return {g.name: sorted(zip(g.xs, g.ys)) for g in chart.groups}
+
+
+def test_plot_plan_reads_what_plan_json_prints_and_model_form_draws_the_same(tmp_path, capsys):
+    """`plan --json --explain` → file → `plot plan FILE` draws exactly the planner's layouts (the keys the plot
+    reads are the ones plan prints); `plot plan MODEL [plan flags]` runs the same planner and draws the same."""
+    assert main(["plan", *PLAN_JOB, "--json", "--explain"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    from_file = _charts(["plan", str(tmp_path / "plan.json"), "--highlight", "3"])
+    from_model = _charts(["plan", *PLAN_JOB, "--highlight", "3"])
+    assert _points(from_file[0]) == _points(from_model[0])
+    assert from_file[1].bars == from_model[1].bars
+    pts = _points(from_file[0])
+    best = [(d["step_time_s"], d["peak_bytes"] / GIB) for d in doc["layouts"]]
+    assert pts["best 3 (ranked by step time)"] == sorted(best[:3])
+    assert pts["other candidates: fits"] == sorted(best[3:])
+    over = [(r["step_time_s"], r["peak_bytes"] / GIB) for r in doc["rejected_list"] if r["step_time_s"] is not None]
+    assert over and pts["other candidates: does not fit"] == sorted(over)
+    assert all(y > doc["usable_bytes"] / GIB for _, y in over)  # each really missed the memory
+    bars = from_file[1]
+    assert [float(sum(s.values[i] for s in bars.stacks)) for i in range(3)] == \
+        pytest.approx([d["step_time_s"] for d in doc["layouts"][:3]])

@@ -63,3 +63,30 @@ def test_impossible_setup_writes_nothing(tmp_path, capsys):
     assert main(["report", "qwen3-8b", "--micro-batch", "1", "--seq", "4096", "--tp", "2", "-o", str(out)]) == 2
     assert "hf profile is single-device" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_report_shows_the_planners_best_layouts(tmp_path, capsys):
+    """With --gpus and --gpu the layout section lists `trainmath plan`'s best layouts, the same ones, in order."""
+    import json
+    from html import escape
+
+    job = ["--gpus", "8", "--gpu", "h100", "--seq", "2048", "--global-batch", "32"]
+    assert main(["plan", "qwen3-0.6b", *job, "--top", "3", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["layouts"]
+    out = tmp_path / "r.html"
+    assert main(["report", "qwen3-0.6b", "--micro-batch", "1", *job, "-o", str(out)]) == 0
+    page = out.read_text()
+    assert "Planner: best layouts on 8 × H100-SXM-80GB" in page
+    table = page[page.index('class="plan"'):]
+    at = [table.index(escape(f"dp={d['dp']} tp={d['tp']} pp={d['pp']} cp={d['cp']} ep={d['ep']} sp={d['sp']} "
+                             f"zero={d['zero']}")) for d in best]
+    assert at == sorted(at) and len(best) == 3
+    assert all(f"{d['step_time_s']:.3f}" in table for d in best)
+
+
+def test_report_gpus_without_gpu_is_one_line(tmp_path, capsys):
+    assert main(["report", "qwen3-0.6b", "--micro-batch", "1", "--seq", "512", "--gpus", "8",
+                 "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--gpus needs --gpu" in err
+    assert not list(tmp_path.iterdir())

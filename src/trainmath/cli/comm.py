@@ -329,9 +329,15 @@ def cmd_bench(args) -> int:
         return 0
     lk = out["link"]
     source = "calibrated from a ring exchange in this run" if out["calibrated"] else "given"
+    from trainmath.comm.cost import predict_time_s
+
+    fit = _fit_in_run(args.op, args.impl, world, args.backend, out["rows"], lk["reduce_bytes_per_s"])
     for row in out["rows"]:
         row.update(alpha_s=lk["alpha_s"], link_bytes_per_s=lk["bandwidth_bytes_per_s"],
                    reduce_bytes_per_s=lk["reduce_bytes_per_s"], link_source=source)
+        if fit:
+            row.update(fitted_time_s=predict_time_s(args.op, args.impl, row["size_bytes"], world, fit, args.backend),
+                       fitted_alpha_s=fit.alpha_s, fitted_link_bytes_per_s=fit.bandwidth_bytes_per_s)
     if args.json:
         print(json.dumps(out["rows"], indent=1))
         return 0
@@ -340,14 +346,32 @@ def cmd_bench(args) -> int:
           f"timed iterations per size; time = max over ranks")
     red = (f", reduce {lk['reduce_bytes_per_s'] / 1e9:.2f} GB/s" if lk["reduce_bytes_per_s"] else "")
     print(f"# model link ({source}): alpha {lk['alpha_s'] * 1e6:.1f} us, {lk['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s{red}")
+    if fit:
+        print(f"# model link (fitted to this run's {args.op} times, least squares on relative error): alpha "
+              f"{fit.alpha_s * 1e6:.1f} us, {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     headers = ["size", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "predicted(us)", "pred/meas"]
+    headers += ["fitted(us)", "fit/meas"] if fit else []
     rows = [[format_size(r["size_bytes"]), str(r["count"]), r["dtype"], f"{r['time_s'] * 1e6:.1f}",
              f"{r['algbw_bytes_per_s'] / 1e9:.3f}", f"{r['busbw_bytes_per_s'] / 1e9:.3f}",
-             f"{r['predicted_time_s'] * 1e6:.1f}", f"{r['predicted_time_s'] / r['time_s']:.2f}"] for r in out["rows"]]
+             f"{r['predicted_time_s'] * 1e6:.1f}", f"{r['predicted_time_s'] / r['time_s']:.2f}"]
+            + ([f"{r['fitted_time_s'] * 1e6:.1f}", f"{r['fitted_time_s'] / r['time_s']:.2f}"] if fit else [])
+            for r in out["rows"]]
     print(_table(headers, rows))
     print("# GB/s = 1e9 bytes/s; busbw = algbw x nccl-tests factor (all_reduce 2(n-1)/n; reduce_scatter, "
           "all_gather, all_to_all (n-1)/n; others 1)")
     return 0
+
+
+def _fit_in_run(op, impl, n, backend, rows, reduce_bytes_per_s):
+    """The link fitted to the run's own times (trainmath.comm.calibrate), or None when it cannot be fitted
+    (one rank, one size, times that do not grow)."""
+    from trainmath.comm.calibrate import fit_collective_link
+
+    try:
+        return fit_collective_link(op, impl, n, [(r["size_bytes"], r["time_s"]) for r in rows], backend=backend,
+                                   reduce_bytes_per_s=reduce_bytes_per_s)
+    except TrainmathError:
+        return None
 
 
 # --------------------------------------------------------------------------------------------------- check

@@ -10,13 +10,20 @@ PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16", "fp8")
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit", "lion")
 
 
-def add_job_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments ``estimate`` and ``plan`` share."""
-    p.add_argument("model", metavar="MODEL")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
-    p.add_argument("--gpu", required=True, help="GPU preset (case-insensitive, e.g. h100, a100-80gb, mi300x)")
-    p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
-    p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step, all DP ranks")
+JOB_REQUIRED = ("gpus", "gpu", "seq", "global_batch")
+"""The job arguments without a default (``plot plan`` takes them optionally and checks them itself)."""
+
+
+def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, required: bool = True,
+                      printing: bool = True) -> None:
+    """The arguments ``estimate``, ``plan`` and ``plot plan`` share (``plot plan`` names its own positional and
+    makes the job optional, since it also reads a PLAN.json)."""
+    if model:
+        p.add_argument("model", metavar="MODEL")
+    p.add_argument("--gpus", type=int, required=required, help="GPUs in the job")
+    p.add_argument("--gpu", required=required, help="GPU preset (case-insensitive, e.g. h100, a100-80gb, mi300x)")
+    p.add_argument("--seq", type=int, required=required, help="tokens per sequence")
+    p.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step, all DP ranks")
     p.add_argument("--gpus-per-node", type=int, default=None,
                    help="GPUs per node (NVLink domain); default: the preset's reference node")
     p.add_argument("--hardware", metavar="FILE", default=None,
@@ -34,9 +41,10 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
                         "(transformers' saved tensors, single-device layouts only)")
     p.add_argument("--mem-util", type=int, default=95,
                    help="fit: peak memory must stay under this %% of the GPU's memory (default 95)")
-    p.add_argument("--tokens", default=None, help="token budget (1T, 300B, ...): time, GPU-hours and cost")
-    p.add_argument("--price-per-gpu-hour", type=float, default=None, help="price of one GPU-hour, for --tokens")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    if printing:  # what is printed; a chart has no use for these
+        p.add_argument("--tokens", default=None, help="token budget (1T, 300B, ...): time, GPU-hours and cost")
+        p.add_argument("--price-per-gpu-hour", type=float, default=None, help="price of one GPU-hour, for --tokens")
+        p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,11 +85,12 @@ def load(args: argparse.Namespace):
         bad.append(f"--gpus-per-node must be a positive integer, got {args.gpus_per_node}")
     if not 1 <= args.mem_util <= 100:
         bad.append(f"--mem-util must be 1-100, got {args.mem_util}")
-    if args.price_per_gpu_hour is not None and (args.price_per_gpu_hour < 0 or args.tokens is None):
+    price, budget = getattr(args, "price_per_gpu_hour", None), getattr(args, "tokens", None)
+    if price is not None and (price < 0 or budget is None):
         bad.append("--price-per-gpu-hour needs --tokens and a price >= 0")
     if bad:
         raise TrainmathError("; ".join(bad))
-    tokens = parse_tokens(args.tokens) if args.tokens is not None else None
+    tokens = parse_tokens(budget) if budget is not None else None
     hw = read_hardware_file(args.hardware) if args.hardware else presets()
     gpu = hw.gpu(args.gpu)
     if args.gpus_per_node and args.gpus_per_node != gpu.gpus_per_node:

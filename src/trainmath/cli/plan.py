@@ -25,22 +25,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def search(args: argparse.Namespace):
+    """(PlanResult, token budget or None) of the job flags (shared with ``plot plan MODEL``)."""
     from trainmath.cli.estimate import load
     from trainmath.plan import plan
 
     spec, gpu, hw, job, tokens = load(args)
     result = plan(spec, gpus=args.gpus, gpu=gpu, job=job, gpus_per_node=args.gpus_per_node, top=args.top,
                   hardware=hw)
+    return result, tokens
+
+
+def document(result, *, explain: bool, tokens: int | None = None, price: float | None = None) -> dict:
+    """The object ``plan --json`` prints (and ``plot plan`` draws)."""
+    out = result.to_dict()
+    if tokens and result.layouts:
+        for d, e in zip(out["layouts"], result.layouts):
+            d["budget"] = e.budget(tokens, price)
+    if explain:
+        out["rejected_list"] = [{**_row_dict(r), "reason": r.reason, "detail": r.detail, "count": r.count,
+                                 "peak_bytes": r.peak_bytes, "step_time_s": r.step_time_s}
+                                for r in result.rejected_list]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    result, tokens = search(args)
     if args.json:
-        out = result.to_dict()
-        if tokens and result.layouts:
-            for d, e in zip(out["layouts"], result.layouts):
-                d["budget"] = e.budget(tokens, args.price_per_gpu_hour)
-        if args.explain:
-            out["rejected_list"] = [{**_row_dict(r), "reason": r.reason, "detail": r.detail, "count": r.count}
-                                    for r in result.rejected_list]
-        print(json.dumps(out, indent=1))
+        print(json.dumps(document(result, explain=args.explain, tokens=tokens, price=args.price_per_gpu_hour),
+                         indent=1))
     else:
         print(render(result, explain=args.explain, tokens=tokens, price=args.price_per_gpu_hour))
     return 0 if result.layouts else 1

@@ -91,11 +91,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("memory_json", metavar="MEMORY.json")
     out(q)
 
+    from trainmath.cli.estimate import add_job_arguments
+
     q = kinds.add_parser("plan", help="the planner's candidates: memory per GPU vs step time, winners highlighted",
-                         description="Memory per GPU against step time of every candidate of `trainmath plan "
-                                     "--json`, the best highlighted, and their step-time breakdown.")
-    q.add_argument("plan_json", metavar="PLAN.json")
-    q.add_argument("--top", type=int, default=5, help="layouts to highlight (default 5)")
+                         description="Memory per GPU against step time of the planner's candidates, the best "
+                                     "highlighted, and their step-time breakdown. `plot plan MODEL --gpus N --gpu "
+                                     "NAME --seq S --global-batch G [plan flags]` runs the planner (the flags of "
+                                     "`trainmath plan`); `plot plan PLAN.json` draws a file `trainmath plan --json` "
+                                     "wrote (with --explain, the candidates memory rejected are drawn too).")
+    q.add_argument("source", metavar="MODEL|PLAN.json",
+                   help="a model (with the job flags) or a file written by `trainmath plan --json`")
+    add_job_arguments(q, model=False, required=False, printing=False)
+    q.add_argument("--top", type=int, default=20, help="layouts the planner ranks (MODEL form; default 20)")
+    q.add_argument("--highlight", type=int, default=5, help="best layouts to highlight (default 5)")
     out(q)
 
 
@@ -137,7 +145,26 @@ def charts(args: argparse.Namespace):
         return [fromjson.comm_chart(rows)]
     if args.kind == "timeline":
         return [fromjson.timeline_chart(_read_json(args.memory_json))]
-    return list(fromjson.plan_charts(_read_json(args.plan_json), top=args.top))
+    return list(fromjson.plan_charts(_plan_document(args), top=args.highlight))
+
+
+def _plan_document(args: argparse.Namespace) -> dict:
+    """``plot plan``'s input: with none of the job flags, the PLAN.json file; with any, the planner's own
+    ``plan --json --explain`` document for MODEL (every job flag then required)."""
+    from trainmath.cli.estimate import JOB_REQUIRED
+    from trainmath.errors import TrainmathError
+
+    given = [k for k in JOB_REQUIRED if getattr(args, k) is not None]
+    if not given:
+        return _read_json(args.source)
+    missing = [f"--{k.replace('_', '-')}" for k in JOB_REQUIRED if k not in given]
+    if missing:
+        raise TrainmathError(f"plot plan MODEL needs {', '.join(missing)} (or give a PLAN.json and no job flags)")
+    from trainmath.cli.plan import document, search
+
+    args.model = args.source
+    result, _ = search(args)
+    return document(result, explain=True)
 
 
 def run(args: argparse.Namespace) -> int:

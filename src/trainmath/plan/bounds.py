@@ -20,8 +20,14 @@ from trainmath.placement import stage_layers
 
 def states(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int) -> int:
     """Model-state bytes of one rank of ``stage`` after ZeRO (no activations)."""
-    return memo(spec, ("states", layout, job.precision, job.optimizer, stage),
+    return memo(spec, ("states", _states_key(layout), job.precision, job.optimizer, stage),
                 lambda: _states_bytes(spec, layout, job, stage))
+
+
+def _states_key(layout: ParallelLayout) -> tuple:
+    """What model states read of a layout: every dp × cp split of the same tp, pp (dp·cp = N / (tp·pp)) holds the
+    same states, so they are computed once."""
+    return (layout.tp, layout.pp, layout.ep, layout.zero, layout.zero_degree, layout.expert_zero_degree)
 
 
 def _states_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int) -> int:
@@ -79,7 +85,7 @@ def memory_lower_bound(spec: ModelSpec, layout: ParallelLayout, job: Job) -> int
 
 def states_max(spec: ModelSpec, layout: ParallelLayout, job: Job) -> int:
     """Model-state bytes of the busiest rank after ZeRO."""
-    return memo(spec, ("states_max", layout, job.precision, job.optimizer),
+    return memo(spec, ("states_max", _states_key(layout), job.precision, job.optimizer),
                 lambda: max(states(spec, layout, job, s) for s in range(layout.pp)))
 
 

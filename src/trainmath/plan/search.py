@@ -44,6 +44,10 @@ ZERO_STAGES = (0, 1, 2, 3)
 PROBE_AFTER_FAILURES = 8
 """Memory-model failures, with nothing fitting yet, after which each new failure also probes its degrees' leanest
 option (a probe costs one call; it pays off only when most degrees cannot fit at all)."""
+PROBE_LEAN_SHARE = 2
+"""A probe is asked only when the leanest option's memory lower bound is at least 1/PROBE_LEAN_SHARE of the usable
+memory (the memory model's peak stays within ~2× of that bound on the layouts profiled); below that the probe
+would almost surely fit and prune nothing. Either way the answer is the same: probes only prune soundly."""
 MIN_TOKENS_PER_CP_RANK = 1024
 """Context parallelism is tried only while each rank keeps at least this many tokens of a sequence."""
 
@@ -59,6 +63,8 @@ class Rejected:
     detail: str
     """The full message, with values."""
     peak_bytes: int | None = None
+    step_time_s: float | None = None
+    """The step time, when the candidate was estimated before its memory rejected it."""
     count: int = 1
     """Candidates this rejection stands for (a layout-level reason removes every option under it at once)."""
 
@@ -199,10 +205,10 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     limit = gpu.memory_bytes * job.mem_util_percent // 100
     rejected: list[Rejected] = []
 
-    def reject(lay, jb, reason, detail, peak=None, count=1):
+    def reject(lay, jb, reason, detail, peak=None, count=1, step=None):
         rejected.append(Rejected(layout=lay, micro_batch=jb.micro_batch if jb else 0,
                                  recompute=jb.recompute if jb else "*", virtual_stages=jb.virtual_stages if jb else 0,
-                                 reason=reason, detail=detail, peak_bytes=peak, count=count))
+                                 reason=reason, detail=detail, peak_bytes=peak, count=count, step_time_s=step))
 
     live: list[tuple] = []
     n = 0
@@ -262,6 +268,9 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
             return
         probed.add(degrees)
         lean, lean_job = replace(lay, zero=3), replace(jb, micro_batch=1, recompute="full", virtual_stages=1)
+        if memory_lb(spec, lean, job, 1, "full") * PROBE_LEAN_SHARE < limit:
+            return  # the leanest option is far below the memory on its lower bound: it will likely fit, and a
+            #         probe that fits teaches nothing
         try:
             peak = peak_of(lean, lean_job, job.global_batch // lay.dp)
         except TrainmathError:
@@ -279,7 +288,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
         known = failures.dominated(lay, jb)
         if known is not None:
             reject(lay, jb, "does not fit memory", f"needs at least the {known / 2**30:.1f} GiB of a layout with "
-                                                   f"less memory that did not fit", known)
+                                                   f"less memory that did not fit", known, step=est.step_time_s)
             continue
         try:
             peak = peak_of(lay, jb, est.micro_batches)
@@ -289,7 +298,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
         if peak > limit:
             failures.add(lay, jb, peak)
             reject(lay, jb, "does not fit memory", f"peak {peak / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable",
-                   peak)
+                   peak, step=est.step_time_s)
             failed += 1
             if not found and failed > PROBE_AFTER_FAILURES:  # nothing fits so far: learn at once whether these
                 probe_leanest(lay, jb)                        # degrees can fit at all

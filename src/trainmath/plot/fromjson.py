@@ -7,7 +7,9 @@ Shapes read:
 - timeline: a list of ``{event, bytes}``, or an object with that list under ``timeline`` and optionally
   ``peak_event``, ``fits``, ``margin_bytes``, ``model``;
 - plan: ``{"layouts": [{step_time_s, peak_bytes, fits, breakdown: {name: s}, degrees..., ...}], "rejected":
-  {reason: count}}``, ranked best first.
+  {reason: count}}``, ranked best first, as ``trainmath plan --json`` prints it; with ``--explain`` also
+  ``"rejected_list": [{..., reason, peak_bytes, step_time_s}]``, whose rows with both figures (estimated, then
+  rejected by the memory model) are drawn as candidates that do not fit.
 """
 
 from __future__ import annotations
@@ -129,8 +131,10 @@ def plan_charts(doc, *, top: int = 5) -> tuple[ScatterChart, BarChart]:
     groups = [Points(name=f"best {len(win)} (ranked by step time)", colour=colour("winner"), size=60,
                      xs=tuple(r["step_time_s"] for r in win), ys=tuple(gib(r["peak_bytes"]) for r in win),
                      labels=tuple(f"#{i + 1}" for i in range(len(win))))]
+    over = [r for r in doc.get("rejected_list") or () if isinstance(r, dict)
+            and isinstance(r.get("step_time_s"), (int, float)) and isinstance(r.get("peak_bytes"), int)]
     for name, keep in (("fits", True), ("does not fit", False)):
-        sel = [r for r in rest if bool(r["fits"]) is keep]
+        sel = [r for r in rest if bool(r["fits"]) is keep] + ([] if keep else over)
         if sel:
             groups.append(Points(name=f"other candidates: {name}", colour=colour(name),
                                  xs=tuple(r["step_time_s"] for r in sel), ys=tuple(gib(r["peak_bytes"]) for r in sel)))

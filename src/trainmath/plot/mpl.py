@@ -119,8 +119,11 @@ def _scatter(ax, c: ScatterChart) -> None:
     for g in reversed(c.groups):  # the winners last, on top
         ax.scatter(g.xs, g.ys, s=g.size, color=g.colour, label=g.name, edgecolor="white", linewidth=0.5,
                    zorder=3 if g.labels else 2)
+        at: dict[tuple, list[str]] = {}  # layouts equal in memory and step time share one label ("#1, #2")
         for x, y, t in zip(g.xs, g.ys, g.labels):
-            ax.annotate(t, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=8)
+            at.setdefault((x, y), []).append(t)
+        for (x, y), texts in at.items():
+            ax.annotate(", ".join(texts), (x, y), xytext=(5, 4), textcoords="offset points", fontsize=8)
     if c.hline:
         ax.axhline(c.hline[1], color=colour("capacity"), linestyle="--", linewidth=1.2, label=c.hline[0])
     ax.set_xlabel(c.xlabel)

@@ -29,6 +29,8 @@ class ReportData:
     """``GPU`` preset or None."""
     serving: object
     """``InferenceReport`` of the serving setup (KV cache and fit on ``gpu``)."""
+    plan: object = None
+    """``PlanResult`` of ``trainmath plan`` for the job (when the GPU count was given), or None."""
 
     @property
     def fit(self) -> dict | None:
@@ -90,7 +92,26 @@ def memory_variants(spec, setup, layout, compare: str = "recompute", layouts: tu
     return tuple(out)
 
 
-def gather(spec, setup, layout, *, gpu=None, serving=None) -> ReportData:
+def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, top: int = 3):
+    """The planner's best layouts (``trainmath plan``) of ``spec`` on ``gpus`` × ``gpu`` for the setup's sequence,
+    precision and optimizer; global batch defaults to micro-batch × GPUs. The planner's own model: megatron
+    activation profile, flash attention unless the setup says eager."""
+    from trainmath.perf import Job
+    from trainmath.plan import plan
+
+    if gpu is None:
+        raise TrainmathError("--gpus needs --gpu (the planner fits layouts to a GPU's memory)")
+    if not isinstance(gpus, int) or gpus < 1:
+        raise TrainmathError(f"--gpus must be a positive integer, got {gpus!r}")
+    batch = global_batch if global_batch is not None else setup.micro_batch * gpus
+    if not isinstance(batch, int) or batch < 1:
+        raise TrainmathError(f"--global-batch must be a positive integer, got {batch!r}")
+    job = Job(global_batch=batch, seq=setup.seq, precision=setup.precision, optimizer=setup.optimizer,
+              attention="eager" if setup.attention == "eager" else "flash", profile="megatron")
+    return plan(spec, gpus=gpus, gpu=gpu, job=job, top=top)
+
+
+def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None) -> ReportData:
     """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
     from trainmath.flops import closed_form_flops, count_flops
     from trainmath.infer import InferenceSetup, infer_memory
@@ -104,7 +125,7 @@ def gather(spec, setup, layout, *, gpu=None, serving=None) -> ReportData:
         flops=count_flops(spec, batch=setup.micro_batch, seq=setup.seq, recompute=setup.recompute),
         closed=closed_form_flops(spec, batch=setup.micro_batch, seq=setup.seq),
         memory=memory, variants=memory_variants(spec, setup, layout, "recompute"), gpu=gpu,
-        serving=infer_memory(spec, serving, gpu=gpu),
+        serving=infer_memory(spec, serving, gpu=gpu), plan=plan,
     )
 
 

@@ -142,7 +142,24 @@ def layout_section(d: ReportData) -> str:
     rows = [[k, str(getattr(lay, k))] for k in ("dp", "tp", "pp", "cp", "ep", "sp", "zero")]
     return (f'<section id="layout"><h2>Layout</h2><p>{escape(lay.describe())} on {lay.ranks} GPUs'
             f'{" (" + escape(d.gpu.name) + ")" if d.gpu else ""}</p>' + _table(["degree", "value"], rows)
-            + "</section>")
+            + plan_html(d.plan) + "</section>")
+
+
+def plan_html(result) -> str:
+    """The planner's best layouts for the job (``trainmath plan``), or what is closest when nothing fits."""
+    if result is None:
+        return ""
+    head = (f'<h3>Planner: best layouts on {result.gpus} × {escape(result.gpu)}</h3><p>{result.candidates:,} '
+            f'candidates searched (DP×TP×PP×CP×EP, ZeRO, recompute, micro-batch, virtual stages), ranked by step '
+            f'time, as <code>trainmath plan</code>; memory per GPU of its own model (megatron profile).</p>')
+    if not result.layouts:
+        return head + (f'<p id="plan-none">no layout fits in {human_bytes(result.usable_bytes)} per GPU; the closest '
+                       f'needs {human_bytes(result.closest[0].peak_bytes) if result.closest else "?"}.</p>')
+    rows = [[str(i), escape(e.layout.describe()), str(e.job.micro_batch), str(e.job.virtual_stages), e.job.recompute,
+             f"{e.step_time_s:.3f}", f"{100 * e.mfu:.1f}%", human_bytes(e.peak_bytes)]
+            for i, e in enumerate(result.layouts, 1)]
+    return head + _table(["#", "layout", "micro-batch", "virtual stages", "recompute", "step s", "MFU",
+                          "memory per GPU"], rows, cls="plan")
 
 
 def conventions(d: ReportData) -> list[str]:
