@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import byte_size, integer
+from trainmath.cli.args import add_strict, byte_size, config_json, config_lines, integer, positions_warning
 from decimal import Decimal, InvalidOperation
 
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
@@ -69,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--state-dtype", default="fp32", help="recurrent/SSM state format (default fp32)")
     c.add_argument("--conv-dtype", default="bf16", help="conv state format (default bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
+    add_strict(p)
     p.set_defaults(func=run)
 
 
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     from trainmath.infer.dtypes import shipped_format
 
     floats = ("fp32", "bf16", "fp16")
-    spec = load_spec(args.model)
+    spec = load_spec(args.model, strict=args.strict)
+    warning = positions_warning(spec, args.context, "--context")
     keep = dtype_name(args.keep_dtype, floats)
     scale = dtype_name(args.scale_dtype, (*floats, "e8m0"), "scale dtype") if args.scale_dtype else None
     if args.dtype.strip().lower() == "auto":
@@ -108,9 +110,14 @@ def run(args: argparse.Namespace) -> int:
         gpu = find_gpu(args.gpu)
     report = infer_memory(spec, setup, gpu=gpu, mem_util_percent=args.mem_util)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        out = report.to_dict()
+        out["config"] = config_json(spec)
+        out["warnings"] = [warning] if warning else []
+        print(json.dumps(out, indent=1))
     else:
         print(render(report))
+        for line in config_lines(spec) + ([f"warning: {warning}"] if warning else []):
+            print(line)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import integer
+from trainmath.cli.args import add_strict, config_json, config_lines, integer, positions_warning
 
 PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16", "fp8")
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit", "lion")
@@ -70,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
+    add_strict(p)
     p.set_defaults(func=run)
 
 
@@ -107,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         from trainmath.hardware import gpu as lookup_gpu
 
         gpu = lookup_gpu(args.gpu)
-    spec = load_spec(args.model)
+    spec = load_spec(args.model, strict=args.strict)
+    warning = positions_warning(spec, args.seq, "--seq")
     report = training_memory(spec, setup, layout)
     verdict = None
     if gpu is not None:
@@ -129,9 +131,13 @@ def run(args: argparse.Namespace) -> int:
             out.update(verdict.to_dict())
         if sim is not None:
             out["simulation"] = sim
+        out["config"] = config_json(spec)
+        out["warnings"] = [warning] if warning else []
         print(json.dumps(out, indent=1))
         return 0
     print(render(report))
+    for line in config_lines(spec) + ([f"warning: {warning}"] if warning else []):
+        print(line)
     if verdict is not None:
         print(render_fit(verdict))
     if sim is not None:
