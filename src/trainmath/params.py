@@ -4,7 +4,8 @@ Conventions, stated in every output:
 - *total* counts unique parameters: a tied lm_head adds nothing (it is embed_tokens' storage).
 - *activated* per token = everything dense (embeddings, attention, norms, dense MLPs, router, shared experts)
   + top_k of the n routed experts of each MoE layer. The embedding row lookup is counted as activated, as
-  model cards do (Qwen3-235B-A22B: 22,190,763,520; Jiang Yi's blog series gives 22.14e9, counting the router as k·d instead of n·d).
+  model cards do (Qwen3-235B-A22B: 22,190,763,520; Jiang Yi's blog series gives 22.14e9, counting the router
+  as k·d instead of n·d).
 - *non-embedding* excludes embed_tokens, pos_embed and an untied lm_head (Kaplan et al. 2020 exclude
   embeddings; an untied output matrix is counted with them here, the convention of most model cards).
 """
