@@ -6,22 +6,6 @@ import argparse
 import json
 
 from trainmath.cli.args import add_strict, byte_size, config_json, config_lines, integer, positions_warning
-from decimal import Decimal, InvalidOperation
-
-_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
-          "gb": 10**9, "tb": 10**12}
-
-
-def parse_bytes(text: str) -> int:
-    """'4096', '2GiB', '1.5GB' → exact integer bytes (GiB = 2**30, GB = 1e9), rounded down."""
-    s = text.strip().lower().replace(" ", "")
-    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(num):]
-    try:
-        value = Decimal(num) * _UNITS[unit]
-    except (InvalidOperation, KeyError):
-        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 4096, 2GiB, 1.5GB)") from None
-    return int(value)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -38,9 +38,9 @@ class Job:
     """Fit: peak_bytes must stay under this share of the GPU's memory (the rest: CUDA context, NCCL buffers,
     allocator fragmentation)."""
 
-    @property
-    def micro_batches_per_dp(self) -> int:
-        return self.global_batch // self.micro_batch
+    def micro_batches(self, dp: int) -> int:
+        """Micro-batches per optimizer step on each data-parallel rank: global_batch / (dp · micro_batch)."""
+        return self.global_batch // (dp * self.micro_batch)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,9 +130,9 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
     if job.virtual_stages > 1:
         if layout.pp == 1:
             bad.append(f"virtual stages ({job.virtual_stages}) need pp > 1")
-        elif not bad and (job.global_batch // (layout.dp * job.micro_batch)) % layout.pp:
-            bad.append(f"interleaved 1F1B needs the micro-batches ({job.global_batch // (layout.dp * job.micro_batch)}"
-                       f") to be a multiple of pp ({layout.pp})")
+        elif not bad and job.micro_batches(layout.dp) % layout.pp:
+            bad.append(f"interleaved 1F1B needs the micro-batches ({job.micro_batches(layout.dp)}) to be a multiple "
+                       f"of pp ({layout.pp})")
     if job.seq % layout.cp:
         bad.append(f"cp ({layout.cp}) must divide the sequence length ({job.seq})")
     return bad

@@ -100,7 +100,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     c = prec.compute_bytes
     topo = Topology.of_gpu(gpu, eff.link_fraction)
     groups = place_groups(layout, gpu.gpus_per_node)
-    M = job.global_batch // (layout.dp * job.micro_batch)
+    M = job.micro_batches(layout.dp)
     per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
                                   recompute=job.recompute, dtype=job.dtype, compute_bytes=c,
                                   attention=job.attention)

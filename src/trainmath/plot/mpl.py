@@ -11,7 +11,7 @@ from pathlib import Path
 from trainmath.errors import TrainmathError
 from trainmath.plot.charts import BarChart, LineChart, ScatterChart
 from trainmath.plot.output import write_atomic
-from trainmath.plot.palette import colour
+from trainmath.plot.palette import colour, is_light
 
 try:
     import matplotlib
@@ -32,9 +32,8 @@ CHAR_IN = 7 * 0.6 / 72
 
 
 def _ink(hex_colour: str) -> str:
-    """Black or white text, whichever reads better on ``hex_colour`` (WCAG relative luminance)."""
-    r, g, b = (int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
-    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45 else "white"
+    """Black or white text, whichever reads better on ``hex_colour``."""
+    return "black" if is_light(hex_colour) else "white"
 
 
 def size_label(n: float, _pos=None) -> str:

@@ -62,3 +62,9 @@ def colour(name: str) -> str:
     if key in _LOWER:
         return _LOWER[key]
     return EXTRA[zlib.crc32(key.encode()) % len(EXTRA)]
+
+
+def is_light(hex_colour: str) -> bool:
+    """Whether dark text reads better than light text on ``hex_colour`` (WCAG relative luminance above 0.45)."""
+    r, g, b = (int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45

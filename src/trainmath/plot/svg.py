@@ -13,7 +13,7 @@ import textwrap
 from html import escape
 
 from trainmath.plot.charts import BarChart
-from trainmath.plot.palette import colour
+from trainmath.plot.palette import colour, is_light
 
 LABEL_MIN = 0.045
 """Same rule as the matplotlib figures: a segment under this share of the axis gets no text."""
@@ -30,8 +30,7 @@ def nice_ticks(top: float, n: int = 5) -> list[float]:
 
 
 def _ink(hex_colour: str) -> str:
-    r, g, b = (int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
-    return "#000" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45 else "#fff"
+    return "#000" if is_light(hex_colour) else "#fff"
 
 
 def _fmt(v: float) -> str:

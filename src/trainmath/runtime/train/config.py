@@ -73,9 +73,6 @@ class TrainConfig:
             return self.micro_batch
         return self.global_batch // (world_size * self.grad_accum)
 
-    def sequences_per_step(self, world_size: int) -> int:
-        return self.micro_batch_for(world_size) * self.grad_accum * world_size
-
 
 def _choice(name: str, value, allowed) -> list[str]:
     return [] if value in allowed else [f"--{name} must be one of {', '.join(allowed)}, got {value!r}"]

@@ -29,17 +29,12 @@ def split_units(model: torch.nn.Module, layers: list[torch.nn.Module]) -> list[t
     return units
 
 
-class Zero2:
-    stage = 2
+class UnitGradShards:
+    """What ZeRO-2 and ZeRO-3 share: each unit's gradients reduce-scattered into its persistent shard as soon as
+    every parameter of the unit has its gradient. Needs ``stage``, ``comm``, ``layouts`` and ``shards``."""
 
-    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], comm: Comm, make_optimizer):
-        self.model, self.comm = model, comm
-        self.layouts = [FlatLayout(ps, comm.n, comm.rank) for _, ps in split_units(model, layers)]
+    def _hook_gradients(self) -> None:
         self.grad_shards = [L.new_shard() for L in self.layouts]
-        self.shards = [L.new_shard() for L in self.layouts]
-        for s in self.shards:
-            free_storage(s)
-        self.optimizer = make_optimizer(self.shards)
         self._pending = [len(L.params) for L in self.layouts]
         for u, L in enumerate(self.layouts):
             for p in L.params:
@@ -57,6 +52,10 @@ class Zero2:
         self.grad_shards[u].add_(part.div_(self.comm.n))  # accumulates over micro-steps
         for p in L.params:
             p.grad = None  # the full gradient is gone: only the shard stays
+        self._unit_reduced(u)
+
+    def _unit_reduced(self, u: int) -> None:
+        """Called once unit ``u``'s gradients are reduced (ZeRO-3 frees its parameters here)."""
 
     def after_backward(self) -> None:
         """Every unit was reduced during backward; a parameter that got no gradient would leave its unit waiting
@@ -64,7 +63,30 @@ class Zero2:
         stuck = [L.names[0] for L, n in zip(self.layouts, self._pending) if n != len(L.params)]
         if stuck:
             raise TrainmathError(f"our ZeRO-{self.stage}: the unit of {stuck[0]} did not get a gradient for every "
-                                 f"parameter in this backward; use --impl torch")  # everything was reduced during backward
+                                 f"parameter in this backward; use --impl torch")
+
+    def zero_grad(self) -> None:
+        for g in self.grad_shards:
+            g.zero_()
+
+    def gradients(self) -> list[torch.Tensor]:
+        return list(self.grad_shards)
+
+    def units(self) -> list[tuple[FlatLayout, torch.Tensor]]:
+        return list(zip(self.layouts, self.shards))
+
+
+class Zero2(UnitGradShards):
+    stage = 2
+
+    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], comm: Comm, make_optimizer):
+        self.model, self.comm = model, comm
+        self.layouts = [FlatLayout(ps, comm.n, comm.rank) for _, ps in split_units(model, layers)]
+        self.shards = [L.new_shard() for L in self.layouts]
+        for s in self.shards:
+            free_storage(s)
+        self.optimizer = make_optimizer(self.shards)
+        self._hook_gradients()
 
     @torch.no_grad()
     def step(self) -> None:
@@ -81,15 +103,5 @@ class Zero2:
             L.unpack(buffer, [p.data for p in L.params])
             free_storage(shard)
 
-    def zero_grad(self) -> None:
-        for g in self.grad_shards:
-            g.zero_()
-
     def weights(self) -> list[torch.Tensor]:
         return [p for L in self.layouts for p in L.params]
-
-    def gradients(self) -> list[torch.Tensor]:
-        return list(self.grad_shards)
-
-    def units(self) -> list[tuple[FlatLayout, torch.Tensor]]:
-        return list(zip(self.layouts, self.shards))

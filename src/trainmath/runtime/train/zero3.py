@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import torch
 
-from trainmath.errors import TrainmathError
 from trainmath.runtime.train.flat import Comm, FlatLayout, alloc_storage, free_storage
-from trainmath.runtime.train.zero2 import split_units
+from trainmath.runtime.train.zero2 import UnitGradShards, split_units
 
 
 def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-class Zero3:
+class Zero3(UnitGradShards):
     stage = 3
 
     def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], comm: Comm, make_optimizer):
@@ -42,17 +41,14 @@ class Zero3:
             self.shards.append(shard)
             for p in L.params:
                 free_storage(p.data)
-        self.grad_shards = [L.new_shard() for L in self.layouts]
         self.gathered = [False] * len(self.layouts)
         self.optimizer = make_optimizer(self.shards)
-        self._pending = [len(L.params) for L in self.layouts]
+        self._hook_gradients()
         root = len(self.layouts) - 1
-        for u, (module, L) in enumerate(zip(self.modules, self.layouts)):
+        for u, module in enumerate(self.modules):
             module.register_forward_pre_hook(lambda m, args, u=u: self.gather(u))
             if u != root:
                 module.register_forward_hook(lambda m, args, out, u=u: self._after_forward(u, out))
-            for p in L.params:
-                p.register_post_accumulate_grad_hook(lambda p, u=u: self._grad_ready(u))
 
     @torch.no_grad()
     def gather(self, u: int) -> None:
@@ -78,27 +74,8 @@ class Zero3:
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.register_hook(lambda grad, u=u: self.gather(u))
 
-    def _grad_ready(self, u: int) -> None:
-        self._pending[u] -= 1
-        if self._pending[u]:
-            return
-        L = self.layouts[u]
-        self._pending[u] = len(L.params)
-        buffer = L.pack([p.grad for p in L.params], L.new_buffer())
-        part = L.new_shard()
-        self.comm.reduce_scatter(part, buffer)
-        self.grad_shards[u].add_(part.div_(self.comm.n))
-        for p in L.params:
-            p.grad = None
+    def _unit_reduced(self, u: int) -> None:
         self.release(u)
-
-    def after_backward(self) -> None:
-        """Every unit was reduced during backward; a parameter that got no gradient would leave its unit waiting
-        (transformers' eager experts give every expert one, zeros when no token was routed to it)."""
-        stuck = [L.names[0] for L, n in zip(self.layouts, self._pending) if n != len(L.params)]
-        if stuck:
-            raise TrainmathError(f"our ZeRO-{self.stage}: the unit of {stuck[0]} did not get a gradient for every "
-                                 f"parameter in this backward; use --impl torch")
 
     @torch.no_grad()
     def step(self) -> None:
@@ -108,15 +85,5 @@ class Zero3:
         for shard in self.shards:
             shard.grad = None
 
-    def zero_grad(self) -> None:
-        for g in self.grad_shards:
-            g.zero_()
-
     def weights(self) -> list[torch.Tensor]:
         return list(self.shards)
-
-    def gradients(self) -> list[torch.Tensor]:
-        return list(self.grad_shards)
-
-    def units(self) -> list[tuple[FlatLayout, torch.Tensor]]:
-        return list(zip(self.layouts, self.shards))
