@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 
-PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16", "fp8")
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit", "lion")
+from trainmath.memory.optimizers import OPTIMIZERS
+from trainmath.memory.precision import RECIPES
+
+# The choices are the calculator's own tables (pure Python, no heavy import).
+PRECISIONS = tuple(RECIPES)
 
 
 JOB_REQUIRED = ("gpus", "gpu", "seq", "global_batch")

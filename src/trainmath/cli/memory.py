@@ -6,9 +6,11 @@ import argparse
 import json
 
 from trainmath.cli.args import add_strict, config_json, config_lines, integer, positions_warning
+from trainmath.memory.optimizers import OPTIMIZERS
+from trainmath.memory.precision import RECIPES
 
-PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16", "fp8")
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit", "lion")
+# The choices are the calculator's own tables (pure Python, no heavy import).
+PRECISIONS = tuple(RECIPES)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

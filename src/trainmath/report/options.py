@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 
 from trainmath.cli.args import integer
-
 from trainmath.errors import TrainmathError
+from trainmath.memory.optimizers import OPTIMIZERS
+from trainmath.memory.precision import RECIPES
 
-PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16", "fp8")
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit", "lion")
+# The choices are the calculator's own tables (pure Python, no heavy import).
+PRECISIONS = tuple(RECIPES)
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 
