@@ -37,6 +37,9 @@ class Style:
     """cos/sin of the h_d/2 frequencies, not concatenated to h_d (gpt-oss)."""
     rope_sets_by_window: bool = False
     """One cos/sin pair per layer kind (Gemma-3: local and global RoPE bases)."""
+    rope_layers: str = "all"
+    """Which attention layers rotate: ``all``, or ``windowed`` (Llama 4: only the chunked layers; a rank holding
+    none of them keeps no rotary table)."""
     embed_scale: bool = False
     """The embedding output is scaled by a 0-dim sqrt(d) tensor, which the product keeps (Gemma)."""
     attention: str = "sdpa"
@@ -63,7 +66,7 @@ STYLES: dict[str, Style] = {
     "deepseek_v3": Style(),
     "glm4_moe": Style(rotary="rotate_half_cat"),
     "gpt_oss": Style(norm="rms_fp32_weight", rope_half=True, attention="eager"),
-    "llama4_text": Style(positions="freqs_cis"),
+    "llama4_text": Style(positions="freqs_cis", rope_layers="windowed"),
     "qwen3_next": Style(norm="gemma", rotary="rotate_half_cat"),
     "nemotron_h": Style(norm="nemotron", act="relu2", rotary="none", positions="none"),
 }
@@ -78,3 +81,5 @@ def style(model_type: str) -> Style:
 
 
 from trainmath.ops.families import dense  # noqa: E402,F401  (registers its emitters)
+from trainmath.ops.families import postnorm  # noqa: E402,F401
+from trainmath.ops.families import classic  # noqa: E402,F401
