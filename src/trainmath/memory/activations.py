@@ -53,8 +53,9 @@ from trainmath.errors import TrainmathError
 from trainmath.model.spec import AttentionDims, Block, LayerSpec, MLADims, MLPDims, MoEDims, ModelSpec
 from trainmath.ops import families as op_families
 from trainmath.ops.context import FP32, INT64, Ctx, Family, Precision, Router, _norm_topk_default  # noqa: F401
-from trainmath.ops.fold import layer_node
-from trainmath.ops.ir import Program
+from trainmath.ops import model as model_ops
+from trainmath.ops.fold import layer_node, saved_leaves
+from trainmath.ops.ir import Degrees, Program
 from trainmath.tree import Node
 
 PROFILES = ("hf", "eager", "megatron")
@@ -1207,11 +1208,10 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if spec.model_type not in HF_FAMILIES:
         raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use --profile megatron)")
-    if spec.model_type == "llama4_text" and not any(
-            isinstance(bl.dims, AttentionDims) and bl.dims.sliding_window is not None
-            for layer in spec.layers for bl in layer.blocks):
-        raise TrainmathError(f"{spec.name}: llama4_text without attention_chunk_size is not modelled (the spec then "
-                             f"cannot tell RoPE from no-RoPE layers); use --profile megatron")
+    style = op_families.style(spec.model_type)
+    if style.rope_layers == "windowed" and not any(model_ops.windowed(spec, range(spec.num_layers))):
+        raise TrainmathError(f"{spec.name}: {spec.model_type} without attention_chunk_size is not modelled (the spec "
+                             f"then cannot tell RoPE from no-RoPE layers); use --profile megatron")
     config = {**spec.options, "model_type": spec.model_type}  # the config's switches, carried by the spec
     if norm_topk_prob is None:
         norm_topk_prob = Router.from_config(config).norm_topk_prob
@@ -1220,8 +1220,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     T = b * s
-    ctx = Ctx(b=b, s=s, d=d, p=p, eager=profile == "eager", experts=experts, experts_hit=experts_hit,
-              router=router, family=family)
+    # Style.attention: the kernel transformers picks by default (Gemma-2: eager, as SDPA cannot soft-cap)
+    ctx = Ctx(b=b, s=s, d=d, p=p, eager=profile == "eager" or style.attention == "eager", experts=experts,
+              experts_hit=experts_hit, router=router, family=family)
     groups = []
     largest: Node | None = None
     for layer, idx in spec.layer_groups():
@@ -1231,7 +1232,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         emit = op_families.LAYERS.get(spec.model_type)
         if emit is not None:
             prog = Program()
-            emit(prog, ctx, layer, op_families.style(spec.model_type))
+            emit(prog, ctx, layer, style)
             one = layer_node(layer.label, prog.ops)
         else:
             one = layer_saved(layer, b=b, s=s, d=d, p=p, eager=profile == "eager", experts_hit=experts_hit,
@@ -1245,35 +1246,10 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                               f"layers {mine[0]}..{mine[-1]}, {one.value} bytes each"))
     kids = [Node.of("layers", groups, "bytes")]
     if 0 in indices:
-        emb = [_leaf("input_ids", INT64 * T, "indices saved by the embedding")]
-        if spec.model_type == "gpt2":
-            emb.append(_leaf("position_ids", INT64 * s, "(1, s) arange saved by the position embedding"))
-        if spec.model_type in ("gemma2", "gemma3_text"):
-            emb.append(_leaf("embed_scale", p.param, "sqrt(d) as a 0-dim tensor in the embedding dtype, saved by "
-                                                     "the scaling product"))
-        kids.append(Node.of("embedding", emb, "bytes"))
-    l4_rope = spec.model_type == "llama4_text" and any(
-        isinstance(bl.dims, AttentionDims) and bl.dims.sliding_window is not None
-        for i in indices for bl in spec.layers[i].blocks)
-    if indices and spec.model_type == "llama4_text" and not l4_rope:
-        pass  # only no-RoPE layers on this rank: no freqs_cis is saved
-    elif indices and (spec.model_type == "deepseek_v2" or l4_rope):
-        rope = _rope_dim(spec)
-        kids.append(Node.of("rotary", [_leaf("freqs_cis", 8 * s * (rope // 2))], "bytes",
-                            note="(1, s, rope_dim/2) complex64 whatever the dtype, shared by every layer"))
-    elif indices and spec.model_type not in ("gpt2", "nemotron_h"):  # learned / no positions: no cos/sin
-        rope = _rope_dim(spec, family)
-        if spec.model_type == "gpt_oss":  # cos/sin of the h_d/2 frequencies, not cat'ed to h_d
-            rope //= 2
-        rb = FP32 if spec.model_type == "olmo2" else p.residual  # OLMo-2 keeps cos/sin in fp32
-        sets = 1
-        if spec.model_type == "gemma3_text":  # one cos/sin pair per layer type used (local and global RoPE bases)
-            sets = len({bl.dims.sliding_window is not None for i in indices for bl in spec.layers[i].blocks
-                        if isinstance(bl.dims, AttentionDims)})
-        kids.append(Node.of("rotary", [_leaf("cos", sets * rb * s * rope), _leaf("sin", sets * rb * s * rope)],
-                            "bytes", note="(1, s, rope_dim) in the embedding dtype, shared by every layer"
-                            + (f"; {sets} sets (sliding and full layers use different RoPE bases)" if sets > 1
-                               else "")))
+        kids.append(Node.of("embedding", saved_leaves(model_ops.embedding_ops(ctx, style).ops), "bytes"))
+    rotary, note = model_ops.rotary_ops(ctx, spec, style, indices)
+    if rotary.ops:
+        kids.append(Node.of("rotary", saved_leaves(rotary.ops), "bytes", note=note))
     if recompute == "full" and largest is not None:
         kids.append(Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
                          note="one layer's saved tensors while it is recomputed in backward"))
@@ -1325,32 +1301,14 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
         raise TrainmathError(f"tp ({tp}) must be at least 1")
     family = family or Family.from_config({**spec.options, "model_type": spec.model_type})
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
-    T, d, V = micro_batch * seq, spec.hidden_size, -(-spec.vocab_size // tp)
-    if spec.model_type in ("olmo2", "gpt_oss"):
-        saved = olmo2_rmsnorm_saved("norm", T, d)
-    elif spec.model_type == "nemotron_h":
-        saved = nemotron_rmsnorm_saved("norm", T, d, p)
-    elif spec.model_type in ("gemma2", "gemma3_text", "qwen3_next"):
-        saved = gemma_rmsnorm_saved("norm", T, d)
-    elif spec.model_type in ("starcoder2", "gpt2", "falcon"):
-        saved = layernorm_saved("norm", T, d, p.residual)
-    elif spec.model_type == "cohere":
-        saved = cohere_layernorm_saved("norm", T, d, d, p)
-    else:
-        saved = rmsnorm_saved("norm", T, d, p.residual)
-    saved += linear_inputs("lm_head", ["lm_head"], T, d, p)
-    if p.autocast:
-        saved.append(_leaf("lm_head.weight_cast", p.compute * V * d))
-    if family.final_logit_softcapping is not None:
-        saved.append(_leaf("softcap_tanh", p.compute * T * V, "tanh(logits / cap), saved by tanh"))
-    saved += [_leaf("log_softmax_fp32", FP32 * T * V), _leaf("labels", INT64 * T), _leaf("total_weight", FP32)]
-    held = [_leaf("logits", p.compute * T * V, "returned in the output" + (
-        f" (scaled by logit_scale={family.logit_scale}: the product replaces the head output)"
-        if family.logit_scale is not None else ""))]
-    if p.compute != FP32:
-        held.append(_leaf("logits_fp32 (transient)", FP32 * T * V, "logits.float() in ForCausalLMLoss"))
-    return Node.of("logits and loss", [Node.of("saved", saved, "bytes"), Node.of("not saved", held, "bytes")],
-                   "bytes", note=f"V={V}" + (f" per rank (tp={tp})" if tp > 1 else "") + f", T={T}")
+    deg = Degrees(tp=tp, vocab_parallel=True)
+    ctx = Ctx(b=micro_batch, s=seq, d=spec.hidden_size, p=p, family=family, degrees=deg)
+    prog, held = model_ops.head_ops(ctx, spec, op_families.style(spec.model_type))
+    saved = saved_leaves(prog.ops, deg)
+    alive = [Node(name=name, value=t.nbytes(deg), unit="bytes", note=note) for name, t, note in held]
+    V = -(-spec.vocab_size // tp)
+    return Node.of("logits and loss", [Node.of("saved", saved, "bytes"), Node.of("not saved", alive, "bytes")],
+                   "bytes", note=f"V={V}" + (f" per rank (tp={tp})" if tp > 1 else "") + f", T={micro_batch * seq}")
 
 
 def megatron_layer_terms(*, s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, selective: bool = False,
