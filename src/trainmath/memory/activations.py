@@ -8,7 +8,7 @@ Two profiles describe two implementations:
   excluded); ``tests/activations`` asserts exact equality on tiny models. ``eager`` is the same with
   ``attn_implementation="eager"`` (the s² softmax is saved).
 - ``megatron``: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. (1)-(2)
-  and Table 2: sbh(34 + 5as/h) per layer with TP/SP/selective variants (``activations_megatron`` below).
+  and Table 2: sbh(34 + 5as/h) per layer with TP/SP/selective variants (``trainmath.memory.megatron``).
 
 Recompute: ``none``; ``full`` is transformers' ``gradient_checkpointing_enable()`` (whole layers, measured);
 ``selective`` exists only in the ``megatron`` profile (Korthikanti et al. §5: drop the 5as²b core-attention term).
@@ -21,7 +21,7 @@ mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA math fallback, see ``mla_saved``),
 gemma2 (eager: transformers' default for it), gemma3_text, glm4_moe, starcoder2 (dropout 0), cohere (parallel
 attention and MLP, Cohere LayerNorms), gpt2 (Conv1D, fused c_attn, gelu_new; resid/embd/attn dropout 0: nonzero
 dropout adds masks that are not modelled; ``reorder_and_upcast_attn`` not modelled), falcon (rotary, no bias;
-multi-head, multi-query and the new decoder architecture; see ``_falcon_layer``), gpt_oss (eager attention with
+multi-head, multi-query and the new decoder architecture; see ``ops.families.classic``), gpt_oss (eager attention with
 sinks, its default; biased clamped SwiGLU experts; a bf16 model here is ``model.to(bfloat16)``: ``from_pretrained``
 with a bf16 dtype keeps the norms in fp32 (``_keep_in_fp32_modules``), which is not modelled). llama4_text (the text model of
 ``llama4``; see ``_llama4_layer``: every routed expert runs over all T tokens, so expert activations scale with n,
@@ -34,6 +34,10 @@ the parameters (partial rotary, soft-capping, logit scale, Llama 4's ``use_qk_no
 the switches the spec carries (``ModelSpec.options``). Other families raise a ``TrainmathError``. MoE runs
 transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
+
+What is computed is described once, as op lists (``trainmath.ops``): a family's layer emitter
+(``ops.families.LAYERS``), the embedding, rotary tables and head (``ops.model``); this module folds them into the
+trees below. Families not yet ported keep their per-family function here (``layer_saved``).
 
 Precision is two numbers: ``compute_dtype_bytes`` (what matmuls produce) and ``param_dtype_bytes`` (the parameters'
 dtype). 2 and 4 is bf16 autocast (fp32 master weights): the residual stream is fp32, every Linear saves its own bf16
@@ -50,13 +54,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
+from trainmath.memory.megatron import activations_megatron, megatron_layer_terms  # noqa: F401  (re-exported)
 from trainmath.model.spec import AttentionDims, Block, LayerSpec, MLADims, MLPDims, MoEDims, ModelSpec
 from trainmath.ops import families as op_families
-from trainmath.ops.context import FP32, INT64, Ctx, Family, Precision, Router, _norm_topk_default  # noqa: F401
 from trainmath.ops import model as model_ops
+from trainmath.ops.context import FP32, INT64, Ctx, Family, Precision, Router, _norm_topk_default  # noqa: F401
 from trainmath.ops.fold import layer_node, saved_leaves
 from trainmath.ops.ir import Degrees, Program
-from trainmath.tree import Node
+from trainmath.tree import Node, scaled
 
 PROFILES = ("hf", "eager", "megatron")
 RECOMPUTE = ("none", "selective", "full")
@@ -118,35 +123,6 @@ def gemma_rmsnorm_saved(prefix: str, rows: int, width: int) -> list[Node]:
     ]
 
 
-def layernorm_saved(prefix: str, rows: int, width: int, in_bytes: int) -> list[Node]:
-    """``nn.LayerNorm`` (``native_layer_norm``): saves its input, the per-row mean and rstd, all in the input's
-    dtype (fp32 under autocast, which runs layer_norm in fp32 and here gets the fp32 residual stream). Derived from
-    the ATen kernel's saved values, checked by the oracle."""
-    return [
-        _leaf(f"{prefix}.input", in_bytes * rows * width, "the residual stream itself"),
-        _leaf(f"{prefix}.mean", in_bytes * rows),
-        _leaf(f"{prefix}.rstd", in_bytes * rows),
-    ]
-
-
-def cohere_layernorm_saved(prefix: str, rows: int, width: int, weight_numel: int, p: Precision) -> list[Node]:
-    """Cohere's bias-free LayerNorm: ``x = x.to(fp32)``; ``(x - mean).pow(2).mean()``; ``(x - mean) * rsqrt(var +
-    eps)``; ``w.to(fp32) * y``. ``x - mean`` is computed twice (pow and the product each save their own fp32 copy),
-    then rsqrt per row and the fp32 y (the weight's product); with bf16 parameters ``w.to(fp32)`` is a fresh copy
-    that the product saves (4·weight bytes). Used per token (input and final norms, width d) and per head (the
-    q/k norms of ``use_qk_norm``, width h_d, one weight of h·h_d). Derived from ``CohereLayerNorm``, checked by the
-    oracle."""
-    out = [
-        _leaf(f"{prefix}.centered_pow", FP32 * rows * width, "x - mean in fp32, saved by pow"),
-        _leaf(f"{prefix}.centered_mul", FP32 * rows * width, "x - mean again, saved by the product with rsqrt"),
-        _leaf(f"{prefix}.rsqrt", FP32 * rows, "one fp32 per row"),
-        _leaf(f"{prefix}.normalized_fp32", FP32 * rows * width, "saved by the weight's product"),
-    ]
-    if p.param != FP32:
-        out.append(_leaf(f"{prefix}.weight_fp32", FP32 * weight_numel, "w.to(fp32) of a bf16 weight"))
-    return out
-
-
 def linear_inputs(prefix: str, names: Sequence[str], tokens: int, width: int, p: Precision) -> list[Node]:
     """Inputs saved by Linears that read the same tensor (q/k/v; gate/up; router). Without autocast they share one
     storage (counted once); under autocast each Linear saves its own compute-dtype cast of the fp32 input."""
@@ -177,9 +153,8 @@ def _has(block: Block, fragment: str) -> bool:
     return any(fragment in t.name for t in block.tensors)
 
 
-def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager: bool, olmo2: bool = False,
-                    rotary_cat: bool = False, gemma: bool = False, softcap: bool = False, cohere: bool = False
-                    ) -> list[Node]:
+def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager: bool,
+                    rotary_cat: bool = False) -> list[Node]:
     """Grouped-query attention after the input norm: q/k/v inputs, optional q/k RMSNorm, the attention core, o_proj.
 
     SDPA (CPU flash kernel, or CUDA flash): saves query, key (rotary outputs, compute dtype), value (v_proj output),
@@ -187,8 +162,7 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     logsumexp (fp32, b·h·s). CUDA's memory-efficient kernel pads logsumexp to a multiple of 32 queries and both CUDA
     kernels add an 8-byte RNG seed and offset: not counted. Eager: copies of q, k, v at h heads (repeat_kv / bmm),
     the fp32 softmax (4·b·h·s²) and its compute-dtype cast (2·b·h·s², the same tensor in fp32), and a contiguous
-    o_proj input. ``olmo2``: q/k RMSNorms over the whole projection (T, h·h_d) and (T, h_kv·h_d), OLMo-2 style
-    (``olmo2_rmsnorm_saved``), instead of per head.
+    o_proj input.
 
     Fused ``qkv_proj`` (Phi-3): one Linear input; q, k, v are slices (views) of its output, so what SDPA saves as
     the value keeps the whole (T, q + 2·kv) output alive: c·T·(q + 2·kv) where separate projections keep c·T·kv
@@ -198,11 +172,6 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     query is then contiguous in (b, h, s, h_d), SDPA's output follows the query's layout, and
     ``transpose(1, 2).contiguous()`` before o_proj makes a copy: o_proj's input is a separate c·T·q tensor. With
     ``q·cos + rotate_half(q)·sin`` alone the query keeps the projection's (b, s, h, h_d) layout and the copy is free.
-
-    ``cohere``: per-head q/k norms are Cohere LayerNorms (``cohere_layernorm_saved``); Cohere's interleaved rotary
-    runs in fp32 (``q.float()``) but multiplies by cos/sin only, so it saves nothing beyond the shared cos/sin.
-    ``gemma``: per-head q/k norms are Gemma RMSNorms (``gemma_rmsnorm_saved``). ``softcap`` (Gemma-2, eager only):
-    ``tanh(scores / cap) · cap`` keeps the tanh output, c·b·h·s², beside the fp32 softmax and its cast.
     """
     dims = block.dims
     if not isinstance(dims, AttentionDims):
@@ -213,16 +182,7 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     c = p.compute
     fused = _has(block, "qkv_proj")
     out = linear_inputs("self_attn.qkv", ["qkv_proj"] if fused else ["q_proj", "k_proj", "v_proj"], T, d, p)
-    if olmo2:
-        out += olmo2_rmsnorm_saved("self_attn.q_norm", T, q)
-        out += olmo2_rmsnorm_saved("self_attn.k_norm", T, kv)
-    elif _has(block, "q_norm") and cohere:
-        out += cohere_layernorm_saved("self_attn.q_norm", T * h, hd, q, p)
-        out += cohere_layernorm_saved("self_attn.k_norm", T * hkv, hd, kv, p)
-    elif _has(block, "q_norm") and gemma:
-        out += gemma_rmsnorm_saved("self_attn.q_norm", T * h, hd)
-        out += gemma_rmsnorm_saved("self_attn.k_norm", T * hkv, hd)
-    elif _has(block, "q_norm"):
+    if _has(block, "q_norm"):
         out += rmsnorm_saved("self_attn.q_norm", T * h, hd, c)
         out += rmsnorm_saved("self_attn.k_norm", T * hkv, hd, c)
     if not eager:
@@ -240,7 +200,6 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
         out += [
             _leaf("eager.query", c * T * q, "contiguous copy for bmm"),
             _leaf("eager.key", c * T * q, "repeated to h heads"),
-            *([_leaf("eager.softcap_tanh", c * b * h * s * s, "attention logit soft-capping")] if softcap else []),
             _leaf("eager.softmax_fp32", FP32 * b * h * s * s),
         ]
         if c != FP32:
@@ -474,23 +433,11 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     ffn = next((bl for bl in layer.blocks if bl.kind in ("mlp", "moe")), None)
     norms = next((bl for bl in layer.blocks if bl.kind == "norm"), None)
     names = [t.name for t in norms.tensors] if norms else []
-    olmo2 = names == ["post_attention_layernorm.weight", "post_feedforward_layernorm.weight"]
-    if olmo2 and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims) \
-            and ffn.dims.gated:
-        return _olmo2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
-    if model_type == "starcoder2" and mixer is not None and mixer.kind == "attention" and \
-            isinstance(ffn.dims, MLPDims) and not ffn.dims.gated:
-        return _starcoder2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
-    if model_type == "cohere" and mixer is not None and mixer.kind == "attention" and \
-            isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
-        return _cohere_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
     if experts == "grouped" and ffn is not None and isinstance(ffn.dims, MoEDims) and model_type in GROUPED_UNMODELLED:
         raise TrainmathError(f"the grouped_mm expert path of {model_type} is not modelled; pass --experts eager "
                              f"(transformers' experts_implementation='eager')")
     if model_type == "gpt_oss" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MoEDims):
         return _gpt_oss_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, experts_hit=experts_hit)
-    if model_type == "falcon" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
-        return _falcon_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
     if model_type == "qwen3_next" and mixer is not None and mixer.kind in ("attention", "linear_attention"):
         return _qwen3_next_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager,
                                  router=router or Router(norm_topk_prob=norm_topk_prob))
@@ -499,13 +446,6 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
                                  router=router or Router(norm_topk_prob=norm_topk_prob))
     if model_type == "llama4_text" and mixer is not None and mixer.kind == "attention":
         return _llama4_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
-    if model_type == "gpt2" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
-        return _gpt2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
-    if model_type in ("gemma2", "gemma3_text") and mixer is not None and mixer.kind == "attention" and \
-            isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
-        fam = family or Family.default(model_type)
-        return _gemma_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager or model_type == "gemma2",
-                            softcap=(eager or model_type == "gemma2") and fam.attn_logit_softcapping is not None)
     if mixer is None or mixer.kind not in ("attention", "mla") or ffn is None or names != [
             "input_layernorm.weight", "post_attention_layernorm.weight"]:
         raise TrainmathError(f"the hf activation profile covers pre-norm attention + MLP/MoE layers "
@@ -542,176 +482,6 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
         parts.append(Node.of("autocast weight copies", copies, "bytes",
                              note="compute-dtype casts of the fp32 weights, kept for backward"))
     return Node.of(layer.label, parts, "bytes")
-
-
-def _gemma_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
-                 eager: bool, softcap: bool) -> Node:
-    """Gemma-2/3 ("sandwich" norms): ``h = x + post_attention_layernorm(attn(input_layernorm(x)))``, ``h +
-    post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``: four Gemma RMSNorms (``gemma_rmsnorm_saved``;
-    the two post-norms act on the attention and MLP outputs), a GELU-tanh gated MLP (saved like SwiGLU: GELU keeps
-    its input), Gemma-3's per-head q/k norms. Gemma-2 runs eager attention (transformers' default for it: its
-    ``_supports_sdpa`` is False, SDPA cannot soft-cap) with the tanh of the capped scores saved."""
-    T = b * s
-    kids = gemma_rmsnorm_saved("input_layernorm", T, d)
-    kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, gemma=True, softcap=softcap)
-    kids += gemma_rmsnorm_saved("post_attention_layernorm", T, d)
-    kids += gemma_rmsnorm_saved("pre_feedforward_layernorm", T, d)
-    kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
-    kids += gemma_rmsnorm_saved("post_feedforward_layernorm", T, d)
-    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
-
-
-def _cohere_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
-                  eager: bool) -> Node:
-    """Cohere (Command-R): ``x + attn(ln(x)) + mlp(ln(x))``, attention and SwiGLU MLP in parallel from one
-    bias-free LayerNorm (``cohere_layernorm_saved``): without autocast q/k/v and gate/up read one storage (the
-    norm's output, counted once); under autocast each of the five Linears saves its own cast. Per-head q/k
-    LayerNorms when ``use_qk_norm``."""
-    T = b * s
-    kids = cohere_layernorm_saved("input_layernorm", T, d, d, p)
-    kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, cohere=True)
-    kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p, input_saved=p.autocast)
-    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
-
-
-def gelu_new_saved(prefix: str, tokens: int, f: int, p: Precision) -> list[Node]:
-    """transformers' ``NewGELUActivation`` (GPT-2's ``gelu_new``), written as Python tensor ops:
-    ``0.5 * x * (1 + tanh(sqrt(2/π) * (x + 0.044715 * x³)))``. Saved: x (by ``pow``; it is the c_fc output), the
-    tanh output, and the two factors of the last product, ``0.5·x`` and ``1 + tanh`` (products by Python floats
-    save nothing): 4·c·T·f, plus the product itself, which c_proj saves. ``F.gelu(approximate="tanh")`` keeps
-    only x. Derived from the code, checked by the oracle."""
-    c = p.compute
-    return [
-        _leaf(f"{prefix}.c_fc_out", c * tokens * f, "x, saved by pow"),
-        _leaf(f"{prefix}.tanh_out", c * tokens * f),
-        _leaf(f"{prefix}.half_x", c * tokens * f, "0.5·x, saved by the last product"),
-        _leaf(f"{prefix}.one_plus_tanh", c * tokens * f, "saved by the last product"),
-    ]
-
-
-def _gpt2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
-                eager: bool) -> Node:
-    """GPT-2: pre-LayerNorm (with bias) blocks of Conv1D layers (``addmm(bias, x, W)`` with W stored (in, out):
-    saved like a Linear, its input and, under autocast, the weight's cast; the bias cast is not kept). The fused
-    c_attn output (T, 3d) is split into q, k, v views, so what SDPA saves as q, k and v is that one storage,
-    c·T·3d; no rotary (learned position embeddings). Eager (``softmax(q·kᵀ·scale)`` without an fp32 upcast) copies
-    q, k and v for bmm and keeps the softmax in the input dtype (its bf16 cast too under autocast), not the c_attn
-    output. MLP: c_fc's input, ``gelu_new`` (``gelu_new_saved``), c_proj's
-    input. Dropouts (resid, embd, attn pdrop; 0.1 in GPT-2's config) are assumed 0: nonzero dropout adds a mask
-    and an output per dropout (attention probabilities too) that are not modelled."""
-    dims = mixer.dims
-    T, c, r = b * s, p.compute, p.residual
-    h = dims.heads
-    q = h * dims.head_dim
-    f = ffn.dims.intermediate
-    kids = layernorm_saved("ln_1", T, d, r)
-    kids += linear_inputs("attn.c_attn", ["attn.c_attn"], T, d, p)
-    if eager:
-        kids += [
-            _leaf("eager.query", c * T * q, "contiguous copy for bmm"),
-            _leaf("eager.key", c * T * q, "contiguous copy of the transposed key for bmm"),
-            _leaf("eager.softmax", (FP32 if p.autocast else c) * b * h * s * s,
-                  "softmax in the input's dtype (fp32 under autocast, which runs softmax in fp32)"),
-            *([_leaf("eager.probs", c * b * h * s * s, ".type(value.dtype) of the fp32 softmax")]
-              if p.autocast else []),
-            _leaf("eager.value", c * T * q, "contiguous copy for bmm"),
-            _leaf("c_proj.input", c * T * q, "reshape(...).contiguous() of the (b, h, s, h_d) output"),
-        ]
-    else:
-        kids += [
-            _leaf("sdpa.qkv", c * T * 3 * q, "the c_attn output: q, k and v are views of it"),
-            _leaf("sdpa.output", c * T * q, "also c_proj's input"),
-            _leaf("sdpa.logsumexp", FP32 * b * h * s),
-        ]
-    kids += layernorm_saved("ln_2", T, d, r)
-    kids += linear_inputs("mlp.c_fc", ["mlp.c_fc"], T, d, p)
-    kids += gelu_new_saved("mlp.act", T, f, p)
-    kids.append(_leaf("mlp.c_proj.input", c * T * f))
-    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
-
-
-def _falcon_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
-                  eager: bool, family: Family) -> Node:
-    """Falcon (``FalconDecoderLayer``, rotary, SDPA, no bias): ``nn.LayerNorm``s with bias (``layernorm_saved``),
-    one fused ``query_key_value`` Linear, rotary (cos/sin only), SDPA with the model's additive (b, 1, s, s) mask
-    (see below), ``dense`` reading SDPA's output, and a plain
-    ``dense_4h_to_h(gelu(dense_h_to_4h(x)))`` MLP (GELU keeps its input). What SDPA's key and value are depends on
-    the variant (derived from ``FalconAttention._split_heads``, checked by the oracle):
-
-    - multi-head (``multi_query=False``): q, k, v are views of the (T, 3d) output; the value keeps it all (c·T·3d).
-    - multi-query (Falcon-7B): k and v are ``fused[..., [-2], :]`` index copies with one head and each index node
-      keeps its one-element int64 index (8 bytes). SDPA gets 1 key head for h query heads without ``enable_gqa``,
-      which no fused kernel takes: PyTorch's math fallback (on CPU in fp32 whatever the dtype) keeps the scaled
-      query, the key and value expanded to h heads (4·T·h·h_d each) and the fp32 softmax (4·b·h·s²); its
-      (b, h, s, h_d) output makes dense's input a copy. The mask is added there, not kept.
-    - new decoder architecture (Falcon-40B/180B): k and v are index copies broadcast to h heads and flattened, so
-      the rotary key and the value are c·T·h·h_d each (the value c·T·h_d when h_kv = 1: flattening a stride-0
-      broadcast of one head is a view); the two indices as above.
-
-    SDPA (fused kernels) keeps the additive mask it was given, in the compute dtype, one storage per layer
-    (autocast casts it per call).
-
-    Parallel attention (all three): attention and MLP read one LayerNorm (one storage without autocast) or, with
-    two (``ln_attn``, ``ln_mlp``), two norms of one input (its storage once, mean and rstd per norm); sequential
-    layers (``parallel_attn=False``) norm the residual after attention. The variant comes from
-    ``Family.new_decoder_architecture`` when set, else from the spec: two norms ``ln_attn``/``ln_mlp`` or
-    1 < h_kv < h mean the new architecture; a single-norm new-architecture config with h_kv = h or h_kv = 1 reads
-    as multi-head/multi-query unless the flag is given. Not modelled (raise or are assumed off): Linear biases
-    (under autocast a bf16 product plus an fp32 bias is fp32, which changes every dtype after it), ALiBi
-    (``alibi=True``: no rotary, an s² score path), eager attention, dropout."""
-    if eager:
-        raise TrainmathError("the eager profile has no rule for Falcon attention; use profile='hf' (SDPA)")
-    if any(t.kind == "bias" for t in mixer.tensors + ffn.tensors):
-        raise TrainmathError("Falcon with bias=True is not yet modelled (an autocast bf16 product plus an fp32 bias "
-                             "promotes to fp32): use --profile megatron")
-    dims = mixer.dims
-    T, c, r = b * s, p.compute, p.residual
-    h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
-    q, f = h * hd, ffn.dims.intermediate
-    norms = [t.name.removesuffix(".weight") for bl in layer.blocks if bl.kind == "norm" for t in bl.tensors
-             if t.name.endswith(".weight")]
-    new_arch = family.new_decoder_architecture
-    if new_arch is None:
-        new_arch = norms == ["ln_attn", "ln_mlp"] or 1 < hkv < h
-    if norms == ["ln_attn", "ln_mlp"]:
-        kids = layernorm_saved("ln_attn", T, d, r)
-        kids += layernorm_saved("ln_mlp", T, d, r)[1:]  # the same input, counted once
-        kids += linear_inputs("query_key_value", ["query_key_value"], T, d, p)
-        kids += linear_inputs("mlp.dense_h_to_4h", ["mlp.dense_h_to_4h"], T, d, p)
-    elif norms == ["input_layernorm"]:
-        kids = layernorm_saved("input_layernorm", T, d, r)
-        kids += linear_inputs("ln_out", ["query_key_value", "mlp.dense_h_to_4h"], T, d, p)
-    elif norms == ["input_layernorm", "post_attention_layernorm"]:
-        kids = layernorm_saved("input_layernorm", T, d, r)
-        kids += linear_inputs("query_key_value", ["query_key_value"], T, d, p)
-    else:
-        raise TrainmathError(f"Falcon layer norms {norms} are not one of ln_attn/ln_mlp, input_layernorm, "
-                             f"input_layernorm/post_attention_layernorm")
-    sdpa = [_leaf("sdpa.query", c * T * q, "rotary query"), _leaf("sdpa.output", c * T * q, "also dense's input"),
-            _leaf("sdpa.logsumexp", FP32 * b * h * s),
-            _leaf("sdpa.attn_mask", c * b * s * s, "the (b, 1, s, s) additive mask as SDPA keeps it, one per layer")]
-    if new_arch:
-        kids += [_leaf("sdpa.key", c * T * q, "rotary key, broadcast to h heads"),
-                 _leaf("sdpa.value", c * T * (q if hkv > 1 else hd),
-                       "index copy broadcast to h heads and flattened (a stride-0 view when h_kv = 1)"),
-                 _leaf("kv_index", 2 * INT64, "the [-2] and [-1] index tensors"), *sdpa]
-    elif hkv == 1:
-        kids += [
-            _leaf("kv_index", 2 * INT64, "the [-2] and [-1] index tensors"),
-            _leaf("sdpa_math.query_scaled", FP32 * T * q, "fp32 on CPU"),
-            _leaf("sdpa_math.key", FP32 * T * q, "expanded to h heads"),
-            _leaf("sdpa_math.softmax_fp32", FP32 * b * h * s * s),
-            _leaf("sdpa_math.value", FP32 * T * q, "expanded to h heads"),
-            _leaf("dense.input", c * T * q, "permute + reshape copy of the (b, h, s, h_d) output"),
-        ]
-    else:
-        kids += [_leaf("sdpa.key", c * T * q, "rotary key"),
-                 _leaf("sdpa.value", c * T * 3 * q, "a view of the fused (T, 3d) output, which it keeps"), *sdpa]
-    if norms == ["input_layernorm", "post_attention_layernorm"]:
-        kids += layernorm_saved("post_attention_layernorm", T, d, r)
-        kids += linear_inputs("mlp.dense_h_to_4h", ["mlp.dense_h_to_4h"], T, d, p)
-    kids += [_leaf("mlp.dense_h_to_4h_out", c * T * f, "the GELU's input"), _leaf("mlp.dense_4h_to_h.input", c * T * f)]
-    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
 def sink_attention_saved(block: Block, *, b: int, s: int, p: Precision) -> list[Node]:
@@ -1113,47 +883,6 @@ def _nemotron_h_layer(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision,
     return _layer_node(layer, kids, weight_copies(mixer, p))
 
 
-def _starcoder2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
-                      eager: bool) -> Node:
-    """StarCoder2: pre-LayerNorm (with bias) attention with q/k/v/o biases and RoPE, then a plain
-    ``c_proj(gelu_tanh(c_fc(x)))`` MLP with biases: c_fc's input, the GELU's input (c·T·f) and c_proj's input
-    (c·T·f). Dropouts are assumed 0 (the profile's convention); biases save nothing."""
-    T, r, c = b * s, p.residual, p.compute
-    f = ffn.dims.intermediate
-    kids = layernorm_saved("input_layernorm", T, d, r)
-    kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager)
-    kids += layernorm_saved("post_attention_layernorm", T, d, r)
-    kids += linear_inputs("mlp.c_fc", ["mlp.c_fc"], T, d, p)
-    kids += [_leaf("mlp.c_fc_out", c * T * f, "the GELU's input"), _leaf("mlp.c_proj.input", c * T * f)]
-    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
-
-
-def _olmo2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
-                 eager: bool) -> Node:
-    """OLMo-2's post-norm layer: ``h = x + post_attention_layernorm(attn(x))``, ``h + post_feedforward_layernorm(
-    mlp(h))``: no input norms, so q/k/v and gate/up read the residual stream (their casts under autocast); the two
-    norms act on the attention and MLP outputs (c·T·d), OLMo-2 style (``olmo2_rmsnorm_saved``)."""
-    T = b * s
-    kids = attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, olmo2=True)
-    kids += olmo2_rmsnorm_saved("post_attention_layernorm", T, d)
-    kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
-    kids += olmo2_rmsnorm_saved("post_feedforward_layernorm", T, d)
-    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
-
-
-def _rope_dim(spec: ModelSpec, family: Family | None = None) -> int:
-    """Width of cos/sin: the rotated part of a head (``int(head_dim · partial_rotary_factor)``, transformers'
-    ``compute_default_rope_parameters``), or MLA's rope head dim."""
-    factor = family.partial_rotary_factor if family else 1.0
-    for layer in spec.layers:
-        for bl in layer.blocks:
-            if isinstance(bl.dims, AttentionDims):
-                return int(bl.dims.head_dim * factor)
-            if isinstance(bl.dims, MLADims):
-                return bl.dims.qk_rope_head_dim
-    return 0
-
-
 def _check(name: str, value, allowed) -> None:
     if value not in allowed:
         raise TrainmathError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
@@ -1242,7 +971,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
             largest = one
         if recompute == "full":
             one = Node.of(layer.label, [_leaf("layer input (checkpoint)", p.residual * T * d)], "bytes")
-        groups.append(_scaled(one, len(mine), f"{layer.label} × {len(mine)}",
+        groups.append(scaled(one, len(mine), f"{layer.label} × {len(mine)}",
                               f"layers {mine[0]}..{mine[-1]}, {one.value} bytes each"))
     kids = [Node.of("layers", groups, "bytes")]
     if 0 in indices:
@@ -1255,12 +984,6 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                          note="one layer's saved tensors while it is recomputed in backward"))
     return Node.of(f"activations ({profile}, recompute={recompute})", kids, "bytes",
                    note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B")
-
-
-def _scaled(node: Node, k: int, name: str | None = None, note: str | None = None) -> Node:
-    """``node`` with every value multiplied by k (k equal layers)."""
-    return Node(name=name or node.name, value=node.value * k, unit=node.unit, note=node.note if note is None else note,
-                children=tuple(_scaled(c, k) for c in node.children))
 
 
 def _rank_layers(spec: ModelSpec, layers: Sequence[int] | None, pp: int) -> list[int]:
@@ -1277,25 +1000,18 @@ def _rank_layers(spec: ModelSpec, layers: Sequence[int] | None, pp: int) -> list
 
 def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_bytes: int = 2,
                  param_dtype_bytes: int = 4, tp: int = 1, family: Family | None = None) -> Node:
-    """The final norm, LM head and ``ForCausalLMLoss`` (transformers 5.x, labels given, no ``num_items``):
-
-    saved: final RMSNorm (as every norm), the LM head's input (its cast under autocast), the autocast copy of the
-    LM head weight (V·d·c), ``log_softmax`` of the fp32 logits (4·T·V: the loss upcasts with ``logits.float()``;
-    cross_entropy = log_softmax + nll_loss), the shifted labels (int64 T: labels are padded, not sliced, so all T
-    positions count) and nll's total_weight (4 bytes).
-    not saved but alive: the logits in the compute dtype (c·T·V, held by the model output until it is dropped) and,
-    when c < 4, their fp32 upcast (4·T·V), freed once log_softmax has run: the transient peak of the loss.
-
-    Final norm per family (RMSNorm, OLMo-2/Gemma RMSNorms, LayerNorm, Cohere's LayerNorm). Gemma-2's final
-    soft-capping saves the tanh (c·T·V). Cohere's ``logits * logit_scale`` multiplies by a Python float: autograd
-    keeps only that scalar (a wrapped number, not packed for backward), so nothing is added; the unscaled head
-    output is freed by the product (measured).
+    """The final norm, LM head and ``ForCausalLMLoss`` (transformers 5.x, labels given, no ``num_items``): the fold
+    of ``trainmath.ops.model.head_ops`` (what each op keeps is described there), as ``saved`` (the final norm, the
+    LM head's input and weight cast, Gemma-2's soft-capping tanh, the fp32 log-probabilities, labels and
+    total_weight) and ``not saved`` (the logits the output holds and, when c < 4, their fp32 upcast: the
+    transient peak of the loss).
 
     ``tp``: a vocabulary-parallel LM head and loss (Megatron's ``ColumnParallelLinear`` head with
-    ``vocab_parallel_cross_entropy``): each rank holds V' = ceil(V/tp) vocabulary entries, so every V term above
-    uses V' (the head's weight cast, the log-probabilities, the logits and their fp32 upcast); the final norm, the
-    head's input (T·d, gathered whole: no sequence-parallel split assumed) and the labels are per rank whole.
-    Derived, not measured (the oracle is single-device); tp = 1 is the measured case.
+    ``vocab_parallel_cross_entropy``), folded at ``Degrees(tp=tp, vocab_parallel=True)``: each rank holds
+    V' = ceil(V/tp) vocabulary entries, so every ``vocab`` axis uses V' (the head's weight cast, the
+    log-probabilities, the logits and their fp32 upcast); the final norm, the head's input (T·d, gathered whole:
+    no sequence-parallel split assumed) and the labels are per rank whole. Derived, not measured (the oracle is
+    single-device); tp = 1 is the measured case.
     """
     if tp < 1:
         raise TrainmathError(f"tp ({tp}) must be at least 1")
@@ -1309,78 +1025,3 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     V = -(-spec.vocab_size // tp)
     return Node.of("logits and loss", [Node.of("saved", saved, "bytes"), Node.of("not saved", alive, "bytes")],
                    "bytes", note=f"V={V}" + (f" per rank (tp={tp})" if tp > 1 else "") + f", T={micro_batch * seq}")
-
-
-def megatron_layer_terms(*, s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, selective: bool = False,
-                         cp: int = 1, act_bytes: int = 2) -> list[Node]:
-    """Korthikanti et al. 2022, §4.1 and Table 2: one GPT layer's activations, tensor by tensor.
-
-    Attention (11sbh + 5as²b with 2-byte activations): QKV input 2sbh, Q and K 4sbh, softmax 2as²b, its dropout
-    mask as²b, dropout output 2as²b, V 2sbh, output projection input 2sbh, dropout mask sbh. MLP (19sbh): input
-    2sbh, first Linear output 8sbh, GeLU output 8sbh, dropout mask sbh. Two LayerNorm inputs: 4sbh. Total
-    sbh(34 + 5as/h). Tensor parallelism t divides the 24sbh + 5as²b inside the attention and MLP blocks; sequence
-    parallelism also divides the 10sbh of LayerNorms, dropouts and block inputs; selective recompute drops the
-    5as²b core-attention term. Masks are 1 byte, other tensors ``act_bytes`` (the paper: 2). Context parallelism
-    cp (derived, not in the paper): each rank keeps s/cp queries, so every term is divided by cp.
-    """
-    x = act_bytes
-    sbh = s * b * h
-    rep = t if sp else 1  # the parts Table 2 keeps replicated without sequence parallelism
-    terms = [
-        ("layernorm inputs", 2 * x * sbh, rep),
-        ("attention: QKV input", x * sbh, rep),
-        ("attention: Q, K", 2 * x * sbh, t),
-        ("attention: V", x * sbh, t),
-        ("attention: projection input", x * sbh, t),
-        ("attention: dropout mask", sbh, rep),
-        ("mlp: input", x * sbh, rep),
-        ("mlp: first linear output", 4 * x * sbh, t),
-        ("mlp: GeLU output", 4 * x * sbh, t),
-        ("mlp: dropout mask", sbh, rep),
-    ]
-    if not selective:
-        terms += [
-            ("attention: softmax output", x * a * s * s * b, t),
-            ("attention: softmax dropout mask", a * s * s * b, t),
-            ("attention: dropout output", x * a * s * s * b, t),
-        ]
-    out = []
-    for name, value, div in terms:
-        out.append(_leaf(name, value // (div * cp), f"/{div * cp}" if div * cp > 1 else ""))
-    return out
-
-
-def activations_megatron(spec: ModelSpec, *, micro_batch: int, seq: int, recompute: str = "none", tp: int = 1,
-                         sp: bool = False, cp: int = 1, layers: Sequence[int] = (), compute_dtype_bytes: int = 2
-                         ) -> Node:
-    """The ``megatron`` profile: Korthikanti et al. 2022 per layer (``megatron_layer_terms``) × layers on the rank.
-    Full recompute keeps each layer's input, 2sbh (Table 2 last row; /t with sequence parallelism).
-    Heads a and hidden h are read from the spec (a = query heads, h = hidden size), as the paper's GPT has them.
-    Embedding, final norm and logits are not in Table 2 and are not added."""
-    if tp < 1 or cp < 1:
-        raise TrainmathError(f"tp ({tp}) and cp ({cp}) must be at least 1")
-    if sp and tp == 1:
-        raise TrainmathError("sp=True needs tp > 1 (sequence parallelism splits along the tensor-parallel group)")
-    if seq % (tp if sp else 1) or seq % cp:
-        raise TrainmathError(f"seq ({seq}) must be divisible by tp ({tp}) with sp and by cp ({cp})")
-    heads = _heads(spec)
-    b, s, h = micro_batch, seq, spec.hidden_size
-    if recompute == "full":
-        one = [_leaf("layer input (checkpoint)", compute_dtype_bytes * s * b * h // ((tp if sp else 1) * cp))]
-    else:
-        one = megatron_layer_terms(s=s, b=b, h=h, a=heads, t=tp, sp=sp, selective=recompute == "selective",
-                                   cp=cp, act_bytes=compute_dtype_bytes)
-    n = len(layers)
-    layer = Node.of("per layer", one, "bytes")
-    return Node.of(f"activations (megatron, recompute={recompute})",
-                   [_scaled(layer, n, f"layers × {n}", f"{layer.value} bytes per layer")],
-                   "bytes", note=f"Korthikanti et al. 2022 Table 2; b={b}, s={s}, h={h}, a={heads}, t={tp}, "
-                                 f"sp={sp}, cp={cp}")
-
-
-def _heads(spec: ModelSpec) -> int:
-    for layer in spec.layers:
-        for bl in layer.blocks:
-            if isinstance(bl.dims, (AttentionDims, MLADims)):
-                return bl.dims.heads
-    raise TrainmathError(f"{spec.name}: no attention layer, the megatron profile needs attention heads")

@@ -69,7 +69,7 @@ class Family:
     logit_scale: float | None = None
     """Cohere's ``logits = lm_head(h) * logit_scale``."""
     new_decoder_architecture: bool | None = None
-    """Falcon's flag (None: inferred from the spec, see ``_falcon_layer``)."""
+    """Falcon's flag (None: inferred from the spec, see ``families.classic.falcon_layer``)."""
     use_qk_norm: bool = True
     """Llama 4's weightless L2 q/k norm on RoPE layers (config default True; Maverick sets False)."""
     attn_temperature_tuning: bool = True
