@@ -76,11 +76,10 @@ def falcon_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> Non
     one input (its storage kept once); sequential layers (``parallel_attn=False``) norm the residual after
     attention. The variant comes from ``Family.new_decoder_architecture`` when set, else from the spec: two norms
     or 1 < h_kv < h mean the new architecture; a single-norm new-architecture config with h_kv = h or h_kv = 1
-    reads as multi-head/multi-query unless the flag is given. Not modelled: Linear biases (under autocast a bf16
-    product plus an fp32 bias is fp32, which changes every dtype after it), ALiBi, eager attention, dropout."""
+    reads as multi-head/multi-query unless the flag is given. Eager attention computes the softmax in the hidden
+    states' dtype (``tests/activations/test_falcon_eager``). Not modelled: Linear biases (under autocast a bf16
+    product plus an fp32 bias is fp32, which changes every dtype after it), ALiBi, dropout."""
     mixer, ffn, names, nb = _parts(layer)
-    if ctx.eager:
-        raise TrainmathError("the eager profile has no rule for Falcon attention; use profile='hf' (SDPA)")
     if any(t.kind == "bias" for t in mixer.tensors + ffn.tensors):
         raise TrainmathError("Falcon with bias=True is not yet modelled (an autocast bf16 product plus an fp32 bias "
                              "promotes to fp32): use --profile megatron")
@@ -96,7 +95,7 @@ def falcon_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> Non
     hm = _norm(prog, ctx, style, nb, "ln_mlp", x) if names[0] == "ln_attn" else ha
     fused_attention(prog, ctx, mixer, ha, qkv="self_attention.query_key_value", o="self_attention.dense",
                     prefix="self_attention", split="broadcast" if new_arch else "index" if hkv == 1 else "view",
-                    rotary=style.rotary, enable_gqa=False, mask=True)
+                    rotary=style.rotary, enable_gqa=False, mask=True, softmax_fp32=False)
     if names[-1] == "post_attention_layernorm":
         hm = _norm(prog, ctx, style, nb, "post_attention_layernorm", residual(ctx, "attention.residual"))
     plain_mlp(prog, ctx, ffn, hm, width=ffn.dims.intermediate, up="dense_h_to_4h", down="dense_4h_to_h",
