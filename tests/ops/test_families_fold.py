@@ -49,7 +49,9 @@ def _emit(spec, layer, *, b=2, s=16, c=2, p=2, eager=False):
     return prog.ops
 
 
-CATALOG = sorted(m for m in catalog_index() if load_spec(m).model_type in families.LAYERS)
+DENSE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3_text", "cohere", "starcoder2",
+         "gpt2", "falcon")
+CATALOG = sorted(m for m in catalog_index() if load_spec(m).model_type in DENSE)
 
 
 @pytest.mark.parametrize("model", CATALOG)
@@ -59,7 +61,7 @@ def test_every_linear_weight_is_a_linear_op(model):
     spec = load_spec(model)
     for layer, _ in spec.layer_groups():
         ops = _emit(spec, layer, p=4)
-        linears = sorted(t.name for t in layer.tensors if t.kind == "linear" and not t.experts)
+        linears = sorted(t.name for t in layer.tensors if t.kind == "linear")
         assert sorted(op.weight.name for op in ops if op.kind == "linear") == linears
         assert all(op.weight is None for op in ops if op.kind != "linear" and op.kind != "norm")
         one = Degrees(tp=1, sp=False, cp=1, ep=1, vocab_parallel=True)

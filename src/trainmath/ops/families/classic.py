@@ -77,7 +77,7 @@ def falcon_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> Non
     attention. The variant comes from ``Family.new_decoder_architecture`` when set, else from the spec: two norms
     or 1 < h_kv < h mean the new architecture; a single-norm new-architecture config with h_kv = h or h_kv = 1
     reads as multi-head/multi-query unless the flag is given. Eager attention computes the softmax in the hidden
-    states' dtype (``tests/activations/test_falcon_eager``). Not modelled: Linear biases (under autocast a bf16
+    states' dtype (``tests/activations/test_eager_families``). Not modelled: Linear biases (under autocast a bf16
     product plus an fp32 bias is fp32, which changes every dtype after it), ALiBi, dropout."""
     mixer, ffn, names, nb = _parts(layer)
     if any(t.kind == "bias" for t in mixer.tensors + ffn.tensors):
