@@ -96,3 +96,4 @@ from trainmath.ops.families import dense  # noqa: E402,F401  (registers its emit
 from trainmath.ops.families import moe  # noqa: E402,F401
 from trainmath.ops.families import gpt_oss  # noqa: E402,F401
 from trainmath.ops.families import llama4  # noqa: E402,F401
+from trainmath.ops.families import hybrid  # noqa: E402,F401
