@@ -52,6 +52,8 @@ def norm(prog: Program, ctx: Ctx, kind: str, name: str, x: Tensor, weight: Tenso
         out_dtype = x.dtype_bytes
     elif kind in ("rms", "rms_fp32_weight", "gemma", "nemotron", "l2"):
         xf = cast(prog, x, FP32, f"{name}.x_fp32", "fp32 copy of the input (the input itself if fp32)")
+        if xf is x:  # the input itself, under the norm's name (``memory.training`` finds it by that name)
+            xf = x.view(f"{name}.x_fp32", *x.axes, note="the input itself (fp32)")
         saved = [xf, _t(f"{name}.rsqrt", x, FP32, rows_only=True, note="one fp32 per row")]
         if kind == "rms":
             saved.append(_t(f"{name}.normalized", x, x.dtype_bytes, note="x·rsqrt in the input dtype"))
