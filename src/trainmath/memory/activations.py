@@ -17,22 +17,22 @@ For ``hf``/``eager`` it raises on purpose: transformers has no selective checkpo
 only q, k, v, the output and the logsumexp, all of which the neighbouring Linears need anyway.
 
 Families (``HF_FAMILIES``): llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe (sigmoid-gated shared expert),
-mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA math fallback, see ``mla_saved``), phi3 (fused qkv/gate_up),
+mixtral, olmo2, deepseek_v2/v3 (MLA, CPU SDPA math fallback, see ``ops.kernels.mla``), phi3 (fused qkv/gate_up),
 gemma2 (eager: transformers' default for it), gemma3_text, glm4_moe, starcoder2 (dropout 0), cohere (parallel
 attention and MLP, Cohere LayerNorms), gpt2 (Conv1D, fused c_attn, gelu_new; resid/embd/attn dropout 0: nonzero
 dropout adds masks that are not modelled; ``reorder_and_upcast_attn`` not modelled), falcon (rotary, no bias;
 multi-head, multi-query and the new decoder architecture; see ``_falcon_layer``), gpt_oss (eager attention with
 sinks, its default; biased clamped SwiGLU experts; a bf16 model here is ``model.to(bfloat16)``: ``from_pretrained``
 with a bf16 dtype keeps the norms in fp32 (``_keep_in_fp32_modules``), which is not modelled). llama4_text (the text model of
-``llama4``; see ``_llama4_layer``: every routed expert runs over all T tokens, so expert activations scale with n,
+``llama4``; see ``ops.families.llama4``: every routed expert runs over all T tokens, so expert activations scale with n,
 not top-k; needs ``attention_chunk_size``), qwen3_next (Gated DeltaNet on transformers' torch fallback, chunked
-and padded to 64, see ``gated_deltanet_saved``; gated attention; shared expert with a sigmoid gate), nemotron_h
-(Mamba-2 on the torch path, see ``mamba2_saved``; relu² MLP; attention without rotary; non-gated relu² experts
+and padded to 64, see ``ops.kernels.scans``; gated attention; shared expert with a sigmoid gate), nemotron_h
+(Mamba-2 on the torch path, see ``ops.kernels.scans``; relu² MLP; attention without rotary; non-gated relu² experts
 under DeepSeek-V3's router; ``moe_latent_size`` raises). Config switches that change what is saved but not
 the parameters (partial rotary, soft-capping, logit scale, Llama 4's ``use_qk_norm`` and
 ``attn_temperature_tuning``) come from ``Family``, router switches from ``Router``; by default both are read from
-the switches the spec carries (``ModelSpec.options``). Other families raise a ``TrainmathError``. MoE runs
-transformers' eager expert loop (``experts_implementation="eager"``). The oracle counts storages still held by the autograd graph
+the switches the spec carries (``ModelSpec.options``). Other families raise a ``TrainmathError``. Routed experts run
+transformers' eager loop or its ``grouped_mm`` path (``experts``; ``ops.kernels.experts``). The oracle counts storages still held by the autograd graph
 when the forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
 Precision is two numbers: ``compute_dtype_bytes`` (what matmuls produce) and ``param_dtype_bytes`` (the parameters'
@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
-from trainmath.model.spec import AttentionDims, Block, LayerSpec, MLADims, MLPDims, MoEDims, ModelSpec
+from trainmath.model.spec import AttentionDims, Block, LayerSpec, MLADims, MLPDims, ModelSpec
 from trainmath.ops import families as op_families
 from trainmath.ops.context import FP32, INT64, Ctx, Family, Precision, Router, _norm_topk_default  # noqa: F401
 from trainmath.ops.fold import layer_node
@@ -62,8 +62,8 @@ RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2",
                "deepseek_v3", "olmo2", "phi3", "gemma2", "gemma3_text",
                "glm4_moe", "starcoder2", "cohere", "gpt2", "falcon", "gpt_oss", "llama4_text", "qwen3_next", "nemotron_h")
-GROUPED_UNMODELLED = ("gpt_oss", "llama4_text", "nemotron_h", "qwen3_next")
-"""MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is)."""
+GROUPED_UNMODELLED = op_families.GROUPED_UNMODELLED
+"""MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is; ``Style``)."""
 ROTARY_CAT = ("phi3", "glm4_moe", "qwen3_next")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
 
@@ -251,142 +251,6 @@ def attention_saved(block: Block, *, b: int, s: int, d: int, p: Precision, eager
     return out
 
 
-def mla_saved(block: Block, *, b: int, s: int, d: int, p: Precision) -> list[Node]:
-    """DeepSeek-V2/V3 multi-head latent attention (transformers' ``DeepseekV{2,3}Attention``) after the input norm.
-
-    Saved: the input of q_a_proj (or q_proj without q LoRA) and kv_a_proj_with_mqa (``linear_inputs``); with q
-    LoRA the q_a_layernorm on the (T, q_lora) projection and q_b_proj's input (c·T·q_lora); the kv_a_layernorm on
-    the (T, r_kv) latent — a split view of kv_a_proj's (T, r_kv + rope) output, so in fp32 its "fp32 copy" is that
-    whole output (4·T·(r_kv + rope)), else a fresh fp32 copy (4·T·r_kv); kv_b_proj's input (c·T·r_kv); the
-    attention core; o_proj's input (c·T·h·v). RoPE multiplies by cos/sin (or V2's complex freqs), which need no grad:
-    only the shared cos/sin are saved (``rotary``). The key is assembled with ``copy_`` (nothing saved).
-
-    Attention core: q/k head dim (nope + rope) differs from v's, so PyTorch's CPU SDPA cannot run its flash kernel
-    and falls back to the math kernel, which on CPU computes in fp32 whatever the input dtype and saves the scaled
-    query and key (4·T·h·qk each), the fp32 softmax (4·b·h·s²) and a contiguous fp32 value (4·T·h·v).
-    (On CUDA, PyTorch would pick the memory-efficient kernel instead — not modelled here; the oracle runs on CPU.)
-    """
-    dims = block.dims
-    if not isinstance(dims, MLADims):
-        raise TrainmathError(f"mla block without MLADims: {block.kind}")
-    if dims.qk_head_dim == dims.v_head_dim:
-        raise TrainmathError(f"MLA with equal q/k and v head dims ({dims.qk_head_dim}) runs SDPA's flash kernel, "
-                             f"which the hf profile does not model for MLA")
-    T, c, h = b * s, p.compute, dims.heads
-    out = linear_inputs("self_attn.qkv_a", ["q_a_proj" if dims.q_lora_rank else "q_proj", "kv_a_proj_with_mqa"],
-                        T, d, p)
-    if dims.q_lora_rank:
-        out += rmsnorm_saved("self_attn.q_a_layernorm", T, dims.q_lora_rank, c)
-        out.append(_leaf("q_b_proj.input", c * T * dims.q_lora_rank))
-    latent = dims.kv_lora_rank
-    out += [
-        _leaf("self_attn.kv_a_layernorm.x_fp32", FP32 * T * (latent + dims.qk_rope_head_dim if c == FP32 else latent),
-              "the whole kv_a_proj output in fp32 (the latent is a view of it), else an fp32 copy of the latent"),
-        _leaf("self_attn.kv_a_layernorm.rsqrt", FP32 * T),
-        _leaf("self_attn.kv_a_layernorm.normalized", c * T * latent),
-        _leaf("kv_b_proj.input", c * T * latent),
-        _leaf("sdpa_math.query_scaled", FP32 * T * h * dims.qk_head_dim, "fp32 on CPU"),
-        _leaf("sdpa_math.key_scaled", FP32 * T * h * dims.qk_head_dim, "fp32 on CPU"),
-        _leaf("sdpa_math.softmax_fp32", FP32 * b * h * s * s),
-        _leaf("sdpa_math.value", FP32 * T * h * dims.v_head_dim, "contiguous fp32 copy"),
-        _leaf("o_proj.input", c * T * h * dims.v_head_dim),
-    ]
-    return out
-
-
-def experts_saved(tk: int, d: int, f: int, p: Precision, weight_bytes: int, experts: str = "eager",
-                  n: int = 0) -> list[Node]:
-    """transformers' eager expert loop (``experts_implementation="eager"``), summed over the hit experts; Σ n_e =
-    T·k for any routing. Per expert e with n_e tokens: torch.where's (n_e, 2) int64 token/slot indices, the gathered
-    input (c·n_e·d), the fused gate_up output (2c·n_e·f: gate and up are views of it), the activation output and
-    the product (c·n_e·f each), its routing weights (``weight_bytes``·n_e), the down output (c·n_e·d) and the
-    index_add source in the residual dtype (r·n_e·d).
-
-    ``experts="grouped"`` (``grouped_mm``, transformers 5's default): all T·k rows at once, sorted by expert: the
-    sort permutation, its inverse and the token index (8·T·k each, int64), the per-expert offsets (int32, 4·n),
-    then the same gathered input, gate_up output, activation output, product and down output, in the residual
-    dtype r (``_grouped_mm`` is not an autocast op: under autocast it runs in fp32 on the fp32 weights, which are
-    not cast), the routing weights (``weight_bytes``·T·k), and no index_add source (derived from
-    ``transformers.integrations.moe``, measured with MemTracker and saved_tensors_hooks)."""
-    c, r = p.compute, p.residual
-    if experts == "grouped":
-        return [
-            _leaf("experts.sort_indices", 3 * INT64 * tk, "permutation, inverse and token index"),
-            _leaf("experts.offsets", 4 * n, "int32 per-expert offsets"),
-            _leaf("experts.gathered_input", r * tk * d),
-            _leaf("experts.gate_up_out", 2 * r * tk * f),
-            _leaf("experts.act_out", r * tk * f),
-            _leaf("experts.down_proj.input", r * tk * f),
-            _leaf("experts.routing_weight", weight_bytes * tk),
-            _leaf("experts.down_out", r * tk * d),
-        ]
-    return [
-        _leaf("experts.token_slot_indices", 2 * INT64 * tk),
-        _leaf("experts.gathered_input", c * tk * d),
-        _leaf("experts.gate_up_out", 2 * c * tk * f),
-        _leaf("experts.act_out", c * tk * f),
-        _leaf("experts.down_proj.input", c * tk * f),
-        _leaf("experts.routing_weight", weight_bytes * tk),
-        _leaf("experts.down_out", c * tk * d),
-        _leaf("experts.index_add_source", r * tk * d),
-    ]
-
-
-def deepseek_moe_saved(block: Block, *, T: int, d: int, p: Precision, router: Router, model_type: str,
-                       experts: str = "eager") -> list[Node]:
-    """DeepSeek-V2/V3 MoE (``DeepseekV{2,3}MoE``): a router computed in fp32, the eager expert loop and the shared
-    experts (one gated MLP of width n_shared·f on the same input).
-
-    Router ``F.linear(x.float(), w.float())``: under autocast it runs in the compute dtype (its input cast, and the
-    weight cast counted with the weight copies); in a bf16 model both casts are fp32 copies (4·T·d and 4·n·d); in
-    fp32 it reads the MLP input itself (shared with the shared experts). Then, V3 (``noaux_tc``): sigmoid output
-    (router dtype·T·n), the top-k indices (8·T·k, saved by ``scores.gather``) and, with ``norm_topk_prob``, the
-    in-place division's denominator and weights (router dtype·T·(1 + k)). V2: fp32 softmax (4·T·n), with
-    ``group_limited_greedy`` the masked_fill mask (1·T·n), then the top-k indices (8·T·k). The router dtype is c
-    under autocast, else fp32; the routing weights the experts multiply by have it too (V2: fp32).
-
-    Packed but not kept: the group selection (V3's group top-2 and top-k over groups and its masked_fill; V2's
-    group max and top-k over groups) only produces integer indices, so its autograd nodes cannot reach the loss and
-    are freed, with what they saved, when the forward ends. ``n_group``/``topk_group`` therefore change nothing.
-    """
-    dims = block.dims
-    if not isinstance(dims, MoEDims):
-        raise TrainmathError(f"moe block without MoEDims: {block.kind}")
-    c = p.compute
-    n, k, f = dims.experts, dims.top_k, dims.expert_intermediate
-    rd = c if p.autocast else FP32
-    shared_reads_input = True
-    if p.autocast:
-        out = [_leaf("router.input_cast", c * T * d)]
-    elif c == FP32:
-        out = [_leaf("mlp.input", FP32 * T * d, "read by the router and the shared experts")]
-        shared_reads_input = False
-    else:
-        out = [_leaf("router.input_fp32", FP32 * T * d), _leaf("router.weight_fp32", FP32 * n * d,
-                                                                "x.float() and w.float() of a bf16 model")]
-    if model_type == "deepseek_v3":
-        out += [
-            _leaf("router.sigmoid", rd * T * n),
-            _leaf("router.topk_indices", INT64 * T * k, "saved by the gather of the weights"),
-        ]
-        if router.norm_topk_prob:
-            out += [_leaf("router.topk_sum", rd * T), _leaf("router.topk_weights", rd * T * k)]
-        weight_bytes = rd
-    else:
-        out.append(_leaf("router.softmax_fp32", FP32 * T * n))
-        if router.topk_method == "group_limited_greedy":
-            out.append(_leaf("router.group_mask", T * n, "bool, saved by masked_fill on the scores"))
-        elif router.topk_method != "greedy":
-            raise TrainmathError(f"DeepSeek-V2 topk_method {router.topk_method!r} is not one of greedy, "
-                                 f"group_limited_greedy")
-        out.append(_leaf("router.topk_indices", INT64 * T * k))
-        weight_bytes = FP32
-    out += experts_saved(T * k, d, f, p, weight_bytes, experts, n)
-    if dims.shared_intermediate:
-        out += gated_mlp_saved("shared_experts", T, d, dims.shared_intermediate, p, input_saved=shared_reads_input)
-    return out
-
-
 def gated_mlp_saved(prefix: str, tokens: int, d: int, f: int, p: Precision, *, input_saved: bool = True,
                     fused: bool = False) -> list[Node]:
     """SwiGLU ``down(act(gate(x)) * up(x))``: x (see ``linear_inputs``), gate output (act saves its input), act
@@ -412,56 +276,6 @@ def gated_mlp_saved(prefix: str, tokens: int, d: int, f: int, p: Precision, *, i
     ]
 
 
-def moe_saved(block: Block, *, T: int, d: int, p: Precision, norm_topk_prob: bool = True,
-              fp32_routing_weights: bool = False, experts: str = "eager") -> list[Node]:
-    """Qwen3-MoE/Mixtral sparse block with ``experts_implementation="eager"`` (a loop over hit experts).
-
-    Router: its input (``linear_inputs``), fp32 softmax (4·T·n), top-k indices (8·T·k); with ``norm_topk_prob``
-    the in-place renormalisation also saves the fp32 top-k values (4·T·k) and their sum (4·T). Per expert e with n_e tokens
-    (torch.where gives token and slot indices in one (n_e, 2) int64 storage): the gathered input (c·n_e·d), gate_up
-    output (2c·n_e·f: gate and up are views of it), act output and product (c·n_e·f each), its routing weight
-    (c·n_e), down output (c·n_e·d) and the index_add source in the residual dtype (r·n_e·d). Σ n_e = T·k for any
-    routing, so the total is routing-independent: T·k·(16 + c(2d + 4f + 1) + r·d) bytes.
-
-    ``fp32_routing_weights`` (Mixtral): the router returns the fp32 renormalised top-k values themselves (Qwen3-MoE
-    casts them back to the logits' dtype), so each expert's mul saves 4·n_e bytes of weights, not c·n_e: the
-    4-2 = 2 bytes × T·k that were missing in bf16 and under autocast (128 bytes per layer at T = 32, k = 2).
-    """
-    dims = block.dims
-    if not isinstance(dims, MoEDims):
-        raise TrainmathError(f"moe block without MoEDims: {block.kind}")
-    c, r = p.compute, p.residual
-    n, k, f = dims.experts, dims.top_k, dims.expert_intermediate
-    tk = T * k
-    out = linear_inputs("router", ["router"], T, d, p)
-    out += [
-        _leaf("router.softmax_fp32", FP32 * T * n),
-        _leaf("router.topk_indices", INT64 * T * k),
-        *([_leaf("router.topk_values", FP32 * T * k), _leaf("router.topk_sum", FP32 * T)] if norm_topk_prob else []),
-    ]
-    out += experts_saved(tk, d, f, p, FP32 if fp32_routing_weights else c, experts, n)
-    if dims.shared_intermediate:
-        # the shared expert reads the router's input: one storage unless autocast casts it per Linear
-        out += gated_mlp_saved("shared_expert", T, d, dims.shared_intermediate, p, input_saved=p.autocast)
-        if _has(block, "shared_expert_gate"):
-            out += shared_expert_gate_saved(T, d, p)
-    return out
-
-
-def shared_expert_gate_saved(T: int, d: int, p: Precision) -> list[Node]:
-    """Qwen2-MoE's ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``: the gate Linear (d → 1) reads the MoE
-    input (its own cast under autocast, else the shared storage), ``sigmoid`` saves its output (c·T) and the product
-    saves both factors: the sigmoid again and the shared expert's down_proj output (c·T·d), which a plain MLP block
-    never keeps (derived from ``Qwen2MoeSparseMoeBlock.forward``, checked by the oracle). These c·T·(d + 1) bytes,
-    plus the gate's input cast and weight copy under autocast, are what a Qwen3-MoE-style count misses."""
-    c = p.compute
-    out = [_leaf("shared_expert_gate.input_cast", c * T * d, "autocast copy")] if p.autocast else []
-    return out + [
-        _leaf("shared_expert_gate.sigmoid_out", c * T, "(T, 1), saved by sigmoid and by the product"),
-        _leaf("shared_expert.down_out", c * T * d, "saved by the gating product"),
-    ]
-
-
 def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager: bool,
                 experts_hit: int | None = None, norm_topk_prob: bool = True, model_type: str = "",
                 router: Router | None = None, family: Family | None = None, experts: str = "eager") -> Node:
@@ -483,21 +297,8 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
     if model_type == "cohere" and mixer is not None and mixer.kind == "attention" and \
             isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         return _cohere_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
-    if experts == "grouped" and ffn is not None and isinstance(ffn.dims, MoEDims) and model_type in GROUPED_UNMODELLED:
-        raise TrainmathError(f"the grouped_mm expert path of {model_type} is not modelled; pass --experts eager "
-                             f"(transformers' experts_implementation='eager')")
-    if model_type == "gpt_oss" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MoEDims):
-        return _gpt_oss_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, experts_hit=experts_hit)
     if model_type == "falcon" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
         return _falcon_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
-    if model_type == "qwen3_next" and mixer is not None and mixer.kind in ("attention", "linear_attention"):
-        return _qwen3_next_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager,
-                                 router=router or Router(norm_topk_prob=norm_topk_prob))
-    if model_type == "nemotron_h":
-        return _nemotron_h_layer(layer, b=b, s=s, d=d, p=p, eager=eager,
-                                 router=router or Router(norm_topk_prob=norm_topk_prob))
-    if model_type == "llama4_text" and mixer is not None and mixer.kind == "attention":
-        return _llama4_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager, family=family or Family())
     if model_type == "gpt2" and mixer is not None and mixer.kind == "attention" and isinstance(ffn.dims, MLPDims):
         return _gpt2_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager)
     if model_type in ("gemma2", "gemma3_text") and mixer is not None and mixer.kind == "attention" and \
@@ -505,37 +306,21 @@ def layer_saved(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager
         fam = family or Family.default(model_type)
         return _gemma_layer(layer, mixer, ffn, b=b, s=s, d=d, p=p, eager=eager or model_type == "gemma2",
                             softcap=(eager or model_type == "gemma2") and fam.attn_logit_softcapping is not None)
-    if mixer is None or mixer.kind not in ("attention", "mla") or ffn is None or names != [
+    if mixer is None or mixer.kind != "attention" or ffn is None or names != [
             "input_layernorm.weight", "post_attention_layernorm.weight"]:
         raise TrainmathError(f"the hf activation profile covers pre-norm attention + MLP/MoE layers "
                              f"({', '.join(HF_FAMILIES)}); layer {layer.label!r} has blocks "
                              f"{[bl.kind for bl in layer.blocks]} and norms {names}")
     r = p.residual
     kids = rmsnorm_saved("input_layernorm", T, d, r)  # its output (w·y) is saved by the Linears that read it
-    if mixer.kind == "mla":
-        if eager:
-            raise TrainmathError("the eager profile has no rule for MLA attention; use profile='hf' (SDPA)")
-        kids += mla_saved(mixer, b=b, s=s, d=d, p=p)
-    else:
-        kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, rotary_cat=model_type in ROTARY_CAT)
+    kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=eager, rotary_cat=model_type in ROTARY_CAT)
     kids += rmsnorm_saved("post_attention_layernorm", T, d, r)
     if isinstance(ffn.dims, MLPDims) and ffn.dims.gated:
         kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p, fused=_has(ffn, "gate_up_proj"))
-    elif isinstance(ffn.dims, MoEDims) and model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
-        # GLM-4.5's Glm4MoeTopkRouter is DeepSeek-V3's noaux_tc router (fp32 linear, sigmoid, gather, renorm)
-        kids += deepseek_moe_saved(ffn, T=T, d=d, p=p, model_type="deepseek_v3" if model_type == "glm4_moe"
-                                   else model_type,
-                                   router=router or Router(norm_topk_prob=norm_topk_prob, topk_method=(
-                                       "greedy" if model_type == "deepseek_v2" else "noaux_tc")), experts=experts)
-    elif isinstance(ffn.dims, MoEDims):
-        mixtral = model_type == "mixtral"  # always renormalises, keeps fp32 routing weights
-        kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=norm_topk_prob or mixtral, fp32_routing_weights=mixtral,
-                          experts=experts)
     else:
         raise TrainmathError(f"the hf activation profile has no rule for a plain (non-gated) MLP: {layer.label!r}")
     activ = Node.of("activations", kids, "bytes")
-    # grouped_mm reads the fp32 expert weights as they are: no per-expert casts
-    copies = weight_copies(mixer, p) + weight_copies(ffn, p, 0 if experts == "grouped" else experts_hit)
+    copies = weight_copies(mixer, p) + weight_copies(ffn, p)
     parts = [activ]
     if copies:
         parts.append(Node.of("autocast weight copies", copies, "bytes",
@@ -713,266 +498,6 @@ def _falcon_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int,
     return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
 
 
-def sink_attention_saved(block: Block, *, b: int, s: int, p: Precision) -> list[Node]:
-    """gpt-oss eager attention with learned sinks: ``cat([q·kᵀ·scale + mask, sinks])``, minus its row max, softmax
-    over s + 1 columns, the sink column dropped, ``.to(v.dtype)``, times v. Saved: the rotary query (``torch.cat``
-    makes it contiguous (b, h, s, h_d): bmm reads it in place), the key and value repeated to h heads (a copy for
-    bmm either way), the row max's int64 indices (8·b·h·s), the softmax over s + 1 columns (4·b·h·s·(s + 1) in fp32
-    and under autocast, whose fp32 mask promotes the scores; c·… in a bf16 model), under autocast its bf16 cast
-    without the sink column (c·b·h·s²; otherwise bmm reads the softmax in place), and o_proj's input (a
-    contiguous copy of the transposed output). The cat, the sinks' expand and the scale save nothing. Derived from
-    ``eager_attention_forward`` in ``modeling_gpt_oss``, checked by the oracle."""
-    dims = block.dims
-    T, c = b * s, p.compute
-    h, q = dims.heads, dims.heads * dims.head_dim
-    soft = FP32 if p.autocast else c
-    return [
-        _leaf("eager.query", c * T * q, "the rotary (cat) output, read in place"),
-        _leaf("eager.key", c * T * q, "repeated to h heads"),
-        _leaf("eager.row_max_indices", INT64 * b * h * s, "max(dim=-1) of the scores with the sink column"),
-        _leaf("eager.softmax_with_sink", soft * b * h * s * (s + 1), "s + 1 columns: the sink's included"),
-        *([_leaf("eager.probs", c * b * h * s * s, "bf16 cast without the sink column")] if p.autocast else []),
-        _leaf("eager.value", c * T * q, "repeated to h heads"),
-        _leaf("o_proj.input", c * T * q, "transpose(1, 2).contiguous() of the output"),
-    ]
-
-
-def gpt_oss_moe_saved(block: Block, *, T: int, d: int, p: Precision) -> list[Node]:
-    """gpt-oss MoE (``GptOssMLP``, ``experts_implementation="eager"``): a biased router ``linear`` (its input), top-k
-    on the logits (int64 indices) and a softmax over the k values (c·T·k); then per hit expert with n_e tokens,
-    Σ n_e = T·k: the int64 token and top-k slot indices (``torch.where``; 8·n_e each), the gathered input (c), ``x·W +
-    b`` — under autocast a bf16 product plus an fp32 bias, so everything up to the down projection is fp32 (g = 4;
-    g = c otherwise) — the (n_e, 2f) gate_up output kept by both clamps (gate and up are its interleaved views),
-    the clamped gate, ``sigmoid(α·gate)``, ``glu`` and ``up + 1`` (the product ``(up + 1)·glu`` saves both), the
-    down projection's input (its c cast), the biased down output (g, saved by the routing product), the routing
-    weight (c) and the product (g = r), which index_add keeps. Derived from ``GptOssExperts``, checked by the oracle."""
-    dims = block.dims
-    c = p.compute
-    g = FP32 if p.autocast else c
-    k, f = dims.top_k, dims.expert_intermediate
-    tk = T * k
-    out = linear_inputs("router", ["router"], T, d, p)
-    out += [
-        _leaf("router.topk_indices", INT64 * tk),
-        _leaf("router.softmax", c * tk, "softmax of the k top logits"),
-        _leaf("experts.token_indices", INT64 * tk, "saved by the gather and by index_add"),
-        _leaf("experts.slot_indices", INT64 * tk, "top-k positions, saved by the routing weights' gather"),
-        _leaf("experts.gathered_input", c * tk * d),
-        _leaf("experts.gate_up_out", g * tk * 2 * f, "kept by both clamps"),
-        _leaf("experts.gate_clamped", g * tk * f),
-        _leaf("experts.sigmoid", g * tk * f),
-        _leaf("experts.glu", g * tk * f),
-        _leaf("experts.up_plus_one", g * tk * f),
-        _leaf("experts.down_proj.input", c * tk * f),
-        _leaf("experts.down_out", g * tk * d, "with its bias, saved by the routing product"),
-        _leaf("experts.routing_weight", c * tk),
-        _leaf("experts.index_add_source", g * tk * d),
-    ]
-    return out
-
-
-def _gpt_oss_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
-                   experts_hit: int | None) -> Node:
-    """gpt-oss: RMSNorms whose weight multiplies in fp32 (``olmo2_rmsnorm_saved``), biased q/k/v/o, half-width
-    cos/sin, eager attention with sinks (``sink_attention_saved``; transformers has no SDPA path for it), the biased
-    MoE (``gpt_oss_moe_saved``). Sliding and full layers save the same (the window only changes the mask)."""
-    T = b * s
-    kids = olmo2_rmsnorm_saved("input_layernorm", T, d)
-    kids += linear_inputs("self_attn.qkv", ["q_proj", "k_proj", "v_proj"], T, d, p)
-    kids += sink_attention_saved(mixer, b=b, s=s, p=p)
-    kids += olmo2_rmsnorm_saved("post_attention_layernorm", T, d)
-    kids += gpt_oss_moe_saved(ffn, T=T, d=d, p=p)
-    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p, experts_hit))
-
-
-def _llama4_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
-                  eager: bool, family: Family) -> Node:
-    """Llama 4 text decoder layer (``Llama4TextDecoderLayer``, SDPA), derived from the code, checked by the oracle.
-
-    Attention: RoPE layers are the chunked ones (``attention_chunk_size``, carried as the sliding window); the others
-    (every ``no_rope_layer_interval``-th) use no RoPE and full causal attention. RoPE multiplies ``q.float()`` as
-    complex numbers by ``freqs_cis`` (shared, see ``activation_bytes``): nothing else is saved. ``use_qk_norm`` (RoPE
-    layers): a weightless L2 norm ``x.float() * rsqrt(mean(x²) + eps)``, keeping the fp32 rotary output (4·T·q,
-    4·T·kv) and rsqrt per head row (4·T·h, 4·T·h_kv). No-RoPE layers with ``attn_temperature_tuning``: the query is
-    multiplied by an fp32 (1, s, 1, 1) scale expanded over the batch (4·s bytes kept). SDPA: when s ≥ chunk size
-    the chunked mask exists (c·b·s², one per layer) and transformers then repeats k/v to h heads (``repeat_kv``:
-    c·T·q each), otherwise native GQA (c·T·kv each); query c·T·q, output (also o_proj's input) c·T·q, logsumexp.
-
-    MoE (``Llama4TextMoe``): the router (an autocast Linear) keeps top-k indices (8·T·k, saved by ``scatter_``), the
-    fp32 sigmoid of the scattered scores (4·T·n); every routed expert runs over all T tokens: the input repeated n
-    times (r·n·T·d, saved by the product with the scores), the scores transposed to (n·T, 1) (c·n·T, a copy), the
-    product as bmm input (c·n·T·d: the product itself, or its autocast cast), gate_up output (2c·n·T·f: gate and
-    up are views), activation output and product (c·n·T·f each). So expert activations scale with n, not top-k,
-    and the autocast expert weight copies are all n. The shared expert is a plain gated MLP reading the MoE input
-    (the router's storage without autocast); its output is added in place (nothing saved). Dense layers: a gated
-    MLP of width ``intermediate_size_mlp``. RMSNorms multiply by the weight in the input dtype (``rmsnorm_saved``).
-    """
-    if eager:
-        raise TrainmathError("llama4_text: the eager profile is not modelled; use profile='hf' (SDPA)")
-    dims = mixer.dims
-    T, c, r = b * s, p.compute, p.residual
-    h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
-    q, kv = h * hd, hkv * hd
-    rope = dims.sliding_window is not None
-    kids = rmsnorm_saved("input_layernorm", T, d, r)
-    kids += linear_inputs("self_attn.qkv", ["q_proj", "k_proj", "v_proj"], T, d, p)
-    if rope and family.use_qk_norm:
-        kids += [_leaf("self_attn.q_l2norm.x_fp32", FP32 * T * q, "fp32 rotary query"),
-                 _leaf("self_attn.q_l2norm.rsqrt", FP32 * T * h),
-                 _leaf("self_attn.k_l2norm.x_fp32", FP32 * T * kv, "fp32 rotary key"),
-                 _leaf("self_attn.k_l2norm.rsqrt", FP32 * T * hkv)]
-    if not rope and family.attn_temperature_tuning:
-        kids.append(_leaf("self_attn.attn_scales", FP32 * s, "(1, s, 1, 1) fp32, expanded over the batch"))
-    masked = rope and s >= dims.sliding_window
-    rep = masked and hkv < h
-    kids += [_leaf("sdpa.query", c * T * q),
-             _leaf("sdpa.key", c * T * (q if rep else kv), "repeat_kv copy to h heads" if rep else ""),
-             _leaf("sdpa.value", c * T * (q if rep else kv), "repeat_kv copy to h heads" if rep else "v_proj output"),
-             *([_leaf("sdpa.chunked_mask", c * b * s * s, "chunked causal mask, one per layer")] if masked else []),
-             _leaf("sdpa.output", c * T * q, "also o_proj's input"),
-             _leaf("sdpa.logsumexp", FP32 * b * h * s)]
-    kids += rmsnorm_saved("post_attention_layernorm", T, d, r)
-    if isinstance(ffn.dims, MoEDims):
-        n, k, f = ffn.dims.experts, ffn.dims.top_k, ffn.dims.expert_intermediate
-        kids += linear_inputs("feed_forward.router", ["router", "shared_expert.gate_proj",
-                                                      "shared_expert.up_proj"], T, d, p)
-        kids += [_leaf("router.topk_indices", INT64 * T * k, "saved by scatter_"),
-                 _leaf("router.sigmoid_fp32", FP32 * T * n),
-                 _leaf("experts.repeated_input", r * n * T * d, "input repeated n times, saved by the product"),
-                 _leaf("experts.scores_t", c * n * T, "(n·T, 1) transposed copy of the scores"),
-                 _leaf("experts.bmm_input", c * n * T * d, "scaled input (its cast under autocast)"),
-                 _leaf("experts.gate_up_out", 2 * c * n * T * f, "gate and up are views of it"),
-                 _leaf("experts.act_out", c * n * T * f),
-                 _leaf("experts.down_input", c * n * T * f)]
-        kids += gated_mlp_saved("feed_forward.shared_expert", T, d, ffn.dims.shared_intermediate, p,
-                                input_saved=False)
-    else:
-        kids += gated_mlp_saved("feed_forward", T, d, ffn.dims.intermediate, p)
-    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
-
-
-GDN_CHUNK = 64
-"""``torch_chunk_gated_delta_rule``'s default chunk size: the sequence is padded to a multiple of it."""
-
-
-def gated_deltanet_saved(block: Block, *, b: int, s: int, d: int, p: Precision) -> list[Node]:
-    """Qwen3-Next's Gated DeltaNet (``Qwen3NextGatedDeltaNet``) on transformers' torch fallback (no
-    ``causal_conv1d``/``flash-linear-attention``: ``causal_conv1d_fn`` and ``torch_chunk_gated_delta_rule``), after
-    the input norm. Derived from the code, checked by the oracle.
-
-    Symbols: h_v value heads, d_k/d_v head dims, kd = h_k·d_k, vd = h_v·d_v, cd = 2·kd + vd conv channels, K conv
-    kernel, C = 64 chunk, L = s padded to a multiple of C, N = L/C chunks, G = b·h_v. Projections: the inputs of
-    in_proj_qkvz and in_proj_ba; the depthwise conv keeps its input (the cat of q, k, v: c·T·cd) and SiLU its
-    input, the whole padded conv output (c·b·cd·(s + K - 1)). beta = sigmoid(b) keeps c·T·h_v; the decay
-    g = -exp(A_log)·softplus(a + dt_bias) keeps the fp32 softplus input and output (4·T·h_v each) and exp(A_log)
-    and its negation (4·h_v each).
-
-    The chunked rule runs in fp32: the L2 norms of q and k (repeated to h_v heads) keep their fp32 inputs
-    (4·T·h_v·d_k each) and rsqrt (4·T·h_v each); the padded value (4·G·L·d_v), key, query and k·beta (4·G·L·d_k
-    each), padded beta and two exp(cumsum(g)) (4·G·L each); the (C, C) bool mask; five (G, L, C) fp32 tensors (the
-    decay exp, k_beta·kᵀ, q·kᵀ, ut_system = their product, intra-chunk attention); the two triangular solves'
-    results (4·G·L·d_v, 4·G·L·d_k); per chunk v_new (4·G·C·d_v) and the recurrent state the chunk reads (4·G·d_k·d_v,
-    the first one zeros). With N > 1 chunks the state carries gradient, adding the decayed query and key
-    (4·G·L·d_k each). exp(g_last - cumsum) (4·G·L) and the per-chunk decay exp (4·G·N) stay alive even with one
-    chunk (measured).
-
-    Output: the gated RMSNorm (``x.float()``, rsqrt per (token, head), ``w * y.to(c)``, then ``· silu(z.float())``)
-    keeps the fp32 x, rsqrt (4·T·h_v), y in c, the fp32 z and its silu, the weight product (param dtype), and
-    out_proj's input (c·T·vd)."""
-    dims = block.dims
-    c, T = p.compute, b * s
-    hv, dk, dv = dims.value_heads, dims.key_head_dim, dims.value_head_dim
-    kd, vd = dims.key_heads * dk, hv * dv
-    cd = 2 * kd + vd
-    C = GDN_CHUNK
-    N = -(-s // C)
-    L, G = N * C, b * hv
-    out = linear_inputs("linear_attn.in_proj", ["in_proj_qkvz", "in_proj_ba"], T, d, p)
-    out += [
-        _leaf("conv1d.input", c * T * cd, "cat of q, k, v"),
-        _leaf("conv1d.silu_input", c * b * cd * (s + dims.conv_kernel - 1), "the whole padded conv output"),
-        _leaf("beta.sigmoid", c * T * hv),
-        _leaf("g.softplus_input", FP32 * T * hv), _leaf("g.softplus_out", FP32 * T * hv),
-        _leaf("g.exp_A", FP32 * hv), _leaf("g.neg_exp_A", FP32 * hv),
-        _leaf("gdr.q_l2norm.x", FP32 * T * hv * dk), _leaf("gdr.q_l2norm.rsqrt", FP32 * T * hv),
-        _leaf("gdr.k_l2norm.x", FP32 * T * hv * dk), _leaf("gdr.k_l2norm.rsqrt", FP32 * T * hv),
-        _leaf("gdr.value_padded", FP32 * G * L * dv), _leaf("gdr.key_padded", FP32 * G * L * dk),
-        _leaf("gdr.query_padded", FP32 * G * L * dk), _leaf("gdr.k_beta", FP32 * G * L * dk),
-        _leaf("gdr.beta_padded", FP32 * G * L), _leaf("gdr.exp_cumsum", 2 * FP32 * G * L, "two exp(cumsum(g))"),
-        _leaf("gdr.upper_mask", C * C, "bool"),
-        _leaf("gdr.new_values", FP32 * G * L * dv), _leaf("gdr.k_cumdecay", FP32 * G * L * dk),
-        _leaf("gdr.exp_last_minus_cumsum", FP32 * G * L, "kept even when N = 1 (measured)"),
-        _leaf("gdr.chunk_decay", FP32 * G * N, "kept even when N = 1 (measured)"),
-    ]
-    if not p.autocast:
-        out += [
-            _leaf("gdr.chunk_matrices", 5 * FP32 * G * L * C,
-                  "decay exp, k_beta·kᵀ, q·kᵀ, ut_system, intra-chunk attention"),
-            _leaf("gdr.v_new", N * FP32 * G * C * dv, "per chunk"),
-            _leaf("gdr.states", N * FP32 * G * dk * dv, "the state each chunk reads"),
-        ]
-        if N > 1:
-            out += [_leaf("gdr.query_decayed", FP32 * G * L * dk), _leaf("gdr.key_decayed", FP32 * G * L * dk)]
-    else:  # every @ runs in c on casts of its fp32 operands
-        out += [
-            _leaf("gdr.chunk_matrices_fp32", 2 * FP32 * G * L * C, "decay exp, ut_system"),
-            _leaf("gdr.products_c", 2 * c * G * L * C, "k_beta·kᵀ and q·kᵀ in c, saved by the decay products"),
-            _leaf("gdr.intra_cast", c * G * L * C, "per-chunk casts of the intra-chunk attention"),
-            _leaf("gdr.operand_casts", 4 * c * G * L * dk, "kᵀ twice, k_beta, q"),
-            _leaf("gdr.state_casts", 2 * N * c * G * dk * dv, "each chunk's state, cast by two products"),
-            _leaf("gdr.v_new_casts", (2 * N - 1) * c * G * C * dv),
-            _leaf("gdr.chunk_operand_casts", 3 * (N - 1) * c * G * C * dk,
-                  "k_cumdecay, decayed query and key slices of the chunks after the first / before the last"),
-            _leaf("gdr.states_fp32", (N - 1) * FP32 * G * dk * dv, "kept by the state decay products"),
-            _leaf("conv1d.weight_cast", c * cd * dims.conv_kernel),
-        ]
-    out += [
-        _leaf("norm.x_fp32", FP32 * T * vd), _leaf("norm.rsqrt", FP32 * T * hv),
-        _leaf("norm.normalized", c * T * vd), _leaf("norm.weighted", p.param * T * vd),
-        _leaf("norm.z_fp32", FP32 * T * vd), _leaf("norm.silu_z", FP32 * T * vd),
-        _leaf("out_proj.input", c * T * vd),
-    ]
-    return out
-
-
-def _qwen3_next_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,
-                      eager: bool, router: Router) -> Node:
-    """Qwen3-Next: (1 + w) RMSNorms (``gemma_rmsnorm_saved``), Gated DeltaNet (``gated_deltanet_saved``) or gated
-    full attention, then a Qwen2-MoE-style sparse block (softmax router, eager experts, sigmoid-gated shared
-    expert) or a gated MLP. Gated attention: q_proj emits query and gate (T, 2q); the per-head q norm's fp32 input
-    is, in fp32, that whole output (4·T·2q), else an fp32 copy of the query (4·T·q); partial rotary ends in
-    ``torch.cat``, so SDPA's output is (b, h, s, h_d) and the reshape before the gate is a copy (c·T·q), kept by
-    the gating product beside sigmoid(gate) (c·T·q); o_proj reads the product (c·T·q)."""
-    if eager:
-        raise TrainmathError("qwen3_next: the eager profile is not modelled; use profile='hf' (SDPA)")
-    T, c = b * s, p.compute
-    kids = gemma_rmsnorm_saved("input_layernorm", T, d)
-    if mixer.kind == "linear_attention":
-        kids += gated_deltanet_saved(mixer, b=b, s=s, d=d, p=p)
-    else:
-        dims = mixer.dims
-        h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
-        q, kv = h * hd, hkv * hd
-        kids += linear_inputs("self_attn.qkv", ["q_proj", "k_proj", "v_proj"], T, d, p)
-        kids += [
-            _leaf("self_attn.q_norm.x_fp32", FP32 * T * (2 * q if c == FP32 else q),
-                  "the whole q_proj output in fp32 (query is a view), else an fp32 copy of the query"),
-            *gemma_rmsnorm_saved("self_attn.q_norm", T * h, hd)[1:],
-            *gemma_rmsnorm_saved("self_attn.k_norm", T * hkv, hd),
-            _leaf("sdpa.query", c * T * q), _leaf("sdpa.key", c * T * kv), _leaf("sdpa.value", c * T * kv),
-            _leaf("sdpa.output", c * T * q), _leaf("sdpa.logsumexp", FP32 * b * h * s),
-            _leaf("gate.attn_output", c * T * q, "contiguous copy of the (b, h, s, h_d) output"),
-            _leaf("gate.sigmoid", c * T * q),
-            _leaf("o_proj.input", c * T * q),
-        ]
-    kids += gemma_rmsnorm_saved("post_attention_layernorm", T, d)
-    if isinstance(ffn.dims, MoEDims):
-        kids += moe_saved(ffn, T=T, d=d, p=p, norm_topk_prob=router.norm_topk_prob)
-    else:
-        kids += gated_mlp_saved("mlp", T, d, ffn.dims.intermediate, p)
-    return _layer_node(layer, kids, weight_copies(mixer, p) + weight_copies(ffn, p))
-
-
 def nemotron_rmsnorm_saved(prefix: str, rows: int, width: int, p: Precision) -> list[Node]:
     """Nemotron-H's RMSNorm: ``(w.to(fp32) * (x.to(fp32) * rsqrt(mean(x²) + eps))).to(in_dtype)``: the fp32 x,
     rsqrt per row, the fp32 y, and with bf16 parameters the fp32 copy of w (4·width). Derived, checked by the
@@ -981,135 +506,6 @@ def nemotron_rmsnorm_saved(prefix: str, rows: int, width: int, p: Precision) -> 
     if p.param != FP32:
         out.append(_leaf(f"{prefix}.weight_fp32", FP32 * width, "w.to(fp32) of a bf16 weight"))
     return out
-
-
-def mamba2_saved(block: Block, *, b: int, s: int, d: int, p: Precision) -> list[Node]:
-    """Nemotron-H's Mamba-2 mixer on transformers' torch path (``causal_conv1d_fn`` + ``mamba2_chunk_scan``, no
-    mamba_ssm kernels), after the input norm. Derived from the code, checked by the oracle.
-
-    Symbols: h_m heads, P head dim, I = h_m·P, g groups, N state size, K conv kernel, Q chunk size, L = s padded
-    to a multiple of Q, n_c = L/Q chunks, W = 2I + 2gN + h_m the in_proj width. The in_proj output (gate, x/B/C,
-    dt are views of it) is kept whole by the conv in fp32 (c·T·W), the SiLU keeps the padded conv output
-    (c·b·(I + 2gN)·(s + K - 1)); dt + dt_bias → softplus → clamp keep c·T·h_m twice and dt.float() 4·T·h_m;
-    A = -exp(A_log) keeps 4·h_m twice. The scan runs in fp32: the SSM input x in fp32 (in fp32 the whole SiLU
-    output, 4·T·(I + 2gN)), its padded copy for D (4·b·L·I), x·dt padded (4·b·L·I); five (b, L, h_m, N) tensors
-    for B and C (einsum operand copies, B·decay); three (b, h_m, L, Q) tensors (exp(segsum), G, M = G·L); two
-    exp(cumsum) (4·b·h_m·L each); the chunk states and their decayed mix (4·b·(n_c + 1)·h_m·P·N each) and the
-    (n_c + 1)² decay; C·states (4·b·L·I) and the padded scan output (4·b·L·I); four bool masks (2·Q², 2·(n_c+1)²).
-    Gated RMSNorm (``norm_before_gate=False``): silu of the fp32 gate (input and output 4·T·I), the product (4·T·I),
-    rsqrt per group (4·T·g), the fp32 normalised y (4·T·I); out_proj's input (c·T·I)."""
-    dims = block.dims
-    c, T = p.compute, b * s
-    hm, P, g, N, K, Q = dims.heads, dims.head_dim, dims.groups, dims.state_size, dims.conv_kernel, dims.chunk_size
-    I = hm * P
-    cd = I + 2 * g * N
-    W = I + cd + hm
-    nc = -(-s // Q)
-    L = nc * Q
-    out = linear_inputs("mixer.in_proj", ["in_proj"], T, d, p)
-    ac = p.autocast
-    kept = nc + 1 if nc == 1 else nc  # states[:, :-1] as the last einsum keeps it (measured)
-    if ac:  # x/B/C.to(fp32 weight) copy, then conv1d casts it back: the cast and the weight's cast are kept
-        out += [_leaf("conv1d.input_cast", c * T * cd), _leaf("conv1d.weight_cast", c * cd * K)]
-    else:
-        out.append(_leaf("in_proj.output", c * T * W, "the conv input (and in fp32 the gate) are views of it"))
-    if c != FP32:
-        out.append(_leaf("norm.gate_fp32", FP32 * T * I, "gate.to(fp32), saved by silu"))
-    out += [
-        _leaf("conv1d.silu_input", c * b * cd * (s + K - 1), "the whole padded conv output"),
-        _leaf("dt.softplus_input", c * T * hm), _leaf("dt.clamp_input", c * T * hm),
-        _leaf("dt.fp32", (1 if c == FP32 else 2) * FP32 * T * hm, "dt.float(), once per use unless fp32"),
-        _leaf("A.exp", FP32 * hm), _leaf("A.neg", FP32 * hm),
-        _leaf("scan.x_fp32", FP32 * T * (cd if c == FP32 else I),
-              "the whole SiLU output in fp32 (x is a view of it), else x.float()"),
-        _leaf("scan.x_padded_for_D", FP32 * b * L * I),
-        _leaf("scan.exp_cumsum", 2 * FP32 * b * hm * L),
-        _leaf("scan.output_padded", FP32 * b * L * I),
-        _leaf("scan.masks", 2 * Q * Q + 2 * (nc + 1) ** 2, "bool"),
-    ]
-    if not ac:
-        out += [
-            _leaf("scan.x_dt", (1 if nc == 1 else 2) * FP32 * b * L * I,
-                  "x·dt, plus an einsum copy when there is more than one chunk"),
-            _leaf("scan.B_C", 5 * FP32 * b * L * hm * N, "einsum operand copies of B and C, B, B·decay"),
-            _leaf("scan.chunk_matrices", 3 * FP32 * b * hm * L * Q, "exp(segsum), G, M"),
-            _leaf("scan.states", FP32 * b * (nc + 1 + kept) * hm * P * N,
-                  "the n_c + 1 states and the einsum copy of all but the last (a view when n_c = 1)"),
-            _leaf("scan.decay_chunk", FP32 * b * hm * (nc + 1) ** 2),
-            _leaf("scan.C_times_states", FP32 * b * L * I),
-        ]
-    else:  # every einsum runs in c on casts of its fp32 operands
-        out += [
-            _leaf("scan.x_dt_casts", 2 * c * b * L * I, "one per einsum"),
-            _leaf("scan.B", FP32 * b * L * hm * N, "saved by B·decay"),
-            _leaf("scan.B_C_casts", 4 * c * b * L * hm * N, "C twice, B, B·decay"),
-            _leaf("scan.exp_segsum", FP32 * b * hm * L * Q), _leaf("scan.G", c * b * hm * L * Q),
-            _leaf("scan.M_cast", c * b * hm * L * Q),
-            _leaf("scan.states_casts", c * b * (nc + 1 + kept) * hm * P * N,
-                  "all states, then all but the last (whole when n_c = 1)"),
-            _leaf("scan.decay_chunk", FP32 * b * hm * (nc + 1) ** 2),
-            _leaf("scan.decay_chunk_cast", c * b * hm * (nc + 1) ** 2),
-            _leaf("scan.C_times_states", c * b * L * I),
-        ]
-    out += [
-        _leaf("norm.silu_gate_out", FP32 * T * I), _leaf("norm.gated", FP32 * T * I),
-        _leaf("norm.rsqrt", FP32 * T * g), _leaf("norm.normalized_fp32", FP32 * T * I),
-        _leaf("out_proj.input", c * T * I),
-    ]
-    return out
-
-
-def relu2_mlp_saved(prefix: str, tokens: int, d: int, f: int, p: Precision, *, input_saved: bool = True
-                    ) -> list[Node]:
-    """``down(relu(up(x))²)``: x, the relu output (saved by relu and by pow) and the square (down's input)."""
-    out = linear_inputs(f"{prefix}.up_proj", [f"{prefix}.up_proj"], tokens, d, p) if input_saved else []
-    return out + [_leaf(f"{prefix}.relu_out", p.compute * tokens * f),
-                  _leaf(f"{prefix}.down_proj.input", p.compute * tokens * f)]
-
-
-def _nemotron_h_layer(layer: LayerSpec, *, b: int, s: int, d: int, p: Precision, eager: bool, router: Router
-                      ) -> Node:
-    """Nemotron-H: each layer is one Nemotron RMSNorm and one mixer: Mamba-2 (``mamba2_saved``), attention
-    without rotary (SDPA), a relu² MLP, or a MoE with DeepSeek-V3's sigmoid router (fp32 linear, group selection,
-    renormalised top-k) over non-gated relu² experts (eager loop) plus a relu² shared expert."""
-    if eager:
-        raise TrainmathError("nemotron_h: the eager profile is not modelled; use profile='hf' (SDPA)")
-    T, c = b * s, p.compute
-    mixer = next(bl for bl in layer.blocks if bl.kind != "norm")
-    kids = nemotron_rmsnorm_saved("norm", T, d, p)
-    if mixer.kind == "mamba":
-        kids += mamba2_saved(mixer, b=b, s=s, d=d, p=p)
-    elif mixer.kind == "attention":
-        kids += attention_saved(mixer, b=b, s=s, d=d, p=p, eager=False)
-    elif mixer.kind == "mlp":
-        kids += relu2_mlp_saved("mixer", T, d, mixer.dims.intermediate, p)
-    elif mixer.kind == "moe":
-        dims = mixer.dims
-        if any("latent" in t.name for t in mixer.tensors):
-            raise TrainmathError("nemotron_h with moe_latent_size is not yet modelled (use --profile megatron)")
-        n, k, f = dims.experts, dims.top_k, dims.expert_intermediate
-        rd = c if p.autocast else FP32
-        if p.autocast:
-            kids.append(_leaf("router.input_cast", c * T * d))
-        elif c == FP32:
-            kids.append(_leaf("mixer.input", FP32 * T * d, "read by the router and the shared expert"))
-        else:
-            kids += [_leaf("router.input_fp32", FP32 * T * d), _leaf("router.weight_fp32", FP32 * n * d)]
-        kids += [_leaf("router.sigmoid", rd * T * n),
-                 _leaf("router.topk_indices", INT64 * T * k, "saved by the gather of the weights")]
-        if router.norm_topk_prob:
-            kids += [_leaf("router.topk_sum", rd * T), _leaf("router.topk_weights", rd * T * k)]
-        tk = T * k
-        kids += [_leaf("experts.token_slot_indices", 2 * INT64 * tk), _leaf("experts.gathered_input", c * tk * d),
-                 _leaf("experts.relu_out", c * tk * f), _leaf("experts.down_proj.input", c * tk * f),
-                 _leaf("experts.routing_weight", rd * tk), _leaf("experts.down_out", c * tk * d),
-                 _leaf("experts.index_add_source", rd * tk * d, "in the routing weights' dtype")]
-        if dims.shared_intermediate:
-            kids += relu2_mlp_saved("mixer.shared_experts", T, d, dims.shared_intermediate, p,
-                                    input_saved=c != FP32 or p.autocast)
-    else:
-        raise TrainmathError(f"nemotron_h layer {layer.label!r} has an unknown mixer {mixer.kind!r}")
-    return _layer_node(layer, kids, weight_copies(mixer, p))
 
 
 def _starcoder2_layer(layer: LayerSpec, mixer: Block, ffn: Block, *, b: int, s: int, d: int, p: Precision,

@@ -93,7 +93,7 @@ def style(model_type: str) -> Style:
 
 
 from trainmath.ops.families import dense  # noqa: E402,F401  (registers its emitters)
-from trainmath.ops.families import moe  # noqa: E402,F401
 from trainmath.ops.families import gpt_oss  # noqa: E402,F401
-from trainmath.ops.families import llama4  # noqa: E402,F401
 from trainmath.ops.families import hybrid  # noqa: E402,F401
+from trainmath.ops.families import llama4  # noqa: E402,F401
+from trainmath.ops.families import moe  # noqa: E402,F401

@@ -61,13 +61,14 @@ def expert_linear(prog: Program, ctx: Ctx, name: str, x: Tensor, out: Axis, weig
     if autocast and ctx.p.autocast and x.dtype_bytes != c:
         xin = _t(f"{name}.input_cast", x.axes, c, "autocast copy of the routed rows")
     y = _t(f"{name}.out", (*x.axes[:-1], out), out_dtype or (c if autocast else x.dtype_bytes))
-    for w in weights:
+    for i, w in enumerate(weights):
         saved = [xin]
         wc = weight_copy(ctx, w, copies) if copies is not None else None
         if wc is not None:
             saved.append(wc)
-        prog.emit("linear", name, inputs=(x,), outputs=(y,), saved=saved, weight=w,
-                  kernel="grouped_mm" if copies is None else "eager_loop")
+        prog.emit("linear", name, inputs=(x,), outputs=(y,) if i == 0 else (), saved=saved, weight=w,
+                  kernel="grouped_mm" if copies is None else "eager_loop",
+                  note="" if i == 0 else f"fused with {weights[0].name}: one matmul, one output")
     return y
 
 

@@ -80,7 +80,7 @@ def sigmoid_noaux(prog: Program, ctx: Ctx, name: str, logits: Tensor, k: int, *,
     prog.emit("index", f"{name}.gather", inputs=(scores, idx), outputs=(weights,), saved=(idx,))
     if renorm:
         denom = Tensor(name=f"{name}.topk_sum", axes=logits.axes[:-1], dtype_bytes=rd)
-        prog.emit("div", f"{name}.renorm", inputs=(weights, denom), outputs=(weights,), saved=(denom, weights))
+        prog.emit("div", f"{name}.renorm", inputs=(weights, denom), saved=(denom, weights), note="in place")
     return weights
 
 
@@ -93,7 +93,7 @@ def softmax_greedy(prog: Program, ctx: Ctx, name: str, logits: Tensor, k: int, m
     prog.emit("act", f"{name}.softmax", inputs=(logits,), outputs=(probs,), saved=(probs,), kernel="softmax")
     if method == "group_limited_greedy":
         mask = _rows(logits, n, 1, f"{name}.group_mask", "bool, saved by masked_fill on the scores")
-        prog.emit("mask", f"{name}.masked_fill", inputs=(probs,), outputs=(probs,), saved=(mask,))
+        prog.emit("mask", f"{name}.masked_fill", inputs=(probs,), saved=(mask,), note="group selection")
     idx = _rows(logits, k, INT64, f"{name}.topk_indices")
     weights = _rows(logits, k, FP32, f"{name}.topk_weights")
     prog.emit("router", f"{name}.topk", inputs=(probs,), outputs=(weights, idx), saved=(idx,), kernel=method)
