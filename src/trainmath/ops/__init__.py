@@ -5,7 +5,8 @@
   parallel degrees).
 - ``context``: ``Ctx``, the run an op list is emitted for (micro-batch, sequence, ``Precision``, attention kernel,
   expert path, router and family switches).
-- ``kernels``: one module per op kind (linears and casts, norms, attention, MLPs ...), never naming a family.
+- ``kernels``: one module per op kind (linears and casts, norms, attention and its variants, MLPs, routers,
+  routed experts, MLA, scans), never naming a family.
 - ``families``: the only place that names a family: its table row (``Style``) and its layer emitter (``LAYERS``).
 - ``model``: the ops around the layers (embedding, the rotary tables every layer shares, final norm, LM head and
   loss), driven by the family's ``Style`` row.

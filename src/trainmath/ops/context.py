@@ -44,7 +44,7 @@ class Router:
     """Renormalise the top-k weights (Qwen3-MoE, DeepSeek-V3; Mixtral always does)."""
     topk_method: str = "noaux_tc"
     """DeepSeek routing: ``greedy`` / ``group_limited_greedy`` (V2, softmax) or ``noaux_tc`` (V3, sigmoid). The
-    group sizes (``n_group``, ``topk_group``) change nothing that is kept (``deepseek_moe_saved``)."""
+    group sizes (``n_group``, ``topk_group``) change nothing that is kept (``kernels.router.sigmoid_noaux``)."""
 
     @classmethod
     def from_config(cls, config: dict) -> Router:
