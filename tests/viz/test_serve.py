@@ -157,3 +157,27 @@ def test_serve_bad_address_is_one_line(argv, needle, capsys):
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err
+
+
+def test_every_weight_format_of_infer_is_offered(capsys, tmp_path):
+    """The report and the page take their serving formats from `trainmath infer`'s own lists (mxfp4 included),
+    and give infer's bytes for them."""
+    from trainmath.infer.dtypes import KV_DTYPES, WEIGHT_DTYPES
+    from trainmath.serve.page import page
+
+    html = page()
+    for name in WEIGHT_DTYPES + KV_DTYPES:
+        assert f"<option>{name}</option>" in html or f"<option selected>{name}</option>" in html
+    fields = {**FIELDS, "model": "openai/gpt-oss-20b", "serve-batch": "2", "context": "1024",
+              "weights-dtype": "mxfp4", "kv-dtype": "fp8"}
+    out = calc(fields)
+    assert out["ok"], out.get("error")
+    inf = _cli_json(["infer", "gpt-oss-20b", "--batch", "2", "--context", "1024", "--dtype", "mxfp4",
+                     "--kv-dtype", "fp8", "--json"], capsys)
+    assert out["summary"]["serving_weights_bytes"] == inf["weights_bytes"]
+    assert out["summary"]["kv_cache_bytes"] == inf["kv_cache_bytes"]
+    report = tmp_path / "r.html"
+    assert main(["report", "gpt-oss-20b", "--micro-batch", "1", "--seq", "1024", "--serve-batch", "2",
+                 "--weights-dtype", "mxfp4", "--kv-dtype", "fp8", "-o", str(report)]) == 0
+    text = report.read_text()
+    assert "weights mxfp4" in text and f"{inf['total_bytes']:,}" in text

@@ -10,13 +10,13 @@ import argparse
 
 from trainmath.cli.args import integer
 from trainmath.errors import TrainmathError
+from trainmath.infer.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from trainmath.memory.optimizers import OPTIMIZERS
 from trainmath.memory.precision import RECIPES
 
-# The choices are the calculator's own tables (pure Python, no heavy import).
+# The choices are the calculator's own tables (pure Python, no heavy import); the serving formats are
+# `trainmath infer`'s (WEIGHT_DTYPES, KV_DTYPES from trainmath.infer.dtypes).
 PRECISIONS = tuple(RECIPES)
-WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
-KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 
 
 class RaisingParser(argparse.ArgumentParser):
