@@ -42,7 +42,8 @@ def main() -> None:
     from trainmath.serve.app import calc
 
     out = tempfile.mkdtemp()
-    print("| model | `trainmath report` (process) | page answer `/api/calc` (in-process) | `trainmath plot memory` (process) |")
+    print("| model | `trainmath report` (process) | page answer `/api/calc` (in-process) "
+          "| `trainmath plot memory` (process) |")
     print("|---|---:|---:|---:|")
     for model, flags in SETUPS:
         fields = {"model": model, **{flags[i][2:]: flags[i + 1] for i in range(0, len(flags), 2)}}

@@ -147,7 +147,7 @@ def test_a_vanished_node_is_named_by_the_survivor(victim, tmp_path):
                                      "comm-demo-timeout-nan", "plot-o-directory", "check-deep_header"])
 def test_corpus_sample_through_the_real_entry_point(case_id, tmp_path):
     """The in-process corpus is what `python -m trainmath` does: a sample through the real entry point."""
-    from .corpus import _config_cases, CLI_CASES
+    from .corpus import CLI_CASES, _config_cases
     from .test_corpus import _files, _materialise
 
     (argv, code), = [(a, c) for i, a, c, _ in _config_cases() + CLI_CASES if i == case_id]

@@ -74,8 +74,8 @@ def test_only_catalog_models_or_a_dropped_config(tmp_path):
     cfg.write_text(text)
     dropped = calc({**FIELDS, "model": "", "config": text, "config_name": "config.json"})
     assert dropped["ok"] and dropped["summary"]["model"] == "config.json"
-    from trainmath.memory.training import TrainingSetup, training_memory
     from trainmath.layout import ParallelLayout
+    from trainmath.memory.training import TrainingSetup, training_memory
     from trainmath.sources import load_spec
 
     expect = training_memory(load_spec(str(cfg)), TrainingSetup(micro_batch=2, seq=1024), ParallelLayout(dp=4, zero=1))

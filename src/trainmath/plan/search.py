@@ -15,8 +15,8 @@ Search (exact, branch and bound):
    (``trainmath.memory.training.training_memory``, cached per distinct key) decides whether it is the next
    result. A layout needing no less memory than one that failed (same degrees, larger micro-batch, less
    recompute, lower ZeRO stage) is rejected without asking; when failures pile up with nothing fitting yet, a layout's
-   first failure also asks about its leanest option (ZeRO-3, micro-batch 1, full recompute), whose failure rules out all its
-   options at once. Stop after K results; what is left in the heap is counted as not needed.
+   first failure also asks about its leanest option (ZeRO-3, micro-batch 1, full recompute), whose failure rules out
+   all its options at once. Stop after K results; what is left in the heap is counted as not needed.
 
 The result is the same top K an exhaustive search gives, with the memory model asked only about candidates
 faster than the K-th result.
@@ -33,9 +33,9 @@ from trainmath.hardware import GPU, Hardware, presets
 from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec, MoEDims
 from trainmath.perf.compute import memo, spec_cache
-from trainmath.plan.bounds import memory_lb, states_max, time_lower_bound
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.step import estimate, memory_peak_bytes, memory_recompute
+from trainmath.plan.bounds import memory_lb, states_max, time_lower_bound
 
 RECOMPUTES = ("none", "selective", "full")
 MICRO_BATCHES = (1, 2, 4, 8)

@@ -72,7 +72,7 @@ def params_section(d: ReportData) -> str:
     act = p.activated.flat()
     rows = [[escape(c.name), _b(c.value), _pct(c.value, p.total_params), _b(act.get(c.name, 0)), escape(c.note)]
             for c in p.components.children if c.value]
-    return (f'<section id="params"><h2>Parameters</h2>'
+    return ('<section id="params"><h2>Parameters</h2>'
             + _table(["component", "parameters", "share", "activated per token", ""], rows,
                      ["total", _b(p.total_params), "100%", _b(p.activated_params), ""])
             + f"<p>non-embedding: {_b(p.non_embedding_params)}</p></section>")

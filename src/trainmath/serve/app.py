@@ -77,8 +77,8 @@ def compute(fields: dict[str, str]):
 def calc(fields: dict[str, str]) -> dict:
     """The JSON the page shows: numbers (exact integers), the memory table and the charts' SVG."""
     from trainmath.plot.svg import bar_chart_svg
-    from trainmath.report.gather import charts, summary
     from trainmath.render import human_bytes
+    from trainmath.report.gather import charts, summary
 
     try:
         data = compute(fields)
