@@ -159,3 +159,29 @@ def test_report_button_posts_the_same_setup(browser, url):
     html = browser.eval("fetch('/report', {method: 'POST', body: new URLSearchParams(new FormData("
                         "document.getElementById('setup')))}).then(r => r.text())")
     assert f'id="peak-bytes" data-bytes="{_peak(browser)}"' in html and "Qwen/Qwen3-4B" in html
+
+
+def test_gpu_count_shows_the_planners_layouts(browser, url, capsys):
+    """Typing a GPU count shows `trainmath plan`'s best layouts for the page's setup, in its order; clearing it
+    hides them."""
+    browser.open(url)
+    browser.wait_for("document.getElementById('peak-bytes').dataset.bytes")
+    assert browser.eval("document.getElementById('plan').hidden")
+    _set(browser, "model", "Qwen/Qwen3-0.6B")
+    browser.wait_for("document.getElementById('model-name').textContent === 'Qwen/Qwen3-0.6B'")
+    _set(browser, "gpus", "8")
+    browser.wait_for("!document.getElementById('plan').hidden")
+    rows = browser.eval("[...document.querySelectorAll('#slot-plan table.plan tbody tr')].map("
+                        "r => [...r.cells].map(c => c.textContent))")
+    capsys.readouterr()
+    assert main(["plan", "qwen3-0.6b", "--gpus", "8", "--gpu", "h100", "--seq", "4096", "--global-batch", "8",
+                 "--top", "3", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["layouts"]
+    assert len(rows) == len(best) == 3
+    for row, d in zip(rows, best):
+        assert row[1] == (f"dp={d['dp']} tp={d['tp']} pp={d['pp']} cp={d['cp']} ep={d['ep']} sp={d['sp']} "
+                          f"zero={d['zero']}")
+        assert row[5] == f"{d['step_time_s']:.3f}"
+    _set(browser, "gpus", "")
+    browser.wait_for("document.getElementById('plan').hidden")
+    assert browser.problems() == []

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from urllib.parse import urlencode
@@ -181,3 +182,22 @@ def test_every_weight_format_of_infer_is_offered(capsys, tmp_path):
                  "--weights-dtype", "mxfp4", "--kv-dtype", "fp8", "-o", str(report)]) == 0
     text = report.read_text()
     assert "weights mxfp4" in text and f"{inf['total_bytes']:,}" in text
+
+
+def test_gpu_count_adds_the_planners_layouts(capsys):
+    """The `gpus` field (`report --gpus`) adds `trainmath plan`'s best layouts, the same ones in the same order;
+    without it there is no planner; its bad values get the CLI's line."""
+    job = ["--gpus", "8", "--gpu", "h100", "--seq", "1024", "--global-batch", "16"]
+    best = _cli_json(["plan", "qwen3-0.6b", *job, "--top", "3", "--json"], capsys)["layouts"]
+    out = calc({**FIELDS, "dp": "1", "zero": "0", "gpus": "8", "global-batch": "16"})
+    assert out["ok"], out.get("error")
+    assert out["plan"] == best and len(best) == 3
+    assert "Planner: best layouts on 8 × H100-SXM-80GB" in out["plan_html"]
+    plain = calc(FIELDS)
+    assert plain["plan"] is None and plain["plan_html"] == ""
+    assert calc({**FIELDS, "gpus": "0"})["error"] == "trainmath: error: --gpus must be a positive integer, got 0"
+    assert "--gpus needs --gpu" in calc({**FIELDS, "gpus": "8", "gpu": ""})["error"]
+    t = time.monotonic()
+    huge = calc({**FIELDS, "gpus": str(2**40)})  # the planner would run for minutes: refused at once
+    assert huge["error"] == "trainmath: error: --gpus must be at most 1,048,576 (2**20) for the planner, got " \
+                            "1,099,511,627,776" and time.monotonic() - t < 5

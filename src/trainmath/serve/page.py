@@ -41,6 +41,8 @@ async function update() {
   const rows = out.memory_rows.map(r => '<tr>' + r.map(c => '<td>' + c + '</td>').join('') + '</tr>');
   document.getElementById('memory-rows').innerHTML = rows.join('');
   for (const [k, svg] of Object.entries(out.charts)) document.getElementById('slot-' + k).innerHTML = svg;
+  document.getElementById('plan').hidden = !out.plan_html;
+  document.getElementById('slot-plan').innerHTML = out.plan_html;
 }
 function later() {
   clearTimeout(timer);
@@ -102,7 +104,8 @@ def _control(action) -> str:
         return f'<label title="{help_}">gpu<select name="gpu">{opts}</select></label>'
     kind = ' type="number" min="1"' if action.type is int else ""
     value = "" if action.default is None else escape(str(action.default))
-    hint = {"context": "= seq", "micro-batches": "≥ pp"}.get(name, "")
+    hint = {"context": "= seq", "micro-batches": "≥ pp", "gpus": "no planner",
+            "global-batch": "= micro-batch × gpus"}.get(name, "")
     hint = f' placeholder="{hint}"' if hint else ""
     return f'<label title="{help_}">{name}<input name="{name}"{kind} value="{value}"{hint}></label>'
 
@@ -155,6 +158,7 @@ serving: <span id="serving-fit"></span></p>
 <div class="slot" id="slot-memory"></div>
 <h2>Where the parameters live</h2><div class="slot" id="slot-params"></div>
 <h2>Serving memory</h2><div class="slot" id="slot-serving"></div>
+<section id="plan" hidden><h2>Planner</h2><div class="slot" id="slot-plan"></div></section>
 <p class="sub">GiB = 2**30 bytes; peak = torch.cuda.max_memory_allocated of one step (live tensors; no CUDA
 context). Conventions are listed in the full report.</p>
 </div>
