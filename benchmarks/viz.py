@@ -41,7 +41,12 @@ def cli(argv: list[str]) -> None:
 def main() -> None:
     from trainmath.serve.app import calc
 
-    out = tempfile.mkdtemp()
+    with tempfile.TemporaryDirectory(prefix="trainmath-viz-") as out:
+        table(calc, out)
+
+
+def table(calc, out: str) -> None:
+    """The benchmark's table, its files written under ``out``."""
     print("| model | `trainmath report` (process) | page answer `/api/calc` (in-process) "
           "| `trainmath plot memory` (process) |")
     print("|---|---:|---:|---:|")

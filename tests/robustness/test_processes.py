@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -108,6 +109,29 @@ def test_signal_to_a_launcher_is_forwarded_and_cleaned_up(sig, code, tmp_path):
     assert "KeyboardInterrupt" not in err and out == ""
     assert not [w for w in workers if _alive(w)]
     assert not [n for n in os.listdir(tmp_path) if n.startswith("trainmath-ranks-")]
+
+
+def test_runs_leave_nothing_in_tmpdir(tmp_path, capsys, monkeypatch):
+    """A launcher's rank-log folder lives in $TMPDIR only while its job runs: removed after a success and after a
+    failure; on failure with --keep-logs it is kept, and its path printed."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out, _ = _trainmath("comm", "demo", "all_reduce", "--nproc", "2", env={**os.environ, "TMPDIR": str(tmp)},
+                        timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert os.listdir(tmp) == []
+    from trainmath.cli import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the launcher's mkdtemp, in this process
+    stall = ["comm", "demo", "barrier", "--nproc", "2", "--sleep", "1", "--timeout", "0.3"]  # rank 1 arrives late
+    assert main(stall) == 2
+    assert "lost its peers" in capsys.readouterr().err
+    assert os.listdir(tmp) == []
+    assert main([*stall, "--keep-logs"]) == 2
+    kept = [line.split(" in ", 1)[1] for line in capsys.readouterr().err.splitlines()
+            if line.startswith("trainmath: rank logs kept in ")]
+    assert len(kept) == 1 and os.listdir(tmp) == [os.path.basename(kept[0])]
+    assert sorted(os.listdir(kept[0])) == ["rank0.log", "rank1.log"]
 
 
 def _free_port() -> int:

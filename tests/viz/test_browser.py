@@ -20,10 +20,13 @@ from trainmath.serve.app import make_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def browser():
-    b = Browser()
-    yield b
-    b.close()
+def browser(tmp_path_factory):
+    # the profile lives under pytest's temporary folder: nothing is left in $TMPDIR even if this process is killed
+    b = Browser(profile=tmp_path_factory.mktemp("chromium-profile"))
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -122,13 +122,13 @@ def test_serve_binds_loopback_by_default():
     assert args.host == "127.0.0.1"
 
 
-def test_report_and_serve_never_import_matplotlib_or_torch():
+def test_report_and_serve_never_import_matplotlib_or_torch(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None; sys.modules['torch'] = None\n"
             "from trainmath.serve.app import calc; from trainmath.serve.page import page\n"
             "from trainmath.cli import main\n"
             "out = calc({'model': 'qwen3-0.6b', 'micro-batch': '1', 'seq': '512', 'gpu': 'h100'})\n"
             "assert out['ok'] and page().startswith('<!DOCTYPE html>')\n"
-            "import tempfile, os; d = tempfile.mkdtemp()\n"
+            f"d = {str(tmp_path)!r}\n"
             "assert main(['report', 'qwen3-0.6b', '--micro-batch', '1', '--seq', '512', '-o', d + '/r.html']) == 0\n"
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
