@@ -70,9 +70,21 @@ def test_report_opens_clean(browser, tmp_path, capsys):
     browser.open(out.as_uri())
     assert browser.problems() == []
     assert browser.eval("performance.getEntriesByType('resource').length") == 0  # nothing fetched
-    assert browser.eval("document.querySelectorAll('svg.chart').length") == 3
+    assert browser.eval("document.querySelectorAll('svg.chart').length") == 4
     shown = int(browser.eval("document.getElementById('peak-bytes').dataset.bytes"))
     assert shown == _cli_peak(argv[:-2], capsys)
+    # the step's timeline as drawn: the calculator's events and bytes, every text inside the chart's box
+    points = browser.eval("[...document.querySelectorAll('#chart-timeline circle.point')].map("
+                          "c => [c.dataset.label, Number(c.dataset.y)])")
+    assert main(["memory", *argv[:-2], "--timeline", "--json"]) == 0
+    events = json.loads(capsys.readouterr().out)
+    assert [[e["event"], e["bytes"]] for e in events] == [[name, y * 2**30] for name, y in points]
+    outside = browser.eval("(() => { const box = document.getElementById('chart-timeline').getBoundingClientRect();"
+                           " return [...document.querySelectorAll('#chart-timeline text')].filter(t => {"
+                           " const r = t.getBoundingClientRect(); return r.left < box.left - 1 || r.right > "
+                           "box.right + 1 || r.top < box.top - 1 || r.bottom > box.bottom + 1; })"
+                           ".map(t => t.textContent); })()")
+    assert outside == []
     _check_png(browser.screenshot(str(tmp_path / "report.png")), 1000, 2000)
 
 
@@ -80,7 +92,7 @@ def test_page_opens_clean(browser, url, tmp_path):
     browser.open(url)
     browser.wait_for("document.getElementById('peak-bytes').dataset.bytes")
     assert browser.problems() == []
-    assert browser.eval("document.querySelectorAll('svg.chart').length") == 3
+    assert browser.eval("document.querySelectorAll('svg.chart').length") == 4
     assert browser.eval("document.getElementById('error').textContent") == ""
     _check_png(browser.screenshot(str(tmp_path / "page.png")), 1000, 1500)
 

@@ -43,7 +43,7 @@ def test_calc_equals_the_cli(capsys):
     assert out["summary"]["breakdown"] == mem["breakdown"]
     inf = _cli_json(["infer", "qwen3-0.6b", "--batch", "1", "--context", "1024", "--json"], capsys)
     assert out["summary"]["kv_cache_bytes"] == inf["kv_cache_bytes"]
-    assert set(out["charts"]) == {"params", "memory", "serving"}
+    assert set(out["charts"]) == {"params", "memory", "timeline", "serving"}
 
 
 @pytest.mark.parametrize("change", [{"micro-batch": "0"}, {"seq": "abc"}, {"precision": "fp4"}, {"gpu": "h1000"},

@@ -81,7 +81,7 @@ def calc(fields: dict[str, str]) -> dict:
     """The JSON the page shows: numbers (exact integers), the memory table, the charts' SVG, and with a GPU count
     the planner's best layouts (``plan``: as ``trainmath plan --json``'s ``layouts``; ``plan_html``: the report's
     table of them)."""
-    from trainmath.plot.svg import bar_chart_svg
+    from trainmath.plot.svg import chart_svg
     from trainmath.render import human_bytes
     from trainmath.report.gather import charts, summary
     from trainmath.report.html import plan_html
@@ -94,7 +94,7 @@ def calc(fields: dict[str, str]) -> dict:
     return {"ok": True, "summary": summary(data),
             "memory_rows": [[n.name, f"{n.value:,}", human_bytes(n.value), f"{100 * n.value / peak:.1f}%"]
                             for n in data.memory.breakdown.children if n.value],
-            "charts": {k: bar_chart_svg(c, chart_id=f"chart-{k}") for k, c in charts(data).items()},
+            "charts": {k: chart_svg(c, chart_id=f"chart-{k}") for k, c in charts(data).items()},
             "plan": None if data.plan is None else [e.to_dict() for e in data.plan.layouts],
             "plan_html": plan_html(data.plan)}
 

@@ -156,6 +156,7 @@ serving: <span id="serving-fit"></span></p>
 <table><thead><tr><th>term</th><th>bytes</th><th>GiB</th><th>share</th></tr></thead>
 <tbody id="memory-rows"></tbody></table>
 <div class="slot" id="slot-memory"></div>
+<h2>Memory through the step</h2><div class="slot" id="slot-timeline"></div>
 <h2>Where the parameters live</h2><div class="slot" id="slot-params"></div>
 <h2>Serving memory</h2><div class="slot" id="slot-serving"></div>
 <section id="plan" hidden><h2>Planner</h2><div class="slot" id="slot-plan"></div></section>
