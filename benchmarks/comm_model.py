@@ -68,7 +68,8 @@ def main() -> None:
             summary.append(f"| {op} | {n} | α {fit_all.alpha_s * 1e6:.0f} µs, {fit_all.bandwidth_bytes_per_s / 1e9:.2f}"
                            f" GB/s | {min(cols[0]):.2f}–{max(cols[0]):.2f} | {min(cols[1]):.2f}–{max(cols[1]):.2f} "
                            f"| {min(inner):.2f}–{max(inner):.2f} |")
-    print("\n| op | ranks | fitted link (all sizes) | p2p: min–max | fit all: min–max | fit ends, inner sizes: min–max |")
+    print("\n| op | ranks | fitted link (all sizes) | p2p: min–max | fit all: min–max "
+          "| fit ends, inner sizes: min–max |")
     print("|---|---|---|---|---|---|")
     print("\n".join(summary))
 

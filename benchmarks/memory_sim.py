@@ -18,8 +18,8 @@ import sys
 from trainmath.layout import ParallelLayout
 from trainmath.memory.simulate import simulate
 from trainmath.memory.training import TrainingSetup, training_memory
-from trainmath.model.spec import MoEDims
 from trainmath.model import spec_from_config
+from trainmath.model.spec import MoEDims
 from trainmath.sources import resolve
 
 MODELS = ("Qwen/Qwen3-0.6B", "meta-llama/Llama-3.2-1B")

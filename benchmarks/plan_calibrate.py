@@ -21,7 +21,6 @@ from dataclasses import replace
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "perf"))
 
 from published import RUNS, predict  # noqa: E402
-
 from trainmath.hardware import Hardware, presets  # noqa: E402
 
 GRID = {

@@ -41,8 +41,14 @@ def cli(argv: list[str]) -> None:
 def main() -> None:
     from trainmath.serve.app import calc
 
-    out = tempfile.mkdtemp()
-    print("| model | `trainmath report` (process) | page answer `/api/calc` (in-process) | `trainmath plot memory` (process) |")
+    with tempfile.TemporaryDirectory(prefix="trainmath-viz-") as out:
+        table(calc, out)
+
+
+def table(calc, out: str) -> None:
+    """The benchmark's table, its files written under ``out``."""
+    print("| model | `trainmath report` (process) | page answer `/api/calc` (in-process) "
+          "| `trainmath plot memory` (process) |")
     print("|---|---:|---:|---:|")
     for model, flags in SETUPS:
         fields = {"model": model, **{flags[i][2:]: flags[i + 1] for i in range(0, len(flags), 2)}}

@@ -1,5 +1,4 @@
 import pathlib
-import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

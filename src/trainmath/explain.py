@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmath.model.spec import AttentionDims, Block, MLADims, MLPDims, ModelSpec, MoEDims
-from trainmath.params import ParamReport, layer_activated, tensor_params
+from trainmath.params import ParamReport, tensor_params
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,14 +127,16 @@ def explain(spec: ModelSpec, report: ParamReport) -> list[str]:
         n_moe = sum(len(idx) for layer, idx in spec.layer_groups()
                     if any(isinstance(b.dims, MoEDims) for b in layer.blocks))
         seed = report.activated_params - n_moe * (s["n"] - s["k"]) * d
-        lines.append(f"note: the activated formula of Jiang Yi's blog series on distributed training counts the router as k·d, not n·d (every token scores "
-                     f"all n experts); that gives {seed:,}, {report.activated_params - seed:,} too few")
+        lines.append(f"note: the activated formula of Jiang Yi's blog series on distributed training counts the "
+                     f"router as k·d, not n·d (every token scores all n experts); that gives {seed:,}, "
+                     f"{report.activated_params - seed:,} too few")
     if set(s) >= {"N", "V", "d", "d_ff", "h", "h_kv", "h_d"} and spec.model_type == "qwen3":
         N, V, dff, h, hkv, hd = s["N"], s["V"], s["d_ff"], s["h"], s["h_kv"], s["h_d"]
         seed = N * (2 * d + 3 * d * dff + 2 * h * hd * d + 2 * hkv * hd * d + 2 * hd) + d * (2 * V + 1)
         if spec.tie_word_embeddings:
             seed -= d * V
-        lines.append(f"closed form of Jiang Yi's blog series N·(2d + 3d·d_ff + 2h·h_d·d + 2h_kv·h_d·d + 2h_d) + d(2|V|+1)"
+        lines.append("closed form of Jiang Yi's blog series "
+                     "N·(2d + 3d·d_ff + 2h·h_d·d + 2h_kv·h_d·d + 2h_d) + d(2|V|+1)"
                      f"{' − d|V| (tied)' if spec.tie_word_embeddings else ''} = {seed:,}")
     return lines
 

@@ -29,7 +29,8 @@ def table(headers: list[str], rows: list[list[object]], *, align: str | None = N
     align = align or "l" + "r" * (len(headers) - 1)
 
     def fmt(row: list[str]) -> str:
-        return indent + "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align)).rstrip()
+        cells = (c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align))
+        return indent + "  ".join(cells).rstrip()
 
     rule = indent + "  ".join("─" * w for w in widths)
     return "\n".join([fmt(headers), rule, *(fmt(r) for r in cells)])

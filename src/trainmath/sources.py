@@ -19,7 +19,6 @@ from functools import cache
 from trainmath.errors import TrainmathError
 from trainmath.model.config import parse_config_text
 
-
 CATALOG_DIR = os.path.join(os.path.dirname(__file__), "catalog")  # os.path: pathlib costs ~4 ms to import
 
 
@@ -48,7 +47,8 @@ def catalog_index() -> dict[str, str]:
 def catalog_entry(repo_id: str) -> ModelSource:
     fname = catalog_index()[repo_id]
     config = parse_config_text(_read(os.path.join(CATALOG_DIR, fname)), f"catalog {fname}")
-    return ModelSource(name=repo_id, config=config, origin=f"catalog:{fname}", provenance=str(config.get("_source", "")))
+    return ModelSource(name=repo_id, config=config, origin=f"catalog:{fname}",
+                       provenance=str(config.get("_source", "")))
 
 
 def find_in_catalog(model: str) -> str | None:

@@ -253,7 +253,8 @@ def test_qwen2_moe_exact(mode, checkpoint):
                                               "num_hidden_layers": 3, "mlp_only_layers": [1]})
     hit = _experts_hit(model)
     measured = _measure(model, mode, checkpoint=checkpoint)
-    assert set(hit) == {4} and len(hit) == (4 if checkpoint else 2), f"precondition: every expert receives tokens ({hit})"
+    assert set(hit) == {4} and len(hit) == (4 if checkpoint else 2), \
+        f"precondition: every expert receives tokens ({hit})"
     act, predicted = _predict(cfg, mode, recompute="full" if checkpoint else "none")
     if checkpoint:
         predicted -= act.child("recompute transient").value

@@ -128,8 +128,8 @@ def test_errors():
 
 def test_core_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; from trainmath.memory.activations import activation_bytes; "
-            "from trainmath.sources import catalog_index, load_spec; print(activation_bytes(load_spec('qwen3-0.6b'), micro_batch=1, "
-            "seq=16).value)")
+            "from trainmath.sources import catalog_index, load_spec; "
+            "print(activation_bytes(load_spec('qwen3-0.6b'), micro_batch=1, seq=16).value)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) > 0
 

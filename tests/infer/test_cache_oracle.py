@@ -148,12 +148,14 @@ def test_sliding_layers_hold_window_minus_one_as_tensors_but_more_storage(model_
     assert sliding
     for layer in sliding:
         assert layer.keys.shape[-2] == window - 1
-        assert layer.keys.untyped_storage().nbytes() == layer.keys.element_size() * layer.keys[:, :, :1].numel() * CONTEXT
+        per_token = layer.keys.element_size() * layer.keys[:, :, :1].numel()
+        assert layer.keys.untyped_storage().nbytes() == per_token * CONTEXT
     with torch.no_grad():
         model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
     for layer in sliding:
         assert layer.keys.shape[-2] == window - 1
-        assert layer.keys.untyped_storage().nbytes() == layer.keys.element_size() * layer.keys[:, :, :1].numel() * window
+        per_token = layer.keys.element_size() * layer.keys[:, :, :1].numel()
+        assert layer.keys.untyped_storage().nbytes() == per_token * window
 
 
 def test_short_prefill_pads_conv_state_to_the_kernel():

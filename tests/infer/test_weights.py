@@ -30,9 +30,11 @@ def test_float_weights_equal_real_tiny_model_parameter_bytes():
     """transformers builds the model in bf16 except DeepSeek-V3's and Nemotron-H's router weights, which it keeps
     in float32; our convention keeps routers at bf16, so those differ by 2 bytes per router parameter."""
     torch = pytest.importorskip("torch")
-    from .test_cache_oracle import tiny_config
     from transformers import AutoConfig, AutoModelForCausalLM
+
     from trainmath.model import spec_from_config
+
+    from .test_cache_oracle import tiny_config
 
     for mt in ("qwen3_next", "deepseek_v3", "nemotron_h"):
         cfg = tiny_config(mt)

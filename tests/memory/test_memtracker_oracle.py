@@ -136,20 +136,20 @@ def test_fake_simulation_equals_real_step(precision, recompute):
     assert sim.peak_bytes - sim.buffers_bytes == measured - buffers
 
 
-def test_cli_simulate(capsys):
+def test_cli_simulate(capsys, tmp_path):
     import json
 
     from trainmath.cli import main
 
     config = {"model_type": "qwen3", "vocab_size": 1024, **BASE}
-    import tempfile
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+    path = str(tmp_path / "config.json")
+    with open(path, "w") as f:
         json.dump(config, f)
-    assert main(["memory", f.name, "--micro-batch", "2", "--seq", "64", "--precision", "fp32", "--simulate",
+    assert main(["memory", path, "--micro-batch", "2", "--seq", "64", "--precision", "fp32", "--simulate",
                  "--json"]) == 0
     d = json.loads(capsys.readouterr().out)["simulation"]
     assert d["difference_bytes"] == 0 and d["predicted_cpu_peak_event"] == "backward: loss"
-    assert main(["memory", f.name, "--micro-batch", "2", "--seq", "64", "--simulate", "--dp", "2"]) == 2
+    assert main(["memory", path, "--micro-batch", "2", "--seq", "64", "--simulate", "--dp", "2"]) == 2
     assert "--simulate cannot run --precision mixed-bf16" in capsys.readouterr().err
 
 

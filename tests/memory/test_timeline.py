@@ -13,8 +13,8 @@ from trainmath.layout import ParallelLayout
 from trainmath.memory import training
 from trainmath.memory.precision import get_precision
 from trainmath.memory.states import model_states
-from trainmath.placement import place
 from trainmath.memory.training import TrainingSetup, training_memory
+from trainmath.placement import place
 from trainmath.sources import load_spec
 from trainmath.tree import check_sums
 

@@ -149,7 +149,8 @@ def test_core_imports_without_torch_or_matplotlib():
 
 def test_cli_start_path_imports_no_heavy_modules():
     code = ("import sys; from trainmath.cli import main; main(['params', 'qwen3-0.6b']); "
-            "heavy = [m for m in ('torch', 'matplotlib', 'rich', 'huggingface_hub', 'transformers') if m in sys.modules]; "
+            "heavy = [m for m in ('torch', 'matplotlib', 'rich', 'huggingface_hub', 'transformers') "
+            "if m in sys.modules]; "
             "print('HEAVY', heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

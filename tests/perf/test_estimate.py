@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainmath.errors import TrainmathError
 from trainmath.flops import count_flops
 from trainmath.hardware import Hardware, gpu, presets
 from trainmath.layout import ParallelLayout
@@ -16,7 +17,6 @@ from trainmath.memory.training import TrainingSetup, training_memory
 from trainmath.perf import BREAKDOWN, Job, estimate, job_problems
 from trainmath.plan.bounds import memory_lower_bound
 from trainmath.sources import load_spec
-from trainmath.errors import TrainmathError
 
 SMALL = load_spec("Qwen/Qwen3-0.6B")  # 28 layers, 16 heads, 8 KV heads
 H100 = gpu("h100")

@@ -1,13 +1,22 @@
 """Hardware as data (every field, a source, lookups, user files) and the two-level collective cost model."""
 
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainmath.comm.cost import Link
-from trainmath.comm.twolevel import TWO_LEVEL_OPS, Group, Topology, time_s
+from trainmath.comm.twolevel import (
+    TWO_LEVEL_OPS,
+    Group,
+    Topology,
+    time_s,
+    tree_all_reduce_s,
+    two_tree_broadcast_s,
+    two_tree_steps_s,
+)
 from trainmath.errors import TrainmathError
 from trainmath.hardware import all_gpus, gpu, presets, read_hardware_file
 
@@ -157,3 +166,50 @@ def test_no_sharp_across_nodes_and_unknown_names():
         time_s("all_reduce", 1, Group(size=16, local=8), H100, "sharp")
     with pytest.raises(TrainmathError, match="unknown collective 'allreduce'"):
         time_s("allreduce", 1, Group(size=2, local=2), H100)
+
+
+def test_tree_all_reduce_is_nccls_tuning_model():
+    """NCCL's own arithmetic (src/graph/tuning.cc, ncclTopoTuneModel + ncclTopoGetAlgoTime) with its own table
+    figures for Tree/Simple — NVLink hop 28 µs, network hop 50 µs, base latency 0 — on 16 nodes of 8 GPUs, two
+    channels at 12 GB/s; 1 GiB is past its size-correction table (log2i(S >> 6) >= 22)."""
+    intra_lat_us, inter_lat_us, base_lat_us = 28.0, 50.0, 0.0
+    n_nodes, ppn, n_channels, speed_inter = 16, 8, 2, 12.0
+    bus_bw = min(n_channels * speed_inter * 0.9, 80.0)  # GB/s: `busBw = std::min(busBw*.9, maxTreeBw)`
+    algo_bw = bus_bw * 0.5  # `ratio = .5` for trees
+    lat = base_lat_us + 2 * ((ppn - 1) * intra_lat_us + math.log2(n_nodes) * inter_lat_us)
+    size = 2**30
+    nccl_s = (lat + size / (1000 * algo_bw)) * 1e-6  # `*time = lat + nBytes / (1000 * bw)`, µs
+    topo = Topology(intra=Link(alpha_s=intra_lat_us * 1e-6, bandwidth_bytes_per_s=300e9),
+                    inter=Link(alpha_s=inter_lat_us * 1e-6, bandwidth_bytes_per_s=bus_bw * 1e9), gpus_per_node=ppn)
+    ours = time_s("all_reduce", size, Group(size=n_nodes * ppn, local=ppn), topo, "tree")
+    assert ours == pytest.approx(nccl_s, rel=1e-12)
+    assert ours == pytest.approx(tree_all_reduce_s(size, Group(size=128, local=8), topo), rel=1e-15)
+    # inside one node it is a chain (log2 1 = 0): never faster than the ring there, as NCCL only trees across nodes
+    one = Group(size=8, local=8)
+    for s in (0, 2**10, 2**20, 2**30):
+        assert time_s("all_reduce", s, one, topo, "tree") >= time_s("all_reduce", s, one, topo, "ring")
+
+
+@pytest.mark.parametrize("n, size", [(2, 2**10), (16, 2**20), (1000, 2**26), (4096, 2**30)])
+def test_two_tree_broadcast_is_the_best_block_count_of_sanders_schedule(n, size):
+    """Sanders, Speck & Träff 2009: (2h + 2k)(α + βS/2k) for k blocks per tree; the closed form is its minimum
+    over k >= 1 (the continuous one, so every integer k is no faster, and the best is within rounding of it); at
+    2 ranks and 1 KiB the message is not worth cutting and the answer is the one-block schedule itself."""
+    link = Link(alpha_s=5e-6, bandwidth_bytes_per_s=25e9)
+    closed = two_tree_broadcast_s(size, n, link)
+    steps = [two_tree_steps_s(size, n, link, k) for k in range(1, 20001)]
+    assert min(steps) >= closed * (1 - 1e-12)
+    assert min(steps) <= closed * 1.01
+    if (n, size) == (2, 2**10):
+        assert closed == steps[0]
+    topo = Topology(intra=link, inter=link, gpus_per_node=8)
+    assert time_s("broadcast", size, Group(size=n, local=1), topo, "tree") == pytest.approx(closed, rel=1e-15)
+
+
+def test_two_trees_have_twice_one_trees_bandwidth():
+    """The paper's title claim: for large messages the two-tree broadcast approaches S·β, where one pipelined
+    binary tree, whose inner nodes send every block to two children, needs 2·S·β."""
+    link = Link(alpha_s=5e-6, bandwidth_bytes_per_s=25e9)
+    size = 2**40
+    one_tree = 2 * size * link.beta_s_per_byte
+    assert one_tree / two_tree_broadcast_s(size, 64, link) == pytest.approx(2, rel=5e-3)

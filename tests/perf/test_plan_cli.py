@@ -5,6 +5,7 @@ import json
 import pytest
 
 from trainmath.cli import main
+from trainmath.flops import count_flops
 from trainmath.hardware import gpu
 from trainmath.memory.training import TrainingSetup, training_memory
 from trainmath.perf import Job, estimate, job_problems
@@ -12,7 +13,6 @@ from trainmath.perf.step import memory_recompute
 from trainmath.plan import plan, reason_category
 from trainmath.plan.search import _options, _structures
 from trainmath.sources import load_spec
-from trainmath.flops import count_flops
 
 SMALL = load_spec("Qwen/Qwen3-0.6B")
 

@@ -256,7 +256,8 @@ CLI_CASES: list[tuple] = [
     ("plot-o-under-file", ["plot", "qwen3-0.6b", "-o", "{out}/file/p.png"], 2, "does not exist"),
     # model names
     ("params-unknown-long-name", ["params", "q" * 5000], 2, "characters"),
-    ("params-typo-strict", ["params", "{cfg:typo}", "--strict"], 2, "num_hiden_layers (did you mean num_hidden_layers?)"),
+    ("params-typo-strict", ["params", "{cfg:typo}", "--strict"], 2,
+     "num_hiden_layers (did you mean num_hidden_layers?)"),
     # check-checkpoint
     *[(f"check-{name}", ["check-checkpoint", f"{{ckpt:{name}}}", "--config", "qwen3-0.6b"],
        1 if name == "mismatch" else 2, "") for name in CHECKPOINTS],

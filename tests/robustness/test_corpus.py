@@ -17,8 +17,9 @@ import time
 
 import pytest
 
-from .corpus import CHECKPOINTS, CLI_CASES, CONFIGS, NEEDLES, _config_cases
 from trainmath.cli import main
+
+from .corpus import CHECKPOINTS, CLI_CASES, CONFIGS, NEEDLES, _config_cases
 
 pytestmark = pytest.mark.timeout(60)
 

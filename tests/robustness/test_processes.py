@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -110,6 +111,29 @@ def test_signal_to_a_launcher_is_forwarded_and_cleaned_up(sig, code, tmp_path):
     assert not [n for n in os.listdir(tmp_path) if n.startswith("trainmath-ranks-")]
 
 
+def test_runs_leave_nothing_in_tmpdir(tmp_path, capsys, monkeypatch):
+    """A launcher's rank-log folder lives in $TMPDIR only while its job runs: removed after a success and after a
+    failure; on failure with --keep-logs it is kept, and its path printed."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out, _ = _trainmath("comm", "demo", "all_reduce", "--nproc", "2", env={**os.environ, "TMPDIR": str(tmp)},
+                        timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert os.listdir(tmp) == []
+    from trainmath.cli import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the launcher's mkdtemp, in this process
+    stall = ["comm", "demo", "barrier", "--nproc", "2", "--sleep", "1", "--timeout", "0.3"]  # rank 1 arrives late
+    assert main(stall) == 2
+    assert "lost its peers" in capsys.readouterr().err
+    assert os.listdir(tmp) == []
+    assert main([*stall, "--keep-logs"]) == 2
+    kept = [line.split(" in ", 1)[1] for line in capsys.readouterr().err.splitlines()
+            if line.startswith("trainmath: rank logs kept in ")]
+    assert len(kept) == 1 and os.listdir(tmp) == [os.path.basename(kept[0])]
+    assert sorted(os.listdir(kept[0])) == ["rank0.log", "rank1.log"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -147,7 +171,7 @@ def test_a_vanished_node_is_named_by_the_survivor(victim, tmp_path):
                                      "comm-demo-timeout-nan", "plot-o-directory", "check-deep_header"])
 def test_corpus_sample_through_the_real_entry_point(case_id, tmp_path):
     """The in-process corpus is what `python -m trainmath` does: a sample through the real entry point."""
-    from .corpus import _config_cases, CLI_CASES
+    from .corpus import CLI_CASES, _config_cases
     from .test_corpus import _files, _materialise
 
     (argv, code), = [(a, c) for i, a, c, _ in _config_cases() + CLI_CASES if i == case_id]

@@ -1,6 +1,7 @@
 """The real CLI (`python -m trainmath comm ...`) as a subprocess: output, JSON, errors, two launchers."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -54,7 +55,8 @@ def test_two_launchers_form_one_job():
         assert p.returncode == 0, e
     for o, _ in outs:
         records = json.loads(o)["records"]
-        assert [(r["rank"], r["node"], r["local_rank"]) for r in records] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+        placed = [(r["rank"], r["node"], r["local_rank"]) for r in records]
+        assert placed == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
         assert [r["after"] for r in records] == [[10.0] * 5] * 4
 
 
@@ -86,10 +88,12 @@ def test_cli_demo_table_is_the_runtime_table():
     assert DEMO_INFO == {name: (n, text) for name, (_, n, text) in DEMOS.items()}
 
 
-def test_demo_under_real_torchrun():
+def test_demo_under_real_torchrun(tmp_path):
     # `python -m torch.distributed.run ... -m trainmath.runtime.demo`: the demo runs as torchrun's ranks
+    # (TMPDIR: torchrun keeps its torchelastic_* log folder there after the job)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
-                          "trainmath.runtime.demo", "all_reduce"], capture_output=True, text=True, timeout=90)
+                          "trainmath.runtime.demo", "all_reduce"], capture_output=True, text=True, timeout=90,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "all_reduce: 2 ranks (1 node(s) x 2, gloo, reduce op sum)",

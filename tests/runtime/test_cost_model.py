@@ -9,9 +9,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainmath.comm import (
-    Link, all_gather, all_reduce, broadcast, busbw_bytes_per_s, busbw_factor, chunk_bounds, fit_link, parse_size,
-    parse_size_range, reduce_scatter, ring_all_reduce_bytes_sent_per_rank, ring_bytes_sent,
-    ring_reduce_scatter_schedule, ring_all_gather_schedule,
+    Link,
+    all_gather,
+    all_reduce,
+    broadcast,
+    busbw_bytes_per_s,
+    busbw_factor,
+    chunk_bounds,
+    fit_link,
+    parse_size,
+    parse_size_range,
+    reduce_scatter,
+    ring_all_gather_schedule,
+    ring_all_reduce_bytes_sent_per_rank,
+    ring_bytes_sent,
+    ring_reduce_scatter_schedule,
 )
 from trainmath.comm.layout import even_ranks, subgroup_table, world_table
 from trainmath.errors import TrainmathError
@@ -109,7 +121,8 @@ def test_fit_link_recovers_alpha_and_beta():
     assert link.alpha_s == pytest.approx(5e-6) and link.bandwidth_bytes_per_s == pytest.approx(2e9)
 
 
-@pytest.mark.parametrize("text,sizes", [("1K:8K", [1024, 2048, 4096, 8192]), ("64M", [2**26]), ("1M,3M", [2**20, 3 * 2**20])])
+@pytest.mark.parametrize("text,sizes", [("1K:8K", [1024, 2048, 4096, 8192]), ("64M", [2**26]),
+                                        ("1M,3M", [2**20, 3 * 2**20])])
 def test_sizes(text, sizes):
     assert parse_size_range(text) == sizes
 
@@ -125,7 +138,8 @@ def test_seed_layout_table():
     assert [(r.process_id, r.rank, r.node, r.local_gpu) for r in world][4] == (4, 4, 1, 0)
     sub = subgroup_table(world, even_ranks(8))
     # The seed's subgroup table: process 0,2,4,6 -> rank 0,1,2,3 on nodes 0,0,1,1, GPUs 0,2,0,2.
-    assert [(r.process_id, r.rank, r.node, r.local_gpu) for r in sub] == [(0, 0, 0, 0), (2, 1, 0, 2), (4, 2, 1, 0), (6, 3, 1, 2)]
+    placed = [(r.process_id, r.rank, r.node, r.local_gpu) for r in sub]
+    assert placed == [(0, 0, 0, 0), (2, 1, 0, 2), (4, 2, 1, 0), (6, 3, 1, 2)]
     assert parse_size("2G") == 2**31
 
 

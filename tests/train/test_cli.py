@@ -112,11 +112,12 @@ def test_verify_exits_1_when_a_field_is_off(capfd):
 
 @pytest.mark.skipif(shutil.which("torchrun") is None and not os.path.exists(
     os.path.join(os.path.dirname(sys.executable), "torchrun")), reason="torchrun is part of torch")
-def test_real_torchrun_end_to_end(capfd):
+def test_real_torchrun_end_to_end(capfd, tmp_path):
     """The same command under torchrun: each process it starts is one rank; the losses equal our launcher's."""
     torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
     args = [*TINY, "--strategy", "zero3", "--impl", "trainmath", "--steps", "3", "--json"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
+    # TMPDIR: torchrun keeps its torchelastic_* log folder there after the job
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "trainmath", "train", *args],
                           capture_output=True, text=True, env=env, timeout=120)

@@ -5,7 +5,7 @@ on one flat tensor equals it per parameter (what our ZeRO relies on: every rule 
 import pytest
 import torch
 
-from trainmath.runtime.train.optim import Adam, SGD, init_state, make_optimizer
+from trainmath.runtime.train.optim import SGD, Adam, init_state, make_optimizer
 
 SHAPES = [(7, 5), (5,), (3, 2, 4)]
 

@@ -29,17 +29,31 @@ class BrowserError(RuntimeError):
 
 
 class Browser:
-    def __init__(self, binary: str = CHROMIUM, width: int = 1100, height: int = 900) -> None:
-        self.profile = tempfile.mkdtemp(prefix="trainmath-chromium-")
-        to_browser_r, self._to_browser = os.pipe()
-        self._from_browser, from_browser_w = os.pipe()
+    def __init__(self, binary: str = CHROMIUM, width: int = 1100, height: int = 900,
+                 profile: str | None = None) -> None:
+        """``profile``: the user-data folder (kept: the caller owns it, e.g. pytest's tmp_path); without one a
+        temporary folder is made and removed by :meth:`close` (or at once when the browser fails to start)."""
+        self._own_profile = profile is None
+        self.profile = tempfile.mkdtemp(prefix="trainmath-chromium-") if profile is None else str(profile)
+        try:
+            self._start(binary, width, height)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, binary: str, width: int, height: int) -> None:
+        to_browser_r, to_browser_w = os.pipe()
+        from_browser_r, from_browser_w = os.pipe()
         args = " ".join(FLAGS)  # bash, not sh: dash cannot redirect from fds above 9
         cmd = (f"exec {binary} {args} --user-data-dir={self.profile} --window-size={width},{height} about:blank "
                f"3<&{to_browser_r} 4>&{from_browser_w}")
-        self.proc = subprocess.Popen(["/bin/bash", "-c", cmd], pass_fds=(to_browser_r, from_browser_w),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.close(to_browser_r)
-        os.close(from_browser_w)
+        self._to_browser, self._from_browser = to_browser_w, from_browser_r
+        try:
+            self.proc = subprocess.Popen(["/bin/bash", "-c", cmd], pass_fds=(to_browser_r, from_browser_w),
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        finally:
+            os.close(to_browser_r)
+            os.close(from_browser_w)
         self._next = 0
         self._replies: dict[int, queue.Queue] = {}
         self._lock = threading.Lock()
@@ -82,11 +96,20 @@ class Browser:
         msg = {"id": mid, "method": method, "params": params or {}}
         if session:
             msg["sessionId"] = self.session
-        os.write(self._to_browser, json.dumps(msg).encode() + b"\0")
+        end = time.monotonic() + timeout
         try:
-            reply = q.get(timeout=timeout)
-        except queue.Empty:
-            raise BrowserError(f"{method}: no reply in {timeout} s") from None
+            os.write(self._to_browser, json.dumps(msg).encode() + b"\0")
+        except BrokenPipeError:
+            pass  # the browser is gone: said below with its exit code
+        while True:
+            try:
+                reply = q.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if self.proc.poll() is not None:  # no reply can come
+                    raise BrowserError(f"{method}: the browser exited with code {self.proc.returncode}") from None
+                if time.monotonic() > end:
+                    raise BrowserError(f"{method}: no reply in {timeout} s") from None
         if "error" in reply:
             raise BrowserError(f"{method}: {reply['error']}")
         return reply.get("result", {})
@@ -145,18 +168,23 @@ class Browser:
         return path
 
     def close(self) -> None:
-        try:
-            self.call("Browser.close", timeout=5)
-        except (BrowserError, OSError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        for fd in (self._to_browser, self._from_browser):
+        """End the browser and remove the profile folder this object made (all of it, even after a failed start)."""
+        proc = getattr(self, "proc", None)
+        if proc is not None:
             try:
-                os.close(fd)
+                self.call("Browser.close", timeout=5)
+            except (BrowserError, OSError):
+                pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        for fd in (getattr(self, "_to_browser", None), getattr(self, "_from_browser", None)):
+            try:
+                if fd is not None:
+                    os.close(fd)
             except OSError:
                 pass
-        shutil.rmtree(self.profile, ignore_errors=True)
+        if self._own_profile:
+            shutil.rmtree(self.profile, ignore_errors=True)

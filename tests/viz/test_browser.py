@@ -20,10 +20,13 @@ from trainmath.serve.app import make_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def browser():
-    b = Browser()
-    yield b
-    b.close()
+def browser(tmp_path_factory):
+    # the profile lives under pytest's temporary folder: nothing is left in $TMPDIR even if this process is killed
+    b = Browser(profile=tmp_path_factory.mktemp("chromium-profile"))
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +70,21 @@ def test_report_opens_clean(browser, tmp_path, capsys):
     browser.open(out.as_uri())
     assert browser.problems() == []
     assert browser.eval("performance.getEntriesByType('resource').length") == 0  # nothing fetched
-    assert browser.eval("document.querySelectorAll('svg.chart').length") == 3
+    assert browser.eval("document.querySelectorAll('svg.chart').length") == 4
     shown = int(browser.eval("document.getElementById('peak-bytes').dataset.bytes"))
     assert shown == _cli_peak(argv[:-2], capsys)
+    # the step's timeline as drawn: the calculator's events and bytes, every text inside the chart's box
+    points = browser.eval("[...document.querySelectorAll('#chart-timeline circle.point')].map("
+                          "c => [c.dataset.label, Number(c.dataset.y)])")
+    assert main(["memory", *argv[:-2], "--timeline", "--json"]) == 0
+    events = json.loads(capsys.readouterr().out)
+    assert [[e["event"], e["bytes"]] for e in events] == [[name, y * 2**30] for name, y in points]
+    outside = browser.eval("(() => { const box = document.getElementById('chart-timeline').getBoundingClientRect();"
+                           " return [...document.querySelectorAll('#chart-timeline text')].filter(t => {"
+                           " const r = t.getBoundingClientRect(); return r.left < box.left - 1 || r.right > "
+                           "box.right + 1 || r.top < box.top - 1 || r.bottom > box.bottom + 1; })"
+                           ".map(t => t.textContent); })()")
+    assert outside == []
     _check_png(browser.screenshot(str(tmp_path / "report.png")), 1000, 2000)
 
 
@@ -77,7 +92,7 @@ def test_page_opens_clean(browser, url, tmp_path):
     browser.open(url)
     browser.wait_for("document.getElementById('peak-bytes').dataset.bytes")
     assert browser.problems() == []
-    assert browser.eval("document.querySelectorAll('svg.chart').length") == 3
+    assert browser.eval("document.querySelectorAll('svg.chart').length") == 4
     assert browser.eval("document.getElementById('error').textContent") == ""
     _check_png(browser.screenshot(str(tmp_path / "page.png")), 1000, 1500)
 
@@ -159,3 +174,29 @@ def test_report_button_posts_the_same_setup(browser, url):
     html = browser.eval("fetch('/report', {method: 'POST', body: new URLSearchParams(new FormData("
                         "document.getElementById('setup')))}).then(r => r.text())")
     assert f'id="peak-bytes" data-bytes="{_peak(browser)}"' in html and "Qwen/Qwen3-4B" in html
+
+
+def test_gpu_count_shows_the_planners_layouts(browser, url, capsys):
+    """Typing a GPU count shows `trainmath plan`'s best layouts for the page's setup, in its order; clearing it
+    hides them."""
+    browser.open(url)
+    browser.wait_for("document.getElementById('peak-bytes').dataset.bytes")
+    assert browser.eval("document.getElementById('plan').hidden")
+    _set(browser, "model", "Qwen/Qwen3-0.6B")
+    browser.wait_for("document.getElementById('model-name').textContent === 'Qwen/Qwen3-0.6B'")
+    _set(browser, "gpus", "8")
+    browser.wait_for("!document.getElementById('plan').hidden")
+    rows = browser.eval("[...document.querySelectorAll('#slot-plan table.plan tbody tr')].map("
+                        "r => [...r.cells].map(c => c.textContent))")
+    capsys.readouterr()
+    assert main(["plan", "qwen3-0.6b", "--gpus", "8", "--gpu", "h100", "--seq", "4096", "--global-batch", "8",
+                 "--top", "3", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["layouts"]
+    assert len(rows) == len(best) == 3
+    for row, d in zip(rows, best):
+        assert row[1] == (f"dp={d['dp']} tp={d['tp']} pp={d['pp']} cp={d['cp']} ep={d['ep']} sp={d['sp']} "
+                          f"zero={d['zero']}")
+        assert row[5] == f"{d['step_time_s']:.3f}"
+    _set(browser, "gpus", "")
+    browser.wait_for("document.getElementById('plan').hidden")
+    assert browser.problems() == []

@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-import vizdata  # noqa: E402
 from PIL import Image  # noqa: E402  (matplotlib depends on pillow)
 
+import vizdata  # noqa: E402
 from trainmath.cli import build_parser, main  # noqa: E402
 from trainmath.plot import mpl  # noqa: E402
 from trainmath.plot.charts import GIB, BarChart, params_chart  # noqa: E402
@@ -48,8 +48,8 @@ def kinds(files):
     }
 
 
-KINDS = ["params", "params-activated", "legacy", "params-many", "memory", "memory-zero", "memory-layouts", "comm", "timeline", "plan",
-         "plan-model"]
+KINDS = ["params", "params-activated", "legacy", "params-many", "memory", "memory-zero", "memory-layouts", "comm",
+         "timeline", "plan", "plan-model"]
 
 
 def _charts(argv):

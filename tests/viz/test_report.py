@@ -41,7 +41,7 @@ def test_numbers_are_the_calculators(html):
 
 
 def test_self_contained_and_printable(html):
-    assert html.count("<svg") == 3
+    assert html.count("<svg") == 4
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "fetches something when viewed"
     assert "<script" not in html and "@import" not in html and "url(" not in html
     assert "@media print" in html
@@ -90,3 +90,30 @@ def test_report_gpus_without_gpu_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--gpus needs --gpu" in err
     assert not list(tmp_path.iterdir())
+
+
+def _timeline_points(svg_html: str) -> list[tuple[str, float]]:
+    from html import unescape
+
+    chart = svg_html[svg_html.index('id="chart-timeline"'):]
+    chart = chart[:chart.index("</svg>")]
+    return [(unescape(label), float(y)) for y, label in re.findall(r'data-y="([^"]+)" data-label="([^"]*)"', chart)]
+
+
+def test_timeline_chart_is_the_calculators(html, capsys):
+    """The memory section draws `trainmath memory --timeline --json` as an inline SVG line chart: one point per
+    event in step order at the calculator's bytes (data-y is GiB exactly: · 2**30 gives the integer back), the
+    peak marked at its event, the H100's capacity drawn."""
+    import json
+
+    capsys.readouterr()
+    assert main(["memory", *ARGS[:13], "--timeline", "--json"]) == 0
+    events = json.loads(capsys.readouterr().out)
+    points = _timeline_points(html)
+    assert [name for name, _ in points] == [e["event"] for e in events]
+    assert [y * 2**30 for _, y in points] == [e["bytes"] for e in events]
+    peak = max(events, key=lambda e: e["bytes"])
+    section = html[html.index('<section id="memory">'):html.index('<section id="layout">')]
+    assert 'id="chart-timeline"' in section
+    assert f"peak {peak['bytes'] / 2**30:.2f} GiB at {peak['event']}" in section
+    assert 'class="capacity"' in section[section.index('id="chart-timeline"'):]

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from urllib.parse import urlencode
@@ -42,7 +43,7 @@ def test_calc_equals_the_cli(capsys):
     assert out["summary"]["breakdown"] == mem["breakdown"]
     inf = _cli_json(["infer", "qwen3-0.6b", "--batch", "1", "--context", "1024", "--json"], capsys)
     assert out["summary"]["kv_cache_bytes"] == inf["kv_cache_bytes"]
-    assert set(out["charts"]) == {"params", "memory", "serving"}
+    assert set(out["charts"]) == {"params", "memory", "timeline", "serving"}
 
 
 @pytest.mark.parametrize("change", [{"micro-batch": "0"}, {"seq": "abc"}, {"precision": "fp4"}, {"gpu": "h1000"},
@@ -74,8 +75,8 @@ def test_only_catalog_models_or_a_dropped_config(tmp_path):
     cfg.write_text(text)
     dropped = calc({**FIELDS, "model": "", "config": text, "config_name": "config.json"})
     assert dropped["ok"] and dropped["summary"]["model"] == "config.json"
-    from trainmath.memory.training import TrainingSetup, training_memory
     from trainmath.layout import ParallelLayout
+    from trainmath.memory.training import TrainingSetup, training_memory
     from trainmath.sources import load_spec
 
     expect = training_memory(load_spec(str(cfg)), TrainingSetup(micro_batch=2, seq=1024), ParallelLayout(dp=4, zero=1))
@@ -121,13 +122,13 @@ def test_serve_binds_loopback_by_default():
     assert args.host == "127.0.0.1"
 
 
-def test_report_and_serve_never_import_matplotlib_or_torch():
+def test_report_and_serve_never_import_matplotlib_or_torch(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None; sys.modules['torch'] = None\n"
             "from trainmath.serve.app import calc; from trainmath.serve.page import page\n"
             "from trainmath.cli import main\n"
             "out = calc({'model': 'qwen3-0.6b', 'micro-batch': '1', 'seq': '512', 'gpu': 'h100'})\n"
             "assert out['ok'] and page().startswith('<!DOCTYPE html>')\n"
-            "import tempfile, os; d = tempfile.mkdtemp()\n"
+            f"d = {str(tmp_path)!r}\n"
             "assert main(['report', 'qwen3-0.6b', '--micro-batch', '1', '--seq', '512', '-o', d + '/r.html']) == 0\n"
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -157,3 +158,46 @@ def test_serve_bad_address_is_one_line(argv, needle, capsys):
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err
+
+
+def test_every_weight_format_of_infer_is_offered(capsys, tmp_path):
+    """The report and the page take their serving formats from `trainmath infer`'s own lists (mxfp4 included),
+    and give infer's bytes for them."""
+    from trainmath.infer.dtypes import KV_DTYPES, WEIGHT_DTYPES
+    from trainmath.serve.page import page
+
+    html = page()
+    for name in WEIGHT_DTYPES + KV_DTYPES:
+        assert f"<option>{name}</option>" in html or f"<option selected>{name}</option>" in html
+    fields = {**FIELDS, "model": "openai/gpt-oss-20b", "serve-batch": "2", "context": "1024",
+              "weights-dtype": "mxfp4", "kv-dtype": "fp8"}
+    out = calc(fields)
+    assert out["ok"], out.get("error")
+    inf = _cli_json(["infer", "gpt-oss-20b", "--batch", "2", "--context", "1024", "--dtype", "mxfp4",
+                     "--kv-dtype", "fp8", "--json"], capsys)
+    assert out["summary"]["serving_weights_bytes"] == inf["weights_bytes"]
+    assert out["summary"]["kv_cache_bytes"] == inf["kv_cache_bytes"]
+    report = tmp_path / "r.html"
+    assert main(["report", "gpt-oss-20b", "--micro-batch", "1", "--seq", "1024", "--serve-batch", "2",
+                 "--weights-dtype", "mxfp4", "--kv-dtype", "fp8", "-o", str(report)]) == 0
+    text = report.read_text()
+    assert "weights mxfp4" in text and f"{inf['total_bytes']:,}" in text
+
+
+def test_gpu_count_adds_the_planners_layouts(capsys):
+    """The `gpus` field (`report --gpus`) adds `trainmath plan`'s best layouts, the same ones in the same order;
+    without it there is no planner; its bad values get the CLI's line."""
+    job = ["--gpus", "8", "--gpu", "h100", "--seq", "1024", "--global-batch", "16"]
+    best = _cli_json(["plan", "qwen3-0.6b", *job, "--top", "3", "--json"], capsys)["layouts"]
+    out = calc({**FIELDS, "dp": "1", "zero": "0", "gpus": "8", "global-batch": "16"})
+    assert out["ok"], out.get("error")
+    assert out["plan"] == best and len(best) == 3
+    assert "Planner: best layouts on 8 × H100-SXM-80GB" in out["plan_html"]
+    plain = calc(FIELDS)
+    assert plain["plan"] is None and plain["plan_html"] == ""
+    assert calc({**FIELDS, "gpus": "0"})["error"] == "trainmath: error: --gpus must be a positive integer, got 0"
+    assert "--gpus needs --gpu" in calc({**FIELDS, "gpus": "8", "gpu": ""})["error"]
+    t = time.monotonic()
+    huge = calc({**FIELDS, "gpus": str(2**40)})  # the planner would run for minutes: refused at once
+    assert huge["error"] == "trainmath: error: --gpus must be at most 1,048,576 (2**20) for the planner, got " \
+                            "1,099,511,627,776" and time.monotonic() - t < 5

@@ -80,7 +80,8 @@ def register(subparsers) -> None:
 
     demo = sub.add_parser("demo", help="show each rank's tensor before and after a primitive",
                           description="Start N ranks and show, per rank in rank order, the tensor before and after "
-                                      "a primitive (the examples of Jiang Yi's blog series on distributed training). Two launchers with --nnodes 2 and "
+                                      "a primitive (the examples of Jiang Yi's blog series on distributed training). "
+                                      "Two launchers with --nnodes 2 and "
                                       "--node-rank 0/1 (same --master-addr/--master-port) form one job.")
     demo.add_argument("op", nargs="?", help=f"one of: {', '.join(_DEMO_NAMES)}")
     demo.add_argument("--list", action="store_true", help="list the demos and exit")
@@ -110,8 +111,10 @@ def register(subparsers) -> None:
     bench.add_argument("--impl", choices=("native", "ring", "naive"), default="native",
                        help="native torch collective, ring from isend/irecv, or naive gather+broadcast")
     bench.add_argument("--sizes", default="64K:4M", help="bytes: 1K:64M (doubling), 1M,8M, or 4M (default 64K:4M)")
-    bench.add_argument("--factor", type=count(2, 1024), default=2, help="multiplier between sizes of a range (default 2)")
-    bench.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16", "int32", "int64"))
+    bench.add_argument("--factor", type=count(2, 1024), default=2,
+                       help="multiplier between sizes of a range (default 2)")
+    bench.add_argument("--dtype", default="float32",
+                       choices=("float32", "float64", "bfloat16", "float16", "int32", "int64"))
     bench.add_argument("--segment", default=RING_SEGMENT_DEFAULT,
                        help=f"ring only: segment size; chunks are cut into clamp(chunk/segment, 1, 8) segments that "
                             f"move on as soon as they arrive (default {RING_SEGMENT_DEFAULT})")
@@ -221,7 +224,8 @@ def render_demo(name: str, records: list[dict], *, nnodes: int, nproc: int, back
     red = f", reduce op {reduce_op}" if name in ("reduce", "all_reduce", "reduce_scatter") else ""
     out = [f"{name}: {world} ranks ({nnodes} node(s) x {nproc}, {backend}{red})"]
     if name == "barrier":
-        rows = [[str(r["rank"]), f"{r['sleep_s']:.2f}", f"{r['arrival_s']:.4f}", f"{r['release_s']:.4f}"] for r in records]
+        rows = [[str(r["rank"]), f"{r['sleep_s']:.2f}", f"{r['arrival_s']:.4f}", f"{r['release_s']:.4f}"]
+                for r in records]
         out.append(_table(["rank", "sleeps (s)", "arrives at (s)", "released at (s)"], rows))
         out.append("every rank is released once the last one arrives (times since a common start on rank 0's clock)")
         return "\n".join(out)
@@ -345,7 +349,8 @@ def cmd_bench(args) -> int:
     print(f"# {args.op} ({args.impl}{seg}) on {world} ranks, {args.backend}; {args.warmup} warm-up + {args.iters} "
           f"timed iterations per size; time = max over ranks")
     red = (f", reduce {lk['reduce_bytes_per_s'] / 1e9:.2f} GB/s" if lk["reduce_bytes_per_s"] else "")
-    print(f"# model link ({source}): alpha {lk['alpha_s'] * 1e6:.1f} us, {lk['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s{red}")
+    print(f"# model link ({source}): alpha {lk['alpha_s'] * 1e6:.1f} us, "
+          f"{lk['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s{red}")
     if fit:
         print(f"# model link (fitted to this run's {args.op} times, least squares on relative error): alpha "
               f"{fit.alpha_s * 1e6:.1f} us, {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s")

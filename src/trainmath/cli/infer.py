@@ -58,13 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainmath.infer import CacheFormat, InferenceSetup, WeightFormat, infer_memory
-    from trainmath.infer.dtypes import KV_DTYPES, dtype_name
-    from trainmath.sources import load_spec
-
     from dataclasses import replace
 
-    from trainmath.infer.dtypes import shipped_format
+    from trainmath.infer import CacheFormat, InferenceSetup, WeightFormat, infer_memory
+    from trainmath.infer.dtypes import KV_DTYPES, dtype_name, shipped_format
+    from trainmath.sources import load_spec
 
     floats = ("fp32", "bf16", "fp16")
     spec = load_spec(args.model, strict=args.strict)
@@ -145,8 +143,8 @@ def render(report) -> str:
                          f"{human_bytes(report.kv_cache_bytes)} exceed the usable {human_bytes(f.usable_bytes)} by "
                          f"{human_bytes(-f.free_bytes)}")
         if not f.fits:
-            lines.append("would fit with: " + ("; ".join(f.levers) if f.levers else
-                                               "none of --dtype, --kv-dtype, more GPUs (up to 1024) or a smaller batch"))
+            none = "none of --dtype, --kv-dtype, more GPUs (up to 1024) or a smaller batch"
+            lines.append("would fit with: " + ("; ".join(f.levers) if f.levers else none))
         lines.append(f"largest batch at context {s.context:,}: {f.max_batch:,}"
                      + ("" if f.weights_fit else " (the weights do not fit)"))
         if f.max_context is None:

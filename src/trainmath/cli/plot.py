@@ -128,7 +128,8 @@ def charts(args: argparse.Namespace):
     if args.kind == "params":
         from trainmath.params import count_params
 
-        return [ch.params_chart([count_params(load_spec(m, strict=args.strict)) for m in args.models], activated=args.activated)]
+        return [ch.params_chart([count_params(load_spec(m, strict=args.strict)) for m in args.models],
+                                activated=args.activated)]
     if args.kind == "memory":
         from trainmath.report.gather import memory_variants
         from trainmath.report.options import training_from_args
@@ -136,7 +137,8 @@ def charts(args: argparse.Namespace):
         setup, layout, gpu = training_from_args(args)
         spec = load_spec(args.model, strict=args.strict)
         title = f"Training memory per GPU: {spec.name.split('/')[-1]}, {setup.micro_batch} × {setup.seq} tokens"
-        return [ch.memory_chart(memory_variants(spec, setup, layout, args.compare, tuple(args.layouts)), title=title, gpu=gpu)]
+        variants = memory_variants(spec, setup, layout, args.compare, tuple(args.layouts))
+        return [ch.memory_chart(variants, title=title, gpu=gpu)]
     if args.kind == "comm":
         rows = []
         for path in args.results:

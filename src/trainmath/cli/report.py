@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from trainmath.report.options import add_serving_flags, add_training_flags
+    from trainmath.report.options import add_plan_flags, add_serving_flags, add_training_flags
 
     p = sub.add_parser("report", help="one self-contained HTML page: parameters, FLOPs, memory and fit, KV cache, "
                                       "charts",
@@ -17,29 +17,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="config.json path, directory, catalog name or Hub id")
     add_training_flags(p)
     add_serving_flags(p)
-    p.add_argument("--gpus", type=int, default=None,
-                   help="with --gpu: add the planner's best layouts on this many GPUs (as trainmath plan)")
-    p.add_argument("--global-batch", type=int, default=None,
-                   help="sequences per step for the planner (default: micro-batch × GPUs)")
+    add_plan_flags(p)
     p.add_argument("--output", "-o", required=True, help="file to write (.html)")
     p.set_defaults(func=run)
 
 
 def build(args: argparse.Namespace) -> str:
     """The page's HTML for parsed flags (shared with ``serve``'s report link)."""
-    from trainmath.report.gather import gather, plan_for
+    from trainmath.report.gather import gather
     from trainmath.report.html import page
-    from trainmath.report.options import serving_from_args, training_from_args
+    from trainmath.report.options import plan_from_args, serving_from_args, training_from_args
     from trainmath.sources import load_spec
 
     setup, layout, gpu = training_from_args(args)
     serving = serving_from_args(args)
     spec = load_spec(args.model)
-    gpus = getattr(args, "gpus", None)  # the web page has no GPU-count field: no planner there
-    best = None
-    if gpus is not None:
-        best = plan_for(spec, setup, gpus=gpus, gpu=gpu, global_batch=getattr(args, "global_batch", None))
-    return page(gather(spec, setup, layout, gpu=gpu, serving=serving, plan=best))
+    return page(gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu)))
 
 
 def run(args: argparse.Namespace) -> int:

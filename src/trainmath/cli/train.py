@@ -54,7 +54,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default="synthetic", help="'synthetic' (default) or a text file (bytes are tokens)")
     p.add_argument("--checkpoint-dir", help="save torch.distributed.checkpoint checkpoints here")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (default: after the last)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --checkpoint-dir (from step 0 when "
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in --checkpoint-dir (from step 0 when "
                         "there is none yet, so a job can be restarted with the same command)")
     p.add_argument("--stop-after", type=int, help="stop after this step, as if interrupted")
     p.add_argument("--gpu", help="GPU preset for MFU on CUDA (trainmath infer --gpu names; default: from the "

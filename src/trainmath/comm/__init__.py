@@ -30,8 +30,8 @@ from trainmath.comm.ring import (
     ring_bytes_sent,
     ring_reduce_scatter_schedule,
 )
-from trainmath.comm.twolevel import Group, Topology
 from trainmath.comm.sizes import format_size, parse_size, parse_size_range
+from trainmath.comm.twolevel import Group, Topology
 
 __all__ = [
     "ALGORITHMS",

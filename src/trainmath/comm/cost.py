@@ -84,7 +84,8 @@ def naive_all_reduce_time_s(size_bytes: int, n: int, link: Link) -> float:
 
     Derived: the root's one link carries n-1 full messages in and n-1 out, one after another.
     """
-    return 2 * (n - 1) * (link.alpha_s + size_bytes * link.beta_s_per_byte) + (n - 1) * size_bytes * link.gamma_s_per_byte
+    return (2 * (n - 1) * (link.alpha_s + size_bytes * link.beta_s_per_byte)
+            + (n - 1) * size_bytes * link.gamma_s_per_byte)
 
 
 def tree_broadcast_time_s(size_bytes: int, n: int, link: Link) -> float:

@@ -10,9 +10,13 @@ Algorithms (``algorithm=``):
 - ``ring``: one flat ring over all n ranks; when the group spans nodes every ring step waits for the network, so
   the ring runs at the inter-node link (NCCL builds one ring per NIC, so each GPU's ring uses its own NIC: the
   per-GPU bandwidth ``nics_per_gpu · nic_gbps``). Thakur et al. 2005 §4; Patarasuk & Yuan 2009.
-- ``tree``: NCCL's double binary tree (Sanders, Speck & Träff, "Two-tree algorithms for full bandwidth broadcast,
-  reduction and scan", Parallel Computing 35(12), 2009): all-reduce = pipelined reduce + broadcast, 2⌈log2 n⌉α +
-  2·S·β — latency logarithmic in n, bandwidth near the ring's. Broadcast and reduce: ⌈log2 n⌉α + S·β.
+- ``tree``: all-reduce as NCCL's double binary tree (NVIDIA, "Massively Scale Your Deep Learning Training with
+  NCCL 2.4", 2019: a chain inside each node, two binary trees across the nodes, after Sanders, Speck & Träff 2009),
+  costed as NCCL's own tuning model does (``src/graph/tuning.cc``): 2·((local − 1)·α_intra + ⌈log2 nodes⌉·α_inter)
+  + 2·S·β — latency logarithmic in the nodes, bandwidth near the ring's (:func:`tree_all_reduce_s`). Broadcast and
+  reduce: the two-tree algorithms of Sanders, Speck & Träff, "Two-tree algorithms for full bandwidth broadcast,
+  reduction and scan", Parallel Computing 35(12), 2009, at their optimal block count:
+  S·β + 2⌈log2 n⌉α + √(8⌈log2 n⌉·α·β·S) when the message is large enough to cut (:func:`two_tree_broadcast_s`).
 - ``hierarchical``: intra-node reduce-scatter, inter-node collective on S/local among the ranks with the same
   local index (one per node, in parallel on their own NICs: a rail-optimised network), intra-node all-gather
   (the 2D/hierarchical all-reduce of Jia et al. 2018, "Highly scalable deep learning training system with
@@ -87,12 +91,56 @@ def _ring(op: str, size_bytes: int, group: Group, topo: Topology) -> float:
     return cost._time(op, size_bytes, group.size, _flat_link(group, topo), "ring")
 
 
+def tree_all_reduce_s(size_bytes: float, group: Group, topo: Topology) -> float:
+    """Seconds for NCCL's tree all-reduce: 2·((local − 1)·α_intra + ⌈log2 nodes⌉·α_inter) + 2·S·β.
+
+    Structure (NCCL 2.4 blog, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA 2019): inside a
+    node the ranks form a chain, across nodes two complementary binary trees (Sanders et al. 2009) each carry half
+    the data; the reduction goes up and the broadcast comes down, pipelined, so a chunk crosses the chain and the
+    tree depth twice. Cost: NCCL's tuning model, ``ncclTopoTuneModel`` in ``src/graph/tuning.cc`` — latency
+    ``2 * ((nRanks/nNodes - 1) * intraLat + log2i(nNodes) * interLat)`` and algorithm bandwidth ``busBw * .5``,
+    i.e. 2·S at the link's bandwidth (every rank sends and receives S in each tree phase of its two trees).
+    Assumptions: β is the network's once the group leaves the node (the intra-node link's inside one node);
+    ⌈log2⌉ where NCCL's ``log2i`` floors (equal for a power-of-two node count); NCCL's base latency, protocol
+    factors and size-dependent correction table are not modelled. Inside one node the chain makes it slower than
+    the ring, so ``auto`` picks it only across nodes, as NCCL does.
+    """
+    link = _flat_link(group, topo)
+    hops = (group.local - 1) * topo.intra.alpha_s + math.ceil(math.log2(group.nodes)) * topo.inter.alpha_s
+    return 2 * hops + 2 * size_bytes * link.beta_s_per_byte
+
+
+def two_tree_steps_s(size_bytes: float, n: int, link: Link, blocks: int) -> float:
+    """Seconds for Sanders, Speck & Träff's two-tree broadcast with the message cut into ``blocks`` blocks per tree.
+
+    Sanders et al. 2009 (Parallel Computing 35(12)): each tree carries S/2 in ``blocks`` pieces and the schedule
+    takes 2h + 2k steps for height h = ⌈log2 n⌉ and k blocks, each step one message of S/(2k):
+    (2h + 2k)·(α + β·S/(2k)). Reduction runs the same schedule backwards (reduction cost γ not counted).
+    """
+    h = math.ceil(math.log2(n))
+    return (2 * h + 2 * blocks) * (link.alpha_s + link.beta_s_per_byte * size_bytes / (2 * blocks))
+
+
+def two_tree_broadcast_s(size_bytes: float, n: int, link: Link) -> float:
+    """Seconds for the two-tree broadcast (or reduce) at its best block count: S·β + 2hα + √(8h·α·β·S), h = ⌈log2 n⌉.
+
+    The minimum over k ≥ 1 of :func:`two_tree_steps_s` (derived: the derivative vanishes at k* = √(h·β·S / (2α)),
+    the block count Sanders et al. 2009 give; below k* = 1, a message too small to cut, it is the one-block
+    schedule). For large S it approaches S·β, twice the bandwidth of one pipelined binary tree (whose inner nodes
+    send every block twice, 2·S·β) — the paper's title claim.
+    """
+    h = math.ceil(math.log2(n))
+    a, b = link.alpha_s, link.beta_s_per_byte
+    if 2 * a >= h * b * size_bytes:  # k* <= 1
+        return two_tree_steps_s(size_bytes, n, link, 1)
+    return size_bytes * b + 2 * h * a + math.sqrt(8 * h * a * b * size_bytes)
+
+
 def _tree(op: str, size_bytes: int, group: Group, topo: Topology) -> float | None:
-    link, depth = _flat_link(group, topo), math.ceil(math.log2(group.size))
     if op == "all_reduce":
-        return 2 * depth * link.alpha_s + 2 * size_bytes * link.beta_s_per_byte
+        return tree_all_reduce_s(size_bytes, group, topo)
     if op in ("broadcast", "reduce"):
-        return depth * link.alpha_s + size_bytes * link.beta_s_per_byte
+        return two_tree_broadcast_s(size_bytes, group.size, _flat_link(group, topo))
     return None
 
 

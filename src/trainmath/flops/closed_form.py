@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmath.errors import TrainmathError
 from trainmath.flops.gemm import CAUSAL
 from trainmath.model.spec import MLADims, ModelSpec
-from trainmath.errors import TrainmathError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

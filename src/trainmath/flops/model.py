@@ -84,7 +84,8 @@ class FlopsReport:
 
         return {
             "model": self.model, "batch": self.batch, "seq": self.seq, "tokens": self.tokens,
-            "causal": self.causal, "recompute": self.recompute,
+            # "recompute" is the recomputed FLOPs below; the setting is in the conventions ("recompute=full: ...")
+            "causal": self.causal,
             "forward_flops": self.forward.value, "backward_flops": self.backward.value,
             "recompute_flops": self.recomputed.value, "training_flops": self.training.value,
             "forward": fig(self.forward), "backward": fig(self.backward), "recompute": fig(self.recomputed),

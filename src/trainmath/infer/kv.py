@@ -70,7 +70,8 @@ class CacheFormat:
                if self.mla_cache == "latent" else " (per-head K of qk_nope+qk_rope and V of v_head_dim)"),
             f"sliding/chunked layers keep {self.sliding_tokens} tokens after a prefill"
             + (" (transformers' DynamicSlidingWindowLayer)" if self.sliding_tokens == "window-1" else ""),
-            f"conv state keeps {self.conv_tokens} columns" + (" (transformers)" if self.conv_tokens == "kernel" else ""),
+            f"conv state keeps {self.conv_tokens} columns"
+            + (" (transformers)" if self.conv_tokens == "kernel" else ""),
         )
 
 

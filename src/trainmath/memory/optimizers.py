@@ -88,7 +88,8 @@ def state_tensors(name: str, shape: tuple[int, ...], *, state_bytes: int, impl: 
         return [step, StateTensor(name="variance", numel=n, elem_bytes=state_bytes)]
     if name in ("adam8bit", "adamw8bit"):
         if n < BNB_MIN_8BIT_SIZE:
-            return [StateTensor(name="state1", numel=n, elem_bytes=4), StateTensor(name="state2", numel=n, elem_bytes=4)]
+            return [StateTensor(name="state1", numel=n, elem_bytes=4),
+                    StateTensor(name="state2", numel=n, elem_bytes=4)]
         blocks = ceil_div(n, block_size)
         return [StateTensor(name="state1", numel=n, elem_bytes=1), StateTensor(name="state2", numel=n, elem_bytes=1),
                 StateTensor(name="absmax1", numel=blocks, elem_bytes=4),

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-
-from trainmath.errors import TrainmathError
 import math
 
+from trainmath.errors import TrainmathError
 from trainmath.model.config import ConfigReport, ConfigView, HugeNumber, show, suspect_keys
 from trainmath.model.spec import ModelSpec
 
@@ -83,7 +82,8 @@ def config_options(cfg: ConfigView) -> dict[str, object]:
     if "topk_method" in out and not isinstance(out["topk_method"], str):
         cfg.invalid.append(f"topk_method must be a string, got {show(out.pop('topk_method'))}")
     rope = cfg.data.get("rope_parameters") or cfg.data.get("rope_scaling") or {}
-    factor = cfg.data.get("partial_rotary_factor", rope.get("partial_rotary_factor") if isinstance(rope, dict) else None)
+    factor = cfg.data.get("partial_rotary_factor",
+                          rope.get("partial_rotary_factor") if isinstance(rope, dict) else None)
     if factor is not None:
         if _positive_number(factor) and factor <= 1:
             out["partial_rotary_factor"] = factor

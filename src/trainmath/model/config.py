@@ -235,7 +235,8 @@ def suspect_keys(data: dict[str, object], model_type: str) -> dict[str, str]:
     """Unknown keys one edit away from a known one: {typo: the known key}, e.g. num_hiden_layers →
     num_hidden_layers. Preference goes to the model type's own fields."""
     known = known_keys(model_type)
-    own = set(_defaults_file().get("_fields", {}).get(model_type, ())) | set(transformers_defaults().get(model_type, {}))
+    own = (set(_defaults_file().get("_fields", {}).get(model_type, ()))
+           | set(transformers_defaults().get(model_type, {})))
     out: dict[str, str] = {}
     for key in data:
         if not isinstance(key, str) or key in known or len(key) > 100:

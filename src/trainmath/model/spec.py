@@ -225,7 +225,8 @@ class ModelSpec:
     options: dict = field(default_factory=dict, compare=False, hash=False)
     """Config switches that change computation and saved tensors but no parameter: ``partial_rotary_factor``,
     ``final_logit_softcapping``, ``attn_logit_softcapping``, ``logit_scale``, ``norm_topk_prob``,
-    ``topk_method``, ``new_decoder_architecture`` (present only when the config or transformers' class default sets them)."""
+    ``topk_method``, ``new_decoder_architecture`` (present only when the config or transformers' class default
+    sets them)."""
     config_report: object = field(default=None, compare=False, hash=False)
     """How the config was read (``trainmath.model.config.ConfigReport``): keys taken from transformers' defaults
     and keys that look misspelt; None for a spec not built from a config."""

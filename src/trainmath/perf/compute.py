@@ -26,6 +26,7 @@ attention core (Korthikanti et al. 2022 §5).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from trainmath.flops import count_flops
 from trainmath.hardware import GPU, Efficiency
 from trainmath.layout import ParallelLayout

@@ -17,14 +17,13 @@ and the breakdown's entries sum to the step time. Utilisation conventions (state
 
 from __future__ import annotations
 
-
+from trainmath.comm.twolevel import Topology
 from trainmath.errors import TrainmathError
 from trainmath.flops import count_flops
 from trainmath.hardware import GPU, Hardware, presets
 from trainmath.layout import ParallelLayout
 from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
-from trainmath.comm.twolevel import Topology
 from trainmath.perf import comm as cm
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, layer_times, memo
 from trainmath.perf.job import Estimate, Job, job_problems

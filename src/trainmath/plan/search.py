@@ -15,8 +15,8 @@ Search (exact, branch and bound):
    (``trainmath.memory.training.training_memory``, cached per distinct key) decides whether it is the next
    result. A layout needing no less memory than one that failed (same degrees, larger micro-batch, less
    recompute, lower ZeRO stage) is rejected without asking; when failures pile up with nothing fitting yet, a layout's
-   first failure also asks about its leanest option (ZeRO-3, micro-batch 1, full recompute), whose failure rules out all its
-   options at once. Stop after K results; what is left in the heap is counted as not needed.
+   first failure also asks about its leanest option (ZeRO-3, micro-batch 1, full recompute), whose failure rules out
+   all its options at once. Stop after K results; what is left in the heap is counted as not needed.
 
 The result is the same top K an exhaustive search gives, with the memory model asked only about candidates
 faster than the K-th result.
@@ -33,10 +33,14 @@ from trainmath.hardware import GPU, Hardware, presets
 from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec, MoEDims
 from trainmath.perf.compute import memo, spec_cache
-from trainmath.plan.bounds import memory_lb, states_max, time_lower_bound
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.step import estimate, memory_peak_bytes, memory_recompute
+from trainmath.plan.bounds import memory_lb, states_max, time_lower_bound
 
+MAX_GPUS = 1 << 20
+"""Largest job searched (1,048,576 GPUs, a few seconds on one core). The enumeration of degrees grows with the
+divisors of the GPU count (720,720 GPUs: ~9 s; 2**40: over a minute), and the web page runs the planner on a typed
+count, so a larger one is refused rather than left running."""
 RECOMPUTES = ("none", "selective", "full")
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL_STAGES = (1, 2, 4)
@@ -193,6 +197,8 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     ``job``'s micro-batch, recompute and virtual stages are ignored (searched)."""
     if not isinstance(gpus, int) or gpus < 1:
         raise TrainmathError(f"--gpus must be a positive integer, got {gpus!r}")
+    if gpus > MAX_GPUS:
+        raise TrainmathError(f"--gpus must be at most {MAX_GPUS:,} (2**20) for the planner, got {gpus:,}")
     if top < 1:
         raise TrainmathError(f"--top must be at least 1, got {top}")
     hw = hardware or presets()

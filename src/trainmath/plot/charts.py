@@ -72,6 +72,8 @@ class Line:
     ys: tuple[float, ...]
     dashed: bool = False
     markers: bool = True
+    labels: tuple[str, ...] = ()
+    """A name per point (the timeline's event names): hover text of the SVG points."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -103,7 +103,8 @@ def timeline_chart(doc) -> LineChart:
     xticks = tuple((float(i), events[i]["event"]) for i in range(0, len(events), step))
     title = "Memory through one training step" + (f": {meta['model']}" if meta.get("model") else "")
     return LineChart(title=title, xlabel="event (in step order)", ylabel="live memory (GiB, 2**30 bytes)",
-                     lines=(Line(name="live bytes", colour="#000000", xs=xs, ys=ys, markers=len(events) <= 60),),
+                     lines=(Line(name="live bytes", colour="#000000", xs=xs, ys=ys, markers=len(events) <= 60,
+                                 labels=tuple(str(e["event"]) for e in events)),),
                      hline=hline, marks=marks, bands=tuple(bands), xticks=xticks,
                      notes=tuple(notes) + ("live tensors only, as torch.cuda.memory_allocated; GiB = 2**30",))
 

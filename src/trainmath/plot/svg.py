@@ -1,9 +1,10 @@
-"""The stacked bar charts of ``charts`` as inline SVG, with the standard library only: the report and the web
-page show the same bars, colours and labels as ``trainmath plot`` without matplotlib (and without a network:
-the markup is self-contained, fonts are the viewer's sans-serif).
+"""The stacked bar charts and line charts of ``charts`` as inline SVG, with the standard library only: the report
+and the web page show the same bars, lines, colours and labels as ``trainmath plot`` without matplotlib (and
+without a network: the markup is self-contained, fonts are the viewer's sans-serif).
 
-Each segment carries a ``<title>`` (hover text with the exact value) and ``data-series``/``data-value``
-attributes, so a page script or a test can read the numbers back.
+Each bar segment carries a ``<title>`` (hover text with the exact value) and ``data-series``/``data-value``
+attributes, each line point ``data-x``/``data-y`` (the value exactly, as Python's ``repr``) and ``data-label``, so
+a page script or a test can read the numbers back.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 import textwrap
 from html import escape
 
-from trainmath.plot.charts import BarChart
+from trainmath.plot.charts import BarChart, LineChart
 from trainmath.plot.palette import colour, is_light
 
 LABEL_MIN = 0.045
@@ -108,3 +109,102 @@ def bar_chart_svg(c: BarChart, *, width: int = 720, height: int = 380, chart_id:
         out.append(f'<text x="8" y="{height + 8 + 15 * k}" font-size="10.5" fill="#444">{escape(line)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _short(text: str, n: int = 22) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def line_chart_svg(c: LineChart, *, width: int = 720, height: int = 420, chart_id: str = "") -> str:
+    """One ``<svg>`` element, as ``trainmath plot``'s line charts: shaded phase bands, each line through its points
+    (a dot per point unless the line has too many), the capacity line, the marked points (the peak) with their
+    text, upright x tick names, a legend on the right and the notes underneath. Linear axes (no log-2 x)."""
+    legend_w = 170
+    left, right, top = 64, width - legend_w, 44
+    tick_h = 5.6 * min(22, max((len(t) for _, t in c.xticks), default=4))  # upright names, 10 px font
+    bottom = height - 40 - tick_h
+    xs = [x for ln in c.lines for x in ln.xs] + [b for band in c.bands for b in band[:2]]
+    x0, x1 = min(xs), max(xs)
+    x0, x1 = (x0 - 0.5, x1 + 0.5) if x0 == x1 else (x0, x1)
+    peak = max([y for ln in c.lines for y in ln.ys] + [c.hline[1] if c.hline else 0.0])
+    ticks = nice_ticks(peak * 1.15)
+    ymax = ticks[-1] or 1.0
+
+    def px(v: float) -> float:
+        return left + (right - left) * (v - x0) / (x1 - x0)
+
+    def py(v: float) -> float:
+        return bottom - (bottom - top) * v / ymax
+
+    note_lines = [ln for note in c.notes for ln in textwrap.wrap(note, width // 6)]
+    full_h = height + 15 * len(note_lines) + (6 if note_lines else 0)
+    id_attr = f' id="{escape(chart_id)}"' if chart_id else ""
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {full_h:.0f}" role="img" class="chart"'
+           f'{id_attr} font-family="sans-serif" font-size="12">',
+           f'<title>{escape(c.title)}</title>',
+           f'<text x="{width / 2:.0f}" y="22" text-anchor="middle" font-size="15">{escape(c.title)}</text>']
+    legend, seen = [], set()
+    for b0, b1, phase in c.bands:
+        out.append(f'<rect class="band" data-phase="{escape(phase)}" x="{px(b0):.1f}" y="{top}" '
+                   f'width="{px(b1) - px(b0):.1f}" height="{bottom - top:.1f}" fill="{colour(phase)}" '
+                   f'fill-opacity="0.12"/>')
+        if phase not in seen:
+            seen.add(phase)
+            legend.append((phase, colour(phase), "band"))
+    for t in ticks:
+        out.append(f'<line x1="{left}" x2="{right}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#e4e4e4"/>'
+                   f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
+    out.append(f'<text transform="translate(16 {(top + bottom) / 2:.0f}) rotate(-90)" text-anchor="middle" '
+               f'font-size="11">{escape(c.ylabel)}</text>')
+    for ln in c.lines:
+        dash = ' stroke-dasharray="6 4"' if ln.dashed else ""
+        pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(ln.xs, ln.ys))
+        out.append(f'<g class="line" data-series="{escape(ln.name)}"><polyline points="{pts}" fill="none" '
+                   f'stroke="{ln.colour}" stroke-width="1.4"{dash}/>')
+        r = 2.6 if ln.markers else 1.2
+        for i, (x, y) in enumerate(zip(ln.xs, ln.ys)):
+            label = ln.labels[i] if i < len(ln.labels) else ""
+            hover = f"{label}: {y:.4g}" if label else f"{x:g}: {y:.4g}"
+            out.append(f'<circle class="point" cx="{px(x):.1f}" cy="{py(y):.1f}" r="{r}" fill="{ln.colour}" '
+                       f'data-x="{x!r}" data-y="{y!r}" data-label="{escape(label)}"><title>{escape(hover)}</title>'
+                       f'</circle>')
+        out.append("</g>")
+        legend.append((ln.name, ln.colour, "dashed" if ln.dashed else "line"))
+    if c.hline:
+        hy = py(c.hline[1])
+        out.append(f'<line x1="{left}" x2="{right}" y1="{hy:.1f}" y2="{hy:.1f}" stroke="{colour("capacity")}" '
+                   f'stroke-dasharray="6 4" stroke-width="1.4" class="capacity"/>')
+        legend.append((c.hline[0], colour("capacity"), "dashed"))
+    for x, y, text in c.marks:
+        mx, my = px(x), py(y)
+        anchor = "end" if mx > (left + right) / 2 else "start"
+        out.append(f'<g class="mark"><path d="M{mx - 5:.1f},{my - 12:.1f} h10 l-5,8 z" fill="{colour("winner")}"/>'
+                   f'<text x="{mx:.1f}" y="{my - 16:.1f}" text-anchor="{anchor}" font-size="11">{escape(text)}'
+                   f'</text></g>')
+    for x, text in c.xticks:
+        tx = px(x)
+        out.append(f'<text transform="translate({tx + 4:.1f} {bottom + 6:.1f}) rotate(-90)" text-anchor="end" '
+                   f'font-size="10" class="xtick">{escape(_short(text))}</text>')
+    out.append(f'<line x1="{left}" x2="{right}" y1="{bottom:.1f}" y2="{bottom:.1f}" stroke="#333"/>'
+               f'<text x="{(left + right) / 2:.0f}" y="{bottom + tick_h + 26:.0f}" text-anchor="middle" font-size="11">'
+               f'{escape(c.xlabel)}</text>')
+    for k, (name, col, kind) in enumerate(legend):
+        ly = top + 18 * k
+        mark = {"band": f'<rect x="{right + 16}" y="{ly}" width="14" height="11" fill="{col}" fill-opacity="0.3"/>',
+                "line": f'<line x1="{right + 16}" x2="{right + 30}" y1="{ly + 5}" y2="{ly + 5}" stroke="{col}" '
+                        f'stroke-width="1.6"/>',
+                "dashed": f'<line x1="{right + 16}" x2="{right + 30}" y1="{ly + 5}" y2="{ly + 5}" stroke="{col}" '
+                          f'stroke-dasharray="4 3" stroke-width="1.6"/>'}[kind]
+        out.append(f'<g class="legend-item">{mark}<text x="{right + 36}" y="{ly + 10}" font-size="11">'
+                   f'{escape(name)}</text></g>')
+    for k, line in enumerate(note_lines):
+        out.append(f'<text x="8" y="{height + 8 + 15 * k}" font-size="10.5" fill="#444">{escape(line)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def chart_svg(c, *, chart_id: str = "") -> str:
+    """The SVG of a bar chart or a line chart."""
+    if isinstance(c, LineChart):
+        return line_chart_svg(c, chart_id=chart_id)
+    return bar_chart_svg(c, chart_id=chart_id)

@@ -129,15 +129,27 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None) -> ReportD
     )
 
 
+def timeline_doc(data: ReportData) -> dict:
+    """What ``trainmath memory --json`` says of the step's timeline (the peak stage's events, in order), with the
+    GPU's margin when one is given: the input of ``plot timeline``'s chart."""
+    m = data.memory.to_dict()
+    doc = {"model": m["model"], "timeline": m["timeline"], "peak_event": m["peak_event"]}
+    if data.fit is not None:
+        doc.update(fits=data.fit["fits"], margin_bytes=data.fit["margin_bytes"])
+    return doc
+
+
 def charts(data: ReportData) -> dict:
     """name → chart object (``trainmath.plot.charts``) of the report."""
     from trainmath.plot.charts import memory_chart, params_chart, serving_chart
+    from trainmath.plot.fromjson import timeline_chart
 
     p = data.params
     return {
         "params": params_chart([p], activated=p.activated_params != p.total_params),
         "memory": memory_chart(data.variants, title=f"Training memory per GPU: {data.memory.layout.describe()}",
                                gpu=data.gpu),
+        "timeline": timeline_chart(timeline_doc(data)),
         "serving": serving_chart(data.serving),
     }
 

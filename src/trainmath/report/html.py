@@ -10,7 +10,7 @@ from html import escape
 
 from trainmath import __version__
 from trainmath.plot.charts import peak_phase
-from trainmath.plot.svg import bar_chart_svg
+from trainmath.plot.svg import chart_svg
 from trainmath.render import human_bytes, human_count
 from trainmath.report.gather import ReportData, charts
 
@@ -72,7 +72,7 @@ def params_section(d: ReportData) -> str:
     act = p.activated.flat()
     rows = [[escape(c.name), _b(c.value), _pct(c.value, p.total_params), _b(act.get(c.name, 0)), escape(c.note)]
             for c in p.components.children if c.value]
-    return (f'<section id="params"><h2>Parameters</h2>'
+    return ('<section id="params"><h2>Parameters</h2>'
             + _table(["component", "parameters", "share", "activated per token", ""], rows,
                      ["total", _b(p.total_params), "100%", _b(p.activated_params), ""])
             + f"<p>non-embedding: {_b(p.non_embedding_params)}</p></section>")
@@ -93,7 +93,7 @@ def flops_section(d: ReportData) -> str:
               f"forward + backward / closed form = {ratio:.4f}</p></section>")
 
 
-def memory_section(d: ReportData, svg: str) -> str:
+def memory_section(d: ReportData, svg: str, timeline_svg: str = "") -> str:
     m = d.memory
     peak = m.peak_bytes
     rows = [[escape(n.name), _b(n.value), human_bytes(n.value), _pct(n.value, peak), escape(n.note)]
@@ -112,7 +112,10 @@ def memory_section(d: ReportData, svg: str) -> str:
             f'{escape(peak_phase(m))} — {verdict_html(d.fit)}</p>'
             + _table(["term", "bytes", "GiB", "share", ""], rows, ["peak_bytes", _b(peak), human_bytes(peak),
                                                                    "100%", ""])
-            + stages + svg + "</section>")
+            + stages + svg
+            + (f'<h3>Through the step</h3><p class="sub">live bytes at every event of the step (of the peak '
+               f'stage), as <code>trainmath memory --timeline --json</code></p>{timeline_svg}' if timeline_svg else "")
+            + "</section>")
 
 
 def serving_section(d: ReportData, svg: str) -> str:
@@ -172,7 +175,7 @@ def conventions(d: ReportData) -> list[str]:
 
 def page(d: ReportData) -> str:
     """The whole report as one HTML document."""
-    svgs = {name: bar_chart_svg(c, chart_id=f"chart-{name}") for name, c in charts(d).items()}
+    svgs = {name: chart_svg(c, chart_id=f"chart-{name}") for name, c in charts(d).items()}
     p = d.params
     cards = "".join(f'<div class="card"><b>{v}</b><span>{escape(k)}</span></div>' for k, v in (
         ("parameters", human_count(p.total_params)), ("activated per token", human_count(p.activated_params)),
@@ -188,7 +191,7 @@ def page(d: ReportData) -> str:
             f"trainmath {__version__} · the figures of Jiang Yi's blog series on distributed training, exact</p>"
             f'<div class="cards">{cards}</div>'
             f'<section id="shares"><h2>Where the parameters live</h2>{svgs["params"]}</section>'
-            + params_section(d) + flops_section(d) + memory_section(d, svgs["memory"]) + layout_section(d)
-            + serving_section(d, svgs["serving"])
+            + params_section(d) + flops_section(d) + memory_section(d, svgs["memory"], svgs["timeline"])
+            + layout_section(d) + serving_section(d, svgs["serving"])
             + f'<section id="conventions"><h2>Conventions</h2><ul class="conv">{conv}</ul></section>'
             "</body></html>\n")

@@ -10,13 +10,13 @@ import argparse
 
 from trainmath.cli.args import integer
 from trainmath.errors import TrainmathError
+from trainmath.infer.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from trainmath.memory.optimizers import OPTIMIZERS
 from trainmath.memory.precision import RECIPES
 
-# The choices are the calculator's own tables (pure Python, no heavy import).
+# The choices are the calculator's own tables (pure Python, no heavy import); the serving formats are
+# `trainmath infer`'s (WEIGHT_DTYPES, KV_DTYPES from trainmath.infer.dtypes).
 PRECISIONS = tuple(RECIPES)
-WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
-KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 
 
 class RaisingParser(argparse.ArgumentParser):
@@ -56,6 +56,25 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context", type=integer, default=None, help="tokens per sequence held (default: --seq)")
     g.add_argument("--weights-dtype", choices=WEIGHT_DTYPES, default="bf16", help="serving weights (default bf16)")
     g.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="K/V cache format (default bf16)")
+
+
+def add_plan_flags(p: argparse.ArgumentParser) -> None:
+    """The planner's job size (``trainmath plan``'s --gpus and --global-batch): with --gpu, the report and the page
+    add the planner's best layouts on that many GPUs."""
+    g = p.add_argument_group("planner (as trainmath plan)")
+    g.add_argument("--gpus", type=integer, default=None,
+                   help="with --gpu: add the planner's best layouts on this many GPUs (as trainmath plan)")
+    g.add_argument("--global-batch", type=integer, default=None,
+                   help="sequences per step for the planner (default: micro-batch × GPUs)")
+
+
+def plan_from_args(args: argparse.Namespace, spec, setup, gpu):
+    """The planner's best layouts for the parsed flags (``PlanResult``), or None when --gpus is not given."""
+    if args.gpus is None:
+        return None
+    from trainmath.report.gather import plan_for
+
+    return plan_for(spec, setup, gpus=args.gpus, gpu=gpu, global_batch=args.global_batch)
 
 
 def training_from_args(args: argparse.Namespace):

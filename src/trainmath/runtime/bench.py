@@ -65,7 +65,10 @@ def _make(ctx: RankContext, op: str, impl: str, size_bytes: int, dtype: torch.dt
     if count == 0:
         raise TrainmathError(f"size {size_bytes} B is too small for {op} of {dtype} on {n} ranks")
     dev = ctx.device
-    full = torch.rand(count, device=dev).to(dtype) if dtype.is_floating_point else torch.ones(count, dtype=dtype, device=dev)
+    if dtype.is_floating_point:
+        full = torch.rand(count, device=dev).to(dtype)
+    else:
+        full = torch.ones(count, dtype=dtype, device=dev)
     part = full[: count // n].clone() if op in ("reduce_scatter", "all_gather") else None
     if impl == "native":
         calls = {

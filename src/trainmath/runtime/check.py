@@ -18,8 +18,13 @@ import torch.distributed as dist
 from trainmath.comm.ring import chunk_bounds
 from trainmath.runtime import demo
 from trainmath.runtime.launch import RankContext
-from trainmath.runtime.ring import (SEGMENT_BYTES, naive_all_reduce, ring_all_gather, ring_all_reduce,
-                                   ring_reduce_scatter)
+from trainmath.runtime.ring import (
+    SEGMENT_BYTES,
+    naive_all_reduce,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+)
 
 DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64, torch.bfloat16)
 REDUCE_OPS = ("sum", "avg", "max", "min", "product")

@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from trainmath.cli.args import Parser, number
-    from trainmath.cli.comm import DEMO_INFO, MAX_SLEEP_S, MAX_TIMEOUT_S, _REDUCE_OPS, render_demo
+    from trainmath.cli.comm import _REDUCE_OPS, DEMO_INFO, MAX_SLEEP_S, MAX_TIMEOUT_S, render_demo
 
     p = Parser(prog="python -m trainmath.runtime.demo",
                description="Run a demo of `trainmath comm demo` as the ranks of a torchrun job.")

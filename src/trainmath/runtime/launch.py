@@ -109,7 +109,8 @@ class JobSpec:
         if self.nnodes < 1:
             raise TrainmathError(f"--nnodes must be >= 1, got {self.nnodes}")
         if not 0 <= self.node_rank < self.nnodes:
-            raise TrainmathError(f"--node-rank must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes}, got {self.node_rank}")
+            raise TrainmathError(f"--node-rank must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes}, "
+                                 f"got {self.node_rank}")
         if self.backend not in BACKENDS:
             raise TrainmathError(f"unknown backend {self.backend!r}; choose gloo or nccl")
         if not 0 <= self.master_port <= 65535:
@@ -417,7 +418,8 @@ def _diagnose(spec, procs, reports, exited, elapsed_s, log_dir) -> str:
 def _others(collateral: list[int], reports) -> str:
     if not collateral:
         return ""
-    return f" (rank{'s' if len(collateral) > 1 else ''} {', '.join(map(str, collateral))} then failed: {reports[collateral[0]][1]})"
+    ranks = ", ".join(map(str, collateral))
+    return f" (rank{'s' if len(collateral) > 1 else ''} {ranks} then failed: {reports[collateral[0]][1]})"
 
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

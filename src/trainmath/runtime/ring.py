@@ -115,7 +115,8 @@ def _run_ring(chunks: list[torch.Tensor], group, op: str | None, *, reduce: bool
     r, n, right, left = _ring(group)
     if n == 1:
         return
-    schedule = (ring_reduce_scatter_schedule(r, n) if reduce else []) + (ring_all_gather_schedule(r, n) if gather else [])
+    schedule = ((ring_reduce_scatter_schedule(r, n) if reduce else [])
+                + (ring_all_gather_schedule(r, n) if gather else []))
     n_reduce = n - 1 if reduce else 0
     if not _pipelined(group):
         _run_stepwise(chunks, group, op, schedule, n_reduce, r, n, right, left)

@@ -3,7 +3,7 @@
 Routes: ``GET /`` the page; ``POST /api/calc`` (form-encoded fields) → JSON with the numbers and the charts'
 SVG, or ``{"ok": false, "error": "trainmath: error: ..."}`` — the line the CLI would print; ``GET|POST /report``
 the HTML report of the same fields. The fields are the flags of ``trainmath report`` (``micro-batch``, ``seq``,
-``zero``, ``gpu``, ...), plus ``model`` (a catalog name) or ``config`` (the text of a config.json).
+``zero``, ``gpu``, ``gpus``, ...), plus ``model`` (a catalog name) or ``config`` (the text of a config.json).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ MAX_BODY_BYTES = 1 << 20
 
 def parser():
     """The flags of ``trainmath report`` (without MODEL and -o), raising instead of exiting."""
-    from trainmath.report.options import RaisingParser, add_serving_flags, add_training_flags
+    from trainmath.report.options import RaisingParser, add_plan_flags, add_serving_flags, add_training_flags
 
     p = RaisingParser(prog="trainmath serve", add_help=False)
     add_training_flags(p)
     add_serving_flags(p)
+    add_plan_flags(p)
     return p
 
 
@@ -67,18 +68,23 @@ def _spec(fields: dict[str, str]):
 def compute(fields: dict[str, str]):
     """ReportData for the form's fields: the same parsing and checks as ``trainmath report``."""
     from trainmath.report.gather import gather
-    from trainmath.report.options import serving_from_args, training_from_args
+    from trainmath.report.options import plan_from_args, serving_from_args, training_from_args
 
     args = parser().parse_args(_argv(fields))
     setup, layout, gpu = training_from_args(args)
-    return gather(_spec(fields), setup, layout, gpu=gpu, serving=serving_from_args(args))
+    serving = serving_from_args(args)
+    spec = _spec(fields)
+    return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu))
 
 
 def calc(fields: dict[str, str]) -> dict:
-    """The JSON the page shows: numbers (exact integers), the memory table and the charts' SVG."""
-    from trainmath.plot.svg import bar_chart_svg
-    from trainmath.report.gather import charts, summary
+    """The JSON the page shows: numbers (exact integers), the memory table, the charts' SVG, and with a GPU count
+    the planner's best layouts (``plan``: as ``trainmath plan --json``'s ``layouts``; ``plan_html``: the report's
+    table of them)."""
+    from trainmath.plot.svg import chart_svg
     from trainmath.render import human_bytes
+    from trainmath.report.gather import charts, summary
+    from trainmath.report.html import plan_html
 
     try:
         data = compute(fields)
@@ -88,7 +94,9 @@ def calc(fields: dict[str, str]) -> dict:
     return {"ok": True, "summary": summary(data),
             "memory_rows": [[n.name, f"{n.value:,}", human_bytes(n.value), f"{100 * n.value / peak:.1f}%"]
                             for n in data.memory.breakdown.children if n.value],
-            "charts": {k: bar_chart_svg(c, chart_id=f"chart-{k}") for k, c in charts(data).items()}}
+            "charts": {k: chart_svg(c, chart_id=f"chart-{k}") for k, c in charts(data).items()},
+            "plan": None if data.plan is None else [e.to_dict() for e in data.plan.layouts],
+            "plan_html": plan_html(data.plan)}
 
 
 def report(fields: dict[str, str]) -> tuple[int, str]:

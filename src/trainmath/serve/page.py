@@ -34,14 +34,20 @@ async function update() {
   v.textContent = s.fit ? (s.fit.fits ? 'fits' : 'does not fit') + ' on ' + s.fit.gpu + ', margin ' +
     gib(s.fit.margin_bytes) : 'pick a GPU for the fit verdict';
   const kv = document.getElementById('kv-bytes');
-  kv.dataset.bytes = s.kv_cache_bytes; kv.textContent = fmt(s.kv_cache_bytes) + ' bytes (' + gib(s.kv_cache_bytes) + ')';
+  kv.dataset.bytes = s.kv_cache_bytes;
+  kv.textContent = fmt(s.kv_cache_bytes) + ' bytes (' + gib(s.kv_cache_bytes) + ')';
   set('serving-fit', s.serving_fit ? (s.serving_fit.fits ? 'fits' : 'does not fit') + '; largest batch ' +
     fmt(s.serving_fit.max_batch) : '');
   const rows = out.memory_rows.map(r => '<tr>' + r.map(c => '<td>' + c + '</td>').join('') + '</tr>');
   document.getElementById('memory-rows').innerHTML = rows.join('');
   for (const [k, svg] of Object.entries(out.charts)) document.getElementById('slot-' + k).innerHTML = svg;
+  document.getElementById('plan').hidden = !out.plan_html;
+  document.getElementById('slot-plan').innerHTML = out.plan_html;
 }
-function later() { clearTimeout(timer); timer = setTimeout(() => update().catch(e => err.textContent = String(e)), 150); }
+function later() {
+  clearTimeout(timer);
+  timer = setTimeout(() => update().catch(e => err.textContent = String(e)), 150);
+}
 form.addEventListener('input', later);
 form.addEventListener('change', later);
 const drop = document.getElementById('drop'), file = document.getElementById('config-file');
@@ -54,7 +60,9 @@ async function take(f) {
 file.addEventListener('change', () => take(file.files[0]));
 drop.addEventListener('dragover', e => { e.preventDefault(); drop.classList.add('over'); });
 drop.addEventListener('dragleave', () => drop.classList.remove('over'));
-drop.addEventListener('drop', e => { e.preventDefault(); drop.classList.remove('over'); take(e.dataTransfer.files[0]); });
+drop.addEventListener('drop', e => {
+  e.preventDefault(); drop.classList.remove('over'); take(e.dataTransfer.files[0]);
+});
 document.getElementById('clear').addEventListener('click', () => {
   form.elements.config.value = ''; form.elements.config_name.value = ''; file.value = '';
   set('drop-name', ''); later();
@@ -96,7 +104,8 @@ def _control(action) -> str:
         return f'<label title="{help_}">gpu<select name="gpu">{opts}</select></label>'
     kind = ' type="number" min="1"' if action.type is int else ""
     value = "" if action.default is None else escape(str(action.default))
-    hint = {"context": "= seq", "micro-batches": "≥ pp"}.get(name, "")
+    hint = {"context": "= seq", "micro-batches": "≥ pp", "gpus": "no planner",
+            "global-batch": "= micro-batch × gpus"}.get(name, "")
     hint = f' placeholder="{hint}"' if hint else ""
     return f'<label title="{help_}">{name}<input name="{name}"{kind} value="{value}"{hint}></label>'
 
@@ -137,15 +146,20 @@ def page(default_model: str = "Qwen/Qwen3-8B") -> str:
 <div class="cards">
 <div class="card"><b id="total-params">…</b><span>parameters</span></div>
 <div class="card"><b id="activated-params">…</b><span>activated per token</span></div>
-<div class="card"><b id="peak-bytes" data-bytes="">…</b><span>peak memory per GPU, at <i id="peak-phase"></i></span></div>
+<div class="card"><b id="peak-bytes" data-bytes="">…</b>
+<span>peak memory per GPU, at <i id="peak-phase"></i></span></div>
 <div class="card"><b id="kv-bytes" data-bytes="">…</b><span>KV cache (serving)</span></div>
 </div>
-<p>layout <code id="layout"></code> — <span id="verdict" class="verdict"></span> · serving: <span id="serving-fit"></span></p>
+<p>layout <code id="layout"></code> — <span id="verdict" class="verdict"></span> ·
+serving: <span id="serving-fit"></span></p>
 <h2>Training memory per GPU</h2>
-<table><thead><tr><th>term</th><th>bytes</th><th>GiB</th><th>share</th></tr></thead><tbody id="memory-rows"></tbody></table>
+<table><thead><tr><th>term</th><th>bytes</th><th>GiB</th><th>share</th></tr></thead>
+<tbody id="memory-rows"></tbody></table>
 <div class="slot" id="slot-memory"></div>
+<h2>Memory through the step</h2><div class="slot" id="slot-timeline"></div>
 <h2>Where the parameters live</h2><div class="slot" id="slot-params"></div>
 <h2>Serving memory</h2><div class="slot" id="slot-serving"></div>
+<section id="plan" hidden><h2>Planner</h2><div class="slot" id="slot-plan"></div></section>
 <p class="sub">GiB = 2**30 bytes; peak = torch.cuda.max_memory_allocated of one step (live tensors; no CUDA
 context). Conventions are listed in the full report.</p>
 </div>

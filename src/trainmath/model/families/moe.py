@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from trainmath.model import blocks
 from trainmath.model.config import ConfigView
-from trainmath.model.families.common import (embeddings, head, head_dim, int_list, kv_heads, layer_types,
-                                             window_for)
+from trainmath.model.families.common import embeddings, head, head_dim, int_list, kv_heads, layer_types, window_for
 from trainmath.model.families.dense import _arch
 from trainmath.model.spec import LayerSpec, ModelSpec, MoEDims, TensorSpec
 
