@@ -90,7 +90,7 @@ def test_gpt2_layer_per_rank_rule_by_rule(c, p):
     r = p  # residual stream dtype
     norms = 2 * (r * T * D + 2 * r * T)  # two LayerNorms: input, mean, rstd
     inputs = 2 * c * T * D  # c_attn's and c_fc's input (the norm outputs, or their casts)
-    inside = c * T * 3 * D + c * T * D + 4 * B * H * S + 5 * c * T * F  # qkv, output, lse; c_fc out, gelu_new, c_proj in
+    inside = c * T * 3 * D + c * T * D + 4 * B * H * S + 5 * c * T * F  # qkv, output, lse; c_fc, gelu_new, c_proj
     copies = c * (D * 3 * D + D * D + D * F + F * D) if p > c else 0
     ops = _emit(spec, layer, c=c, p=p)
     assert layer_node("l", ops).value == norms + inputs + inside + copies

@@ -96,7 +96,7 @@ def style(model_type: str) -> Style:
     return STYLES[model_type]
 
 
-from trainmath.ops.families import (
+from trainmath.ops.families import (  # noqa: E402  (the family modules register their emitters in LAYERS)
     classic,  # noqa: F401
     dense,  # noqa: F401  (registers its emitters)
     gpt_oss,  # noqa: F401

@@ -139,7 +139,7 @@ def mamba2(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: str = "m
     assert isinstance(dims, MambaDims)
     c, b, ac = ctx.p.compute, ctx.b, ctx.p.autocast
     hm, P, g, N, K, Q = dims.heads, dims.head_dim, dims.groups, dims.state_size, dims.conv_kernel, dims.chunk_size
-    I = hm * P
+    I = hm * P  # noqa: E741  (Dao & Gu's and the docstring's name for the SSM width)
     cd = I + 2 * g * N
     nc = -(-ctx.s // Q)
     L = nc * Q
