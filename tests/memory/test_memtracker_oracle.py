@@ -33,7 +33,7 @@ FAMILY = {
 
 
 def measure(model_type, *, precision, vocab, b, s, recompute="none", impl="foreach", lifetime="set_to_none",
-            experts="eager"):
+            experts="eager", keep="output"):
     """(MemTracker's peak total on the CPU, the model's buffer bytes, the prediction)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -54,8 +54,12 @@ def measure(model_type, *, precision, vocab, b, s, recompute="none", impl="forea
     def step():
         ids = batch.clone()  # the batch arrives on the device inside the step
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp-bf16"):
-            out = model(input_ids=ids, labels=ids, use_cache=False)
-        out.loss.backward()
+            if keep == "output":
+                out = model(input_ids=ids, labels=ids, use_cache=False)
+                loss = out.loss
+            else:  # the loop keeps the loss only (HF Trainer, trainmath train)
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=lifetime == "set_to_none")
 
@@ -71,8 +75,20 @@ def measure(model_type, *, precision, vocab, b, s, recompute="none", impl="forea
         data["num_experts"] = data["num_local_experts"]
     spec = spec_from_config(data, name="tiny", source="test")
     setup = TrainingSetup(micro_batch=b, seq=s, precision=precision, optimizer="adamw", optimizer_impl=impl,
-                          recompute=recompute, grad_lifetime=lifetime, device="cpu", experts=experts)
+                          recompute=recompute, grad_lifetime=lifetime, device="cpu", experts=experts,
+                          loop_keeps=keep)
     return peak["Total"], buffers, training_memory(spec, setup)
+
+
+@pytest.mark.parametrize("precision, recompute", [("fp32", "none"), ("bf16", "full"), ("amp-bf16", "none")])
+def test_loop_keeping_the_loss_only(precision, recompute):
+    """``loss = model(...).loss`` (``--loop-keeps loss``): the logits are freed when the forward returns; exact at
+    the loss's backward, and below the ``output`` loop by the logits held there."""
+    measured, buffers, r = measure("qwen3", precision=precision, vocab=1024, b=2, s=64, recompute=recompute,
+                                   keep="loss")
+    held, _, kept = measure("qwen3", precision=precision, vocab=1024, b=2, s=64, recompute=recompute)
+    assert r.stages[0].phase == "backward: loss"
+    assert measured - buffers == r.peak_bytes < kept.peak_bytes == held - buffers
 
 
 @pytest.mark.parametrize("model_type, precision", [(m, "amp-bf16") for m in sorted(FAMILY)]

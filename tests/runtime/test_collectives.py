@@ -18,7 +18,8 @@ def test_correctness_matrix(n):
     bad = [r for r in rows if not r["ok"]]
     assert not bad, bad[:5]
     ops = {(r["op"], r["impl"]) for r in rows}
-    assert {("all_reduce", "ring"), ("all_reduce", "naive"), ("reduce_scatter", "ring"), ("all_gather", "ring")} <= ops
+    assert {("all_reduce", "ring"), ("all_reduce", "naive"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
+            ("reduce_scatter", "ring in place")} <= ops
     assert {("all_reduce", "ring/16B-seg"), ("reduce_scatter", "ring/16B-seg"), ("all_gather", "ring/16B-seg")} <= ops
     assert {r["dtype"] for r in rows} >= {"int32", "int64", "float32", "float64", "bfloat16"}
     assert any(r["length"] % n for r in rows) or n == 1  # uneven lengths are covered

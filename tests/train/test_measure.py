@@ -5,11 +5,13 @@ walked by ``measure.state_bytes``; the prediction is ``trainmath.memory.training
 ``runtime.train.verify``. Padded shards are exercised: vocab 67 and 42 intermediate rows do not divide by 2 or 4.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from tests.train.runs import STRATEGIES, cached, config
 from trainmath.runtime.train.model import model_spec, shrunk_config
-from trainmath.runtime.train.verify import compare, predict
+from trainmath.runtime.train.verify import STATE_FIELDS, compare, peak_tolerance, predict
 
 
 def _fields(nproc, strategy, impl):
@@ -25,7 +27,7 @@ def _fields(nproc, strategy, impl):
 @pytest.mark.parametrize("strategy,impl", STRATEGIES)
 def test_state_bytes_exact_on_every_rank(strategy, impl, nproc):
     pred, measured, fields = _fields(nproc, strategy, impl)
-    state = {f.name: f for f in fields if f.name.split(" ")[0].endswith("_bytes") and not f.name.startswith("peak")}
+    state = {f.name: f for f in fields if f.name.split(" ")[0] in STATE_FIELDS or "(sum over ranks)" in f.name}
     assert len(state) == (3 * nproc + 1 if (strategy, impl) == ("zero1", "torch") else 4 * nproc)
     for name, f in state.items():
         if (strategy, impl) == ("zero2", "torch") and name.startswith("weights_bytes"):
@@ -59,21 +61,66 @@ def test_gemm_flops_exact_and_attention_as_stated(strategy, impl, nproc):
     assert all(f.measured * 6 == f.predicted * 7 and f.ok for f in core)
 
 
+RECOMPUTED = [("ddp", "torch"), ("zero2", "trainmath"), ("zero3", "trainmath"), ("zero3", "torch")]
+"""Strategies also measured with full recompute."""
+
+
 @pytest.mark.parametrize("nproc", [2, 4])
-@pytest.mark.parametrize("strategy,impl", STRATEGIES)
-def test_peak_within_stated_tolerance(strategy, impl, nproc):
-    """The peak of step 2 (MemTracker) against the calculator's timeline peak, within ``PEAK_TOLERANCE`` — except
-    our ZeRO-1 at 4 ranks, which the calculator under-predicts by about a third: its flat padded gradient buffer
-    and all-gather staging are not ZeRO-1 as the calculator models it (gradients sharded into DeepSpeed's layout),
-    and on this tiny model such fixed buffers weigh most. Asserted as it is, so a change shows up. (torch's ZeRO-1
-    was over-predicted by 21-27% before the timeline counted gradients only while they live; now within.)"""
-    _, measured, fields = _fields(nproc, strategy, impl)
+@pytest.mark.parametrize("strategy,impl,recompute", [(s, i, "none") for s, i in STRATEGIES]
+                         + [(s, i, "full") for s, i in RECOMPUTED])
+def test_peak_within_stated_tolerance(strategy, impl, nproc, recompute):
+    """The peak of step 2 (MemTracker) against the calculator's timeline peak, within ``peak_tolerance`` and its
+    reason (``verify.PEAK_TOLERANCE``): DDP, torch's ZeRO-1 and our ZeRO-1/2/3 within 5%, and within 1% where
+    the peak is not a unit's reduce inside a layer's backward (0.4% for DDP at 4 ranks, one sequence each; our ZeRO-1
+    had been 35% above at 4 ranks: it kept the full gradients beside their reduced shard and the ring kept a copy of the
+    whole gradient buffer; with recompute the FLOP counter's module hooks had kept every recomputed layer alive: 17-45%
+    above on the benchmark's model); FSDP2 within 25% and never above the prediction."""
+    res = cached(nproc, strategy=strategy, impl=impl, **({"recompute": recompute} if recompute != "none" else {}))
+    cfg = config(strategy=strategy, impl=impl, measure=True, recompute=recompute)
+    name, conf = shrunk_config(cfg.model, cfg.overrides)
+    pred = predict(model_spec(name, conf), cfg, nproc)
+    fields = compare(pred, {r: v["measured"] for r, v in res.items()}, cfg)
     peaks = [f for f in fields if f.name.startswith("peak_bytes")]
     assert len(peaks) == nproc and all(f.measured > 0 for f in peaks)
-    if (strategy, impl, nproc) == ("zero1", "trainmath", 4):
-        assert all(f.measured > f.predicted and not f.ok for f in peaks)
-    else:
-        assert all(f.ok for f in peaks), [(f.name, f.rel_error) for f in peaks]
+    tol, kind = peak_tolerance(cfg)
+    assert all(f.ok and f.tolerance == tol for f in peaks), [(f.name, f.rel_error) for f in peaks]
+    if kind == "fsdp2":
+        assert all(f.measured < f.predicted for f in peaks)
+    phase = _phase(cfg, nproc)
+    if kind == "modelled" and not (phase.startswith("backward layer") and phase.endswith("done")):
+        assert all(f.rel_error < 0.01 for f in peaks), (phase, [(f.name, f.rel_error) for f in peaks])
+
+
+def _phase(cfg, nproc) -> str:
+    """The event where the calculator's timeline of the run peaks."""
+    from trainmath.layout import ParallelLayout
+    from trainmath.memory.training import TrainingSetup, training_memory
+
+    spec = model_spec(*shrunk_config(cfg.model, cfg.overrides))
+    setup = TrainingSetup(micro_batch=cfg.micro_batch_for(nproc), seq=cfg.seq, precision=cfg.precision,
+                          optimizer_impl="forloop", recompute=cfg.recompute, device="cpu", loop_keeps="loss",
+                          zero_impl="trainmath" if cfg.impl == "trainmath" else "deepspeed")
+    r = training_memory(spec, setup, ParallelLayout(dp=nproc, zero=cfg.zero))
+    return r.stages[0].phase
+
+
+def test_flat_zero1_peaks_at_its_reduce():
+    """Our ZeRO-1 at 4 ranks on the tiny model peaks when its flat buffer is allocated beside every full
+    gradient (the timeline's ``gradient pack``, modelled by ``memory.flat_zero``): within 0.1% (4-byte ``step``
+    scalars, one per tensor in the calculator, one per flat shard in ours; the before-fix peak was 35% above)."""
+    from trainmath.layout import ParallelLayout
+    from trainmath.memory.training import TrainingSetup, training_memory
+
+    res = cached(4, strategy="zero1", impl="trainmath")
+    cfg = config(strategy="zero1", impl="trainmath", measure=True)
+    spec = model_spec(*shrunk_config(cfg.model, cfg.overrides))
+    setup = TrainingSetup(micro_batch=1, seq=cfg.seq, precision="fp32", optimizer_impl="forloop", device="cpu",
+                          loop_keeps="loss", zero_impl="trainmath")
+    r = training_memory(spec, setup, ParallelLayout(dp=4, zero=1))
+    assert r.stages[0].phase == "gradient pack"
+    assert all(abs(m["measured"]["peak_bytes"] / r.peak_bytes - 1) < 1e-3 for m in res.values())
+    deepspeed = training_memory(spec, replace(setup, zero_impl="deepspeed"), ParallelLayout(dp=4, zero=1))
+    assert deepspeed.peak_bytes > r.peak_bytes  # DeepSpeed's bucket lives through forward and backward
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
@@ -98,3 +145,27 @@ def test_ddp_all_reduces_every_gradient_once_per_step(strategy, nproc):
     res = cached(nproc, strategy=strategy, impl="torch")
     pred, _, _ = _fields(nproc, strategy, "torch")
     assert res[0]["measured"]["collective_bytes"] == {"all_reduce": pred["gradients_bytes"]}
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("strategy,impl,recompute", [
+    ("ddp", "torch", "none"), ("zero1", "torch", "none"), ("zero1", "trainmath", "none"),
+    ("zero2", "trainmath", "none"), ("zero3", "trainmath", "none"), ("zero3", "trainmath", "full")])
+def test_collective_bytes_fields_exact(strategy, impl, nproc, recompute):
+    """verify's per-step collective bytes (``trainmath.comm.volume``) equal what every rank counted, per
+    collective; ZeRO-3's backward gathers are not repeated by the recompute."""
+    kw = {"recompute": recompute} if recompute != "none" else {}
+    res = cached(nproc, strategy=strategy, impl=impl, **kw)
+    cfg = config(strategy=strategy, impl=impl, measure=True, recompute=recompute)
+    name, conf = shrunk_config(cfg.model, cfg.overrides)
+    pred = predict(model_spec(name, conf), cfg, nproc)
+    fields = [f for f in compare(pred, {r: v["measured"] for r, v in res.items()}, cfg)
+              if f.name.startswith("collective_bytes")]
+    ops = {"ddp": 1, "zero1": 1}.get(strategy, 2) if impl == "torch" else 2
+    assert len(fields) == ops * nproc
+    assert all(f.ok and f.measured == f.predicted > 0 for f in fields)
+
+
+def test_fsdp2_collectives_not_compared():
+    pred, _, fields = _fields(2, "zero3", "torch")
+    assert pred["collective_bytes"] is None and not [f for f in fields if f.name.startswith("collective")]

@@ -35,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "zero (zero_grad(set_to_none=False)), accumulate (gradient accumulation: the whole step)")
     p.add_argument("--bucket-view", action="store_true",
                    help="DDP gradient_as_bucket_view=True (ZeRO-0, dp > 1): gradients are views of the buckets")
+    p.add_argument("--loop-keeps", choices=("output", "loss"), default="output",
+                   help="what the training loop holds through backward: output (out = model(...); the logits "
+                        "until the step returns) or loss (loss = model(...).loss, as the HF Trainer: the logits "
+                        "are freed after the forward)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda: what torch.cuda.max_memory_allocated reports; cpu: what CPU kernels allocate "
                         "(MemTracker on a CPU step)")
@@ -49,6 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", choices=("hf", "megatron"), default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")
     p.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
+    p.add_argument("--zero-impl", choices=("deepspeed", "trainmath"), default="deepspeed",
+                   help="whose ZeRO: deepspeed (ZeRO-1/2 with a reduce bucket of min(5e8, params) elements for "
+                        "the whole step; ZeRO-3 as FSDP2) or trainmath (trainmath train --impl trainmath: flat "
+                        "padded buffers at the reduce and the all-gather only; ZeRO-3 without prefetch)")
     p.add_argument("--dp", type=integer, default=None,
                    help="data-parallel degree (default: --world-size / (tp·pp·cp), else 1)")
     p.add_argument("--tp", type=integer, default=1)
@@ -85,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                           optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
                           attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
                           grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
-                          offload=args.offload, experts=args.experts)
+                          offload=args.offload, experts=args.experts, loop_keeps=args.loop_keeps,
+                          zero_impl=args.zero_impl)
     from trainmath.memory.fit import derive_dp
 
     dp = args.dp

@@ -7,11 +7,13 @@ The step is ``out = model(ids, labels=ids); out.loss.backward(); opt.step(); opt
   outlive the step (``grad_lifetime``), and the data-parallel wrapper's buffers;
 - ``forward layer i``: the saved tensors of layers 0..i accumulate (plus what the embedding and the rotary
   embedding keep); under ZeRO-3 (FSDP2) the unsharded parameters of layer i and of layer i+1, prefetched;
-- ``forward: loss``: the head's saved tensors, the logits (held by the output until the step returns) and their
-  fp32 upcast, alive together with ``log_softmax``'s output just before the upcast is dropped;
+- ``forward: loss``: the head's saved tensors, the logits and their fp32 upcast, alive together with
+  ``log_softmax``'s output just before the upcast is dropped;
 - ``backward: loss``: the two fp32 gradients of cross-entropy's backward (``nll_loss_backward`` and
   ``log_softmax_backward``) beside the log-probabilities they read (the labels nll_loss saved are freed by then);
 - ``backward: head``: the LM head's weight gradient appears; the loss's tensors are freed;
+- from ``backward: loss`` to the end of the step the loop holds what ``LOOP_KEEPS`` says: the whole output
+  (``out = model(...)``: the logits and the loss) or the loss alone (``loss = model(...).loss``);
 - ``backward layer i`` (i from the last down): its first backward ops, the MLP's, with every saved tensor of the
   layer (under full recompute: the recomputed ones) still alive, the gradient of the layer's output, and what the
   MLP's backward has made so far (``ffn_backward_transient``); ``backward layer i done``: its saved tensors are
@@ -34,13 +36,18 @@ Gradient lifetime (``GRAD_LIFETIMES``), the convention every tool picks silently
 Data-parallel buffers: ZeRO-0 with dp·cp > 1 is torch DDP, whose buckets hold a copy of every gradient for the
 whole step (``gradient_as_bucket_view=False``, the default); with ``bucket_view`` the gradients are views of the
 buckets, so the gradients are allocated for the whole step and the buckets add nothing. ZeRO-1/2 is DeepSpeed
-(one reduce bucket for the whole step; ZeRO-2's partitioned gradients appear during backward like any other).
+(one reduce bucket for the whole step; ZeRO-2's partitioned gradients appear during backward like any other), or,
+with ``zero_impl="trainmath"``, our runtime's flat buffers (``flat_zero``: no bucket; the reduce, step and
+all-gather as events; our ZeRO-3 likewise, without FSDP2's prefetch).
 ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer and at the root, ``reshard_after_forward=True``): the root's
 parameters (embeddings, final norm, LM head) stay unsharded from the first forward to the end of backward; each
 layer's are all-gathered for its forward and again for its backward, with the next layer prefetched (the last
 layer already before the loss's backward); a layer's unsharded gradients live until its reduce-scatter. Checked:
 DDP (both bucket modes) and FSDP2 against MemTracker / FSDPMemTracker over a fake process group
-(``tests/memory/test_memtracker_oracle.py``); DeepSpeed's ZeRO-1/2 buffers are not checked.
+(``tests/memory/test_memtracker_oracle.py``); our flat ZeRO-1/2 against MemTracker on gloo ranks
+(``tests/train/test_measure.py``); DeepSpeed's ZeRO-1/2 buffers are not checked. torch's ZeRO-1 (DDP with
+``ZeroRedundancyOptimizer``) holds DDP's buckets, Ψ gradient elements, which is DeepSpeed's bucket below 5e8
+parameters (measured equal to the byte on the tiny models of ``benchmarks/train_verify.py``).
 """
 
 from __future__ import annotations
@@ -49,12 +56,21 @@ from dataclasses import dataclass, field
 
 from trainmath.arith import ceil_div, numel
 from trainmath.layout import ParallelLayout
+from trainmath.memory import flat_zero as fz
 from trainmath.memory import states as st
 from trainmath.memory.precision import Precision
 from trainmath.placement import Placement
 from trainmath.tree import Node
 
 GRAD_LIFETIMES = ("set_to_none", "zero", "accumulate")
+LOOP_KEEPS = ("output", "loss")
+"""What the training loop keeps of the model's output through backward and the optimizer step: ``output``
+(``out = model(ids, labels=ids); out.loss.backward()``: the logits live until the step returns) or ``loss``
+(``loss = model(ids, labels=ids).loss``: the output object, and with it the logits, is dropped when the forward
+returns; nothing saves them for backward — ``log_softmax`` saves its output, the LM head its input — so only the
+4-byte loss outlives the forward). The HF Trainer's ``compute_loss`` and ``trainmath train`` are ``loss``.
+Measured: on a 2-layer Qwen3 (vocabulary 256, 2 × 64 tokens, fp32) the peak of a ``loss`` step is the logits'
+131,072 bytes below the ``output`` step's (MemTracker)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +107,10 @@ class StepInputs:
     """Bytes of the head's saved tensors that ``nll_loss_backward`` frees before ``log_softmax_backward`` runs
     (the shifted labels and the total weight), less the loss's own gradient (``ones_like``, 4 bytes)."""
     logits: int
-    """The logits and the loss, held by the model output until the step returns."""
+    """The logits and the loss: the model output."""
+    output_held: int
+    """What the loop holds of the output from the loss's backward to the end of the step (``LOOP_KEEPS``): the
+    logits and the loss, or the loss alone."""
     batch: int
     """The input batch (int64 ids; the labels are the same tensor), held by the loop until the step returns;
     during forward and backward it is the embedding's saved input (in ``resident``)."""
@@ -116,6 +135,10 @@ class StepInputs:
     """Gradients allocated from the start of the step (``zero``, ``accumulate``, DDP bucket views)."""
     optimizer_temporaries: int
     fp32_grad_copies: int
+    flat: dict = field(default_factory=dict)
+    """unit → ``flat_zero.FlatUnit`` under our flat-buffer ZeRO-1/2 (``zero_impl="trainmath"``), else empty."""
+    flat_stage: int = 0
+    """1, 2 or 3 with ``flat``: the ZeRO stage our runtime runs (see ``flat_zero``)."""
 
 
 def _acts(inp: StepInputs, kept: list[int], live_layer: int | None = None) -> Node:
@@ -134,6 +157,12 @@ def _acts(inp: StepInputs, kept: list[int], live_layer: int | None = None) -> No
     return Node.of("activations_bytes", kids, "bytes")
 
 
+def _flat_reduce(u) -> int:
+    """Our flat ZeRO-2's buffers while a unit is reduce-scattered: the packed buffer, the shard it reduces into
+    and the ring's receive window (the unit's full gradients are counted as gradients)."""
+    return u.buffer_bytes + u.grad_shard_bytes + u.ring_window_bytes
+
+
 def _layer_units(inp: StepInputs) -> list[str]:
     return [f"layer.{i}" for i in inp.layers]
 
@@ -144,10 +173,17 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
     root = sum(inp.unit_gathered.get(u, 0) for u in ("embed", "head"))
     events: list[Event] = []
 
+    flat = inp.flat
+    sharded_grads = inp.flat_stage >= 2  # our ZeRO-2/3: gradient shards all step, a unit's full ones until reduced
+    shards = sum(u.grad_shard_bytes for u in flat.values()) if sharded_grads else 0
+
     def ev(name: str, *, acts: Node, grads: int, gather: int = 0, reduce: int = 0, logits: int = 0, up: int = 0,
-           ce: int = 0, hidden: int = 0, copies: int = 0, temps: int = 0, fp32g: int = 0) -> None:
-        g = all_grads if inp.grads_persist else grads
-        parts = {**inp.persistent, "gradients_bytes": g, "activations_bytes": acts, "logits_bytes": logits,
+           ce: int = 0, hidden: int = 0, copies: int = 0, temps: int = 0, fp32g: int = 0, buffers: int = 0,
+           reduced: bool = False) -> None:
+        g = all_grads if inp.grads_persist and not reduced else grads  # ``reduced``: our flat ZeRO's own figure
+        overhead = inp.persistent.get("framework_overhead_bytes", 0) + buffers
+        parts = {**inp.persistent, "framework_overhead_bytes": overhead, "gradients_bytes": shards + g,
+                 "activations_bytes": acts, "logits_bytes": logits,
                  "logits_fp32_bytes": up, "cross_entropy_grad_bytes": ce, "activation_grads_bytes": hidden,
                  "weight_copies_bytes": copies, "zero3_gather_bytes": gather, "zero3_grad_reduce_bytes": reduce,
                  "optimizer_step_temporaries_bytes": temps, "optimizer_fp32_grads_bytes": fp32g}
@@ -160,6 +196,8 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         """Unsharded parameters while layer position ``i`` runs: it, the next one prefetched, and the root."""
         layer_units = _layer_units(inp)
         mine = inp.unit_gathered.get(layer_units[i], 0)
+        if inp.flat_stage == 3:  # our ZeRO-3 gathers the unit that runs, no prefetch
+            return root + mine
         j = i + direction
         nxt = inp.unit_gathered.get(layer_units[j], 0) if 0 <= j < len(layer_units) else 0
         return root + mine + nxt
@@ -170,17 +208,21 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         ev(f"forward layer {i}", acts=_acts(inp, kept), grads=0, gather=gathered(pos, +1),
            copies=inp.weight_copies)
     # FSDP2's root pre-backward hook all-gathers the last layer before the loss's backward runs
-    first_bwd = root + (inp.unit_gathered.get(_layer_units(inp)[-1], 0) if inp.layers else 0)
+    first_bwd = root + (inp.unit_gathered.get(_layer_units(inp)[-1], 0) if inp.layers and inp.flat_stage != 3
+                        else 0)
     if inp.last:
         ev("forward: loss", acts=_acts(inp, kept), grads=0, gather=root, logits=inp.head_saved + inp.logits,
            up=inp.logits_fp32, copies=inp.weight_copies)
         ev("backward: loss", acts=_acts(inp, kept), grads=0, gather=first_bwd,
-           logits=inp.head_saved - inp.loss_freed + inp.logits,
+           logits=inp.head_saved - inp.loss_freed + inp.output_held,
            ce=inp.cross_entropy_grads, copies=inp.weight_copies)
     grads = 0
-    held = inp.logits if inp.last else 0
+    held = inp.output_held if inp.last else 0
+    unit_grads = inp.unit_grads
+    if sharded_grads:  # full gradients until their unit's reduce-scatter; the root's until the embedding's
+        unit_grads = {k: v for u in flat.values() for k, v in u.full_grads.items()}
     if inp.last:
-        grads += inp.unit_grads.get("head", 0) + (inp.unit_grads.get("embed", 0) if inp.tied_head else 0)
+        grads += unit_grads.get("head", 0) + (unit_grads.get("embed", 0) if inp.tied_head else 0)
         ev("backward: head", acts=_acts(inp, kept), grads=grads, gather=first_bwd,
            reduce=inp.unit_full_grads.get("head", 0), logits=inp.head_saved + held, hidden=inp.hidden_grad,
            copies=inp.weight_copies)
@@ -191,20 +233,47 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
            reduce=inp.unit_full_grads.get(unit, 0), logits=held,  # the MLP's backward transient with the grads
            hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies)
         kept.pop()
-        grads += inp.unit_grads.get(unit, 0)
+        grads += unit_grads.get(unit, 0)
+        # our ZeRO-2 reduces the layer now: its packed buffer and gradient shard beside its full gradients; its
+        # last gradient is the input norm's, whose input gradient then lives beside the residual stream's
+        red = _flat_reduce(flat[unit]) if sharded_grads else 0
         ev(f"backward layer {i} done", acts=_acts(inp, kept), grads=grads, gather=gathered(pos, -1),
-           reduce=inp.unit_full_grads.get(unit, 0), logits=held, hidden=inp.hidden_grad,
-           copies=inp.weight_copies)
+           reduce=inp.unit_full_grads.get(unit, 0), logits=held, hidden=inp.hidden_grad * (2 if red else 1),
+           copies=inp.weight_copies, buffers=red)
+        if sharded_grads:
+            grads -= unit_grads.get(unit, 0)
     if inp.first:
-        grads += 0 if inp.tied_head else inp.unit_grads.get("embed", 0)
+        grads += 0 if inp.tied_head else unit_grads.get("embed", 0)
+        red = _flat_reduce(flat["root"]) if sharded_grads else 0
         ev("backward: embedding", acts=_acts(inp, kept), grads=grads, gather=root,
-           reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad)
+           reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad, buffers=red)
     batch = Node.of("activations_bytes", [Node(name="input batch", value=inp.batch, unit="bytes",
                                                note="held by the training loop until the step returns")],
                     "bytes") if inp.first and inp.batch else none
-    ev("optimizer step", acts=batch, grads=all_grads, logits=held, temps=inp.optimizer_temporaries,
-       fp32g=inp.fp32_grad_copies)
-    ev("zero_grad", acts=batch, grads=0, logits=held)
+    if not flat:
+        ev("optimizer step", acts=batch, grads=all_grads, logits=held, temps=inp.optimizer_temporaries,
+           fp32g=inp.fp32_grad_copies)
+        ev("zero_grad", acts=batch, grads=0, logits=held)
+        return tuple(events)
+    if inp.flat_stage == 3:  # our ZeRO-3 updates its parameter shards in place; the next forward gathers
+        ev("optimizer step", acts=batch, grads=0, logits=held, temps=inp.optimizer_temporaries, reduced=True)
+        ev("zero_grad", acts=batch, grads=0, logits=held, reduced=True)
+        return tuple(events)
+    # our flat ZeRO-1/2 (flat_zero): the reduce (ZeRO-1), the step on temporary parameter shards, the all-gathers
+    params = sum(u.param_shard_bytes for u in flat.values())
+    if inp.flat_stage == 1:
+        model = flat["model"]
+        ev("gradient pack", acts=batch, grads=all_grads, logits=held, buffers=model.buffer_bytes)
+        ev("gradient reduce-scatter", acts=batch, grads=model.grad_shard_bytes, logits=held,
+           buffers=model.buffer_bytes + model.ring_window_bytes, reduced=True)
+        ev("optimizer step", acts=batch, grads=model.grad_shard_bytes, logits=held,
+           temps=params + inp.optimizer_temporaries, reduced=True)
+        ev("parameter all-gather", acts=batch, grads=0, logits=held, buffers=fz.gather_peak_bytes(flat),
+           reduced=True)
+    else:
+        ev("optimizer step", acts=batch, grads=0, logits=held, temps=params + inp.optimizer_temporaries)
+        ev("parameter all-gather", acts=batch, grads=0, logits=held, buffers=fz.gather_peak_bytes(flat))
+    ev("zero_grad", acts=batch, grads=0, logits=held, reduced=True)
     return tuple(events)
 
 

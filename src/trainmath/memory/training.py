@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, validate_layout
+from trainmath.memory import flat_zero as fz
 from trainmath.memory import states as st
 from trainmath.memory import timeline as tl
-from trainmath.memory.optimizers import check_optimizer
+from trainmath.memory.optimizers import check_optimizer, step_temporary_bytes
 from trainmath.memory.precision import get_precision
 from trainmath.memory.terms import framework_overhead, loss_transients, weight_copies_bytes
 from trainmath.model.spec import MLPDims, ModelSpec
@@ -90,6 +91,15 @@ class TrainingSetup:
     experts: str = "grouped"
     """Routed experts as transformers runs them: ``grouped`` (``grouped_mm``, the default of transformers 5) or
     ``eager`` (the per-expert loop, which saves more)."""
+    loop_keeps: str = "output"
+    """What the training loop keeps of the model's output through backward (``timeline.LOOP_KEEPS``): ``output``
+    (``out = model(...)``: the logits until the step returns) or ``loss`` (``loss = model(...).loss``, as the HF
+    Trainer and ``trainmath train``: the logits are freed when the forward returns)."""
+    zero_impl: str = "deepspeed"
+    """Whose ZeRO-1/2 buffers (``flat_zero.ZERO_IMPLS``): ``deepspeed`` (one reduce bucket of min(5e8, Ψ)
+    elements for the whole step) or ``trainmath`` (``trainmath train --impl trainmath``: flat padded buffers
+    at the reduce and the all-gather only; ``flat_zero``). ZeRO-3: FSDP2 (``deepspeed``) or ours (the unit
+    that runs gathered, no prefetch; gradients as ZeRO-2's). ZeRO-0 ignores it."""
     offload: str = "none"
     """ZeRO-Offload (Ren et al. 2021): ``optimizer`` keeps optimizer states, master weights and the optimizer
     step on the CPU; ``params`` (ZeRO-3 only) also keeps the parameter shards there, gathered to the GPU per
@@ -138,6 +148,7 @@ class MemoryReport:
                       "optimizer": s.optimizer, "optimizer_impl": s.optimizer_impl, "recompute": s.recompute,
                       "attention": s.attention, "profile": s.profile, "micro_batches": s.micro_batches,
                       "grad_lifetime": s.grad_lifetime, "bucket_view": s.bucket_view, "device": s.device,
+                      "loop_keeps": s.loop_keeps, "zero_impl": s.zero_impl,
                       "offload": s.offload, "experts": s.experts},
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp,
                        "zero": lay.zero, "world_size": lay.ranks},
@@ -179,7 +190,8 @@ def check_setup(setup: TrainingSetup) -> list[str]:
     if setup.micro_batches is not None and setup.micro_batches < 1:
         bad.append(f"micro-batches must be a positive integer, got {setup.micro_batches!r}")
     for field, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("profile", PROFILES),
-                           ("grad_lifetime", tl.GRAD_LIFETIMES), ("device", DEVICES), ("offload", OFFLOAD),
+                           ("grad_lifetime", tl.GRAD_LIFETIMES), ("loop_keeps", tl.LOOP_KEEPS),
+                           ("device", DEVICES), ("offload", OFFLOAD), ("zero_impl", fz.ZERO_IMPLS),
                            ("experts", EXPERTS)):
         if getattr(setup, field) not in allowed:
             bad.append(f"{field} must be one of {', '.join(allowed)}, got {getattr(setup, field)!r}")
@@ -304,17 +316,27 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if setup.offload == "params":
         weights = 0  # the shards live on the CPU; FSDP gathers each module to the GPU (zero3_gather_bytes)
     overhead = framework_overhead(pl, layout, prec, sum(grads.values()) if not setup.bucket_view else 0)
+    flat: dict = {}
+    if setup.zero_impl == "trainmath" and layout.zero and layout.zero_degree > 1:
+        flat = fz.flat_units(pl, layout, prec, min(layout.zero, 2))
+        overhead = 0  # no bucket: the buffers are events of the timeline
+        temps = step_temporary_bytes(setup.optimizer, [(u.shard_numel,) for u in flat.values()],
+                                     state_bytes=prec.state_bytes, impl=setup.optimizer_impl)
+        if layout.zero >= 2:
+            persist = False  # each micro-step reduces its full gradients; the shards live all step (flat_zero)
+            full_grads = {}  # counted as gradients until each unit's reduce (FSDP2's zero3_grad_reduce_bytes)
     persistent = {"weights_bytes": weights, "master_weights_bytes": master, "optimizer_states_bytes": states,
                   "framework_overhead_bytes": overhead}
     inp = tl.StepInputs(
         layers=tuple(pl.layers), first=first, last=last, saved=saved, recomputed=recomputed, resident=resident,
         other_micro_batches=(in_flight - 1) * act.value, head_saved=head_saved, loss_freed=max(0, loss_freed),
-        logits=logits, batch=8 * tokens, logits_fp32=up,
+        logits=logits, output_held=logits if setup.loop_keeps == "output" else (4 if last else 0), batch=8 * tokens,
+        logits_fp32=up,
         cross_entropy_grads=ce, hidden_grad=tl.hidden_grad_bytes(tokens, spec.hidden_size, residual, layout.tp,
                                                                   layout.sp),
         ffn_transient=ffn, weight_copies=copies, unit_grads=grads, unit_gathered=gathered, unit_full_grads=full_grads,
         tied_head=layout.pp == 1 and any(t.tied for t in spec.post), persistent=persistent, grads_persist=persist,
-        optimizer_temporaries=temps, fp32_grad_copies=fp32g)
+        optimizer_temporaries=temps, fp32_grad_copies=fp32g, flat=flat, flat_stage=layout.zero if flat else 0)
     events = tl.step_timeline(inp)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
     return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=peak.name, timeline=events,
@@ -353,9 +375,18 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
     conventions = (
         f"precision {prec.name}: {prec.description}",
         f"optimizer {setup.optimizer} ({setup.optimizer_impl}); ZeRO-{layout.zero} over dp·cp = "
-        f"{layout.zero_degree} ranks (experts over {layout.expert_zero_degree})",
+        f"{layout.zero_degree} ranks (experts over {layout.expert_zero_degree})"
+        + ("" if layout.zero not in (1, 2) else
+           "; DeepSpeed's reduce bucket (min(5e8, params) elements) for the whole step"
+           if setup.zero_impl == "deepspeed" else
+           "; trainmath's flat padded buffers at the reduce and the all-gather only")
+        + ("" if layout.zero != 3 else "; ZeRO-3 as FSDP2 runs it" if setup.zero_impl == "deepspeed" else
+           "; trainmath's ZeRO-3: the running unit gathered, no prefetch"),
         f"gradient lifetime {setup.grad_lifetime}: " + GRAD_LIFETIME_TEXT[setup.grad_lifetime]
         + ("; DDP gradient_as_bucket_view: gradients are views of the buckets" if setup.bucket_view else ""),
+        "the loop keeps " + ("the model output (out = model(...)): the logits live until the step returns"
+                             if setup.loop_keeps == "output" else
+                             "the loss only (loss = model(...).loss): the logits are freed after the forward"),
         "1F1B pipeline: stage s holds min(pp - s, micro-batches) micro-batches of activations",
         f"peak_bytes is the largest event of the step's timeline (here: {top.phase!r} on stage {top.stage}); "
         "op-level transients inside one layer's forward or backward are not events",

@@ -154,6 +154,10 @@ def _ring_cases(ctx: RankContext) -> list[dict]:
                     ring_reduce_scatter(out, x, g, reduce_op, segment_bytes=seg)
                     rows.append(dict(op="reduce_scatter", impl=impl, dtype=str(dtype)[6:], length=length,
                                      reduce_op=reduce_op, why=_same(out, want, n)))
+                    out = torch.empty(b - a, dtype=dtype, device=ctx.device)  # reducing in a scratch input
+                    ring_reduce_scatter(out, x.clone(), g, reduce_op, segment_bytes=seg, inplace=True)
+                    rows.append(dict(op="reduce_scatter", impl=f"{impl} in place", dtype=str(dtype)[6:],
+                                     length=length, reduce_op=reduce_op, why=_same(out, want, n)))
             if reduce_op != "sum":
                 continue
             for length in lengths:  # all-gather has no reduce op: once per dtype

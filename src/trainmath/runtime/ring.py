@@ -81,9 +81,11 @@ _RS_WINDOW_STEPS = 2
 _WORKSPACE: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def _workspace(use: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _workspace(use: str, numel: int, dtype: torch.dtype, device: torch.device, keep: bool = True) -> torch.Tensor:
     """A scratch buffer of at least ``numel`` elements for ``use``, reused between calls (grown, never shrunk);
-    buffers for different uses never overlap."""
+    buffers for different uses never overlap. ``keep=False``: a fresh one, freed when the caller drops it."""
+    if not keep:
+        return torch.empty(numel, dtype=dtype, device=device)
     key = (use, device, dtype)
     buf = _WORKSPACE.get(key)
     if buf is None or buf.numel() < numel:
@@ -109,9 +111,10 @@ def _split(flat: torch.Tensor, k: int) -> list[torch.Tensor]:
 
 
 def _run_ring(chunks: list[torch.Tensor], group, op: str | None, *, reduce: bool, gather: bool,
-              segment_bytes: int) -> None:
+              segment_bytes: int, keep: bool = True) -> None:
     """In place over ``chunks`` (this rank's n views of one buffer): the ring's n-1 reduce-scatter steps (if
-    ``reduce``, combining with ``op``) then its n-1 all-gather steps (if ``gather``)."""
+    ``reduce``, combining with ``op``) then its n-1 all-gather steps (if ``gather``); receive scratch from the
+    kept workspace, or fresh for this call (``keep=False``)."""
     r, n, right, left = _ring(group)
     if n == 1:
         return
@@ -119,13 +122,13 @@ def _run_ring(chunks: list[torch.Tensor], group, op: str | None, *, reduce: bool
                 + (ring_all_gather_schedule(r, n) if gather else []))
     n_reduce = n - 1 if reduce else 0
     if not _pipelined(group):
-        _run_stepwise(chunks, group, op, schedule, n_reduce, r, n, right, left)
+        _run_stepwise(chunks, group, op, schedule, n_reduce, r, n, right, left, keep)
         return
     k = _segment_count(chunks, segment_bytes)
     segs = [_split(c, k) for c in chunks]
     window = min(_RS_WINDOW_STEPS, n_reduce) * k
     slot_len = max(s.numel() for c in segs for s in c)
-    slots = _workspace("receive", window * slot_len, chunks[0].dtype, chunks[0].device) if window else None
+    slots = _workspace("receive", window * slot_len, chunks[0].dtype, chunks[0].device, keep) if window else None
     total, n_red_msgs = len(schedule) * k, n_reduce * k
     recvs: dict[int, tuple] = {}
     sends: list = []
@@ -171,11 +174,11 @@ def _pipelined(group) -> bool:
     return dist.get_backend(group) != "nccl"
 
 
-def _run_stepwise(chunks, group, op, schedule, n_reduce, r, n, right, left) -> None:
+def _run_stepwise(chunks, group, op, schedule, n_reduce, r, n, right, left, keep: bool = True) -> None:
     """NCCL: one grouped send+receive per step (``batch_isend_irecv``), as NCCL needs a send and a receive
     between the same two ranks to be in one group to progress; not pipelined. Checked on gloo by the tests
     (``_pipelined`` forced off); not run on GPUs here."""
-    scratch = _workspace("receive", max(c.numel() for c in chunks), chunks[0].dtype, chunks[0].device)
+    scratch = _workspace("receive", max(c.numel() for c in chunks), chunks[0].dtype, chunks[0].device, keep)
     for step, (send_c, recv_c) in enumerate(schedule):
         reduce = step < n_reduce
         dest = scratch[: chunks[recv_c].numel()] if reduce else chunks[recv_c]
@@ -204,11 +207,14 @@ def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, op: str = "s
 
 
 def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup, op: str = "sum", *,
-                        segment_bytes: int = SEGMENT_BYTES) -> None:
+                        segment_bytes: int = SEGMENT_BYTES, inplace: bool = False) -> None:
     """``output`` <- chunk r of the reduction of every rank's ``input`` (tensor_split chunking).
 
-    ``input`` is left unchanged (the ring works in a copy kept in the workspace); ``output`` must have chunk r's
-    length.
+    ``input`` is left unchanged (the ring works in a copy kept in the workspace), unless ``inplace``: then the
+    ring reduces in ``input`` itself (its contents are undefined afterwards) and needs no copy of it, and its
+    receive window (min(2, n-1) chunks, ``_RS_WINDOW_STEPS``) is allocated for this call only instead of being
+    kept between calls — what a caller whose input is scratch and who calls once per training step (our ZeRO's
+    packed gradients) wants: the kept copy was as large as the input. ``output`` must have chunk r's length.
     """
     _check(input, op)
     _check(output)
@@ -219,10 +225,13 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: dist.P
             f"reduce-scatter output on group rank {r} must hold {b - a} elements (chunk {r} of {input.numel()} "
             f"split {n} ways), got {output.numel()}"
         )
-    work = _workspace("reduce-scatter copy", input.numel(), input.dtype, input.device)
-    work.copy_(input.view(-1))
+    if inplace:
+        work = input.view(-1)
+    else:
+        work = _workspace("reduce-scatter copy", input.numel(), input.dtype, input.device)
+        work.copy_(input.view(-1))
     chunks = _split(work, n)
-    _run_ring(chunks, group, op, reduce=True, gather=False, segment_bytes=segment_bytes)
+    _run_ring(chunks, group, op, reduce=True, gather=False, segment_bytes=segment_bytes, keep=not inplace)
     output.view(-1).copy_(chunks[r])
 
 

@@ -35,13 +35,14 @@ class Comm:
         self.calls: Counter = Counter()
 
     def reduce_scatter(self, shard: torch.Tensor, buffer: torch.Tensor) -> None:
-        """shard ← chunk ``rank`` of Σ over ranks of ``buffer``."""
+        """shard ← chunk ``rank`` of Σ over ranks of ``buffer``; ``buffer`` is scratch (the ring reduces in it, so
+        it keeps no copy of it: ``ring_reduce_scatter(inplace=True)``)."""
         self.bytes["reduce_scatter"] += buffer.numel() * buffer.element_size()
         self.calls["reduce_scatter"] += 1
         if self.n == 1:
             shard.copy_(buffer.view(-1))
         elif self.impl == "ring":
-            ring_reduce_scatter(shard, buffer.view(-1), self.group)
+            ring_reduce_scatter(shard, buffer.view(-1), self.group, inplace=True)
         else:
             dist.reduce_scatter_tensor(shard, buffer.view(-1), group=self.group)
 
@@ -103,11 +104,16 @@ class FlatLayout:
     def pack(self, tensors: list[torch.Tensor], buffer: torch.Tensor) -> torch.Tensor:
         """Full-size tensors (one per parameter) → the rank-major buffer."""
         for i, t in enumerate(tensors):
-            rows = t.reshape(self.rows[i], self.cols[i])
-            for r in range(self.n):
-                a, b = self.own_rows(i, r)
-                self.chunk(buffer[r], i, r).copy_(rows[a:b])
+            self.pack_one(i, t, buffer)
         return buffer
+
+    @torch.no_grad()
+    def pack_one(self, i: int, t: torch.Tensor, buffer: torch.Tensor) -> None:
+        """Parameter i's full-size tensor ``t`` → its chunks in the rank-major buffer."""
+        rows = t.reshape(self.rows[i], self.cols[i])
+        for r in range(self.n):
+            a, b = self.own_rows(i, r)
+            self.chunk(buffer[r], i, r).copy_(rows[a:b])
 
     @torch.no_grad()
     def unpack(self, buffer: torch.Tensor, tensors: list[torch.Tensor]) -> None:

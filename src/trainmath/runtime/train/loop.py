@@ -88,10 +88,15 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
         start, samples = meta_in["step"], meta_in["samples"]
     last = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     measure_at = min(start + 1, last - 1) if cfg.measure else None  # the 2nd step: optimizer states exist
+    # FLOPs in another step (the counter's module hooks keep recomputed layers alive: measure.py): the next one,
+    # else the first (counted in the first step, DDP's second loss changed in its last bits; a later step's not)
+    flops_at = measure_at
+    if measure_at is not None:
+        flops_at = measure_at + 1 if measure_at + 1 < last else max(start, measure_at - 1)
     records, measured = [], {}
     for step in range(start, last):
-        probe = StepProbe(strategy, device, fsdp=cfg.impl == "torch" and cfg.zero >= 2) \
-            if step == measure_at else contextlib.nullcontext()
+        probe = StepProbe(strategy, device, fsdp=cfg.impl == "torch" and cfg.zero >= 2, memory=step == measure_at,
+                          flops=step == flops_at) if step in (measure_at, flops_at) else contextlib.nullcontext()
         comm = getattr(strategy, "comm", None)
         comm_before = dict(comm.bytes) if comm is not None else {}
         if device.type == "cuda":
@@ -107,9 +112,9 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
                 loss_sum += loss.detach().double() / accum
                 if step == measure_at and micro < accum - 1:
                     probe.micro_step_done()
-            strategy.after_backward()
-            if step == measure_at:
+            if step == measure_at:  # gradients as backward leaves them (our ZeRO-1 drops them at its reduce)
                 measured.update(state_bytes(strategy))
+            strategy.after_backward()
             strategy.step()
             strategy.zero_grad()
         dist.all_reduce(loss_sum, group=group)
@@ -124,10 +129,11 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
             record["tflops_per_s"] = model_flops / dt / 1e12
             record["mfu"] = model_flops / dt / peak_flops if peak_flops else None
             record["gpu"] = gpu_name
+        if step == flops_at:
+            measured.update({"training_flops": probe.flops, "attention_core_flops": probe.attention_flops})
         if step == measure_at:
             measured.update({"peak_bytes": probe.peak_bytes, "peak_breakdown": probe.breakdown,
-                             "training_flops": probe.flops,
-                             "attention_core_flops": probe.attention_flops, "cuda": device.type == "cuda"})
+                             "cuda": device.type == "cuda"})
             if comm is not None:
                 measured["collective_bytes"] = {k: v - comm_before.get(k, 0) for k, v in comm.bytes.items()}
         records.append(record)

@@ -6,10 +6,16 @@
 - ``peak_bytes`` of one training step (forward, backward, optimizer step) and its breakdown by kind: on CUDA
   ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on CPU torch's ``MemTracker``
   (``FSDPMemTracker`` under FSDP2), which follows every tensor storage created or resized in the step.
-- ``training_flops`` of one step: ``FlopCounterMode`` over the same step (every micro-step, forward + backward,
-  recompute included), the oracle the calculator's FLOPs are tested against. torch 2.13's counter has no formula
-  for the CPU flash-attention kernel (``_scaled_dot_product_flash_attention_for_cpu`` and its backward) and
-  counts it as 0; we register torch's own SDPA formulas (``sdpa_flop``, ``sdpa_backward_flop``) for it.
+- ``training_flops`` of one step: ``FlopCounterMode`` over the step after the one whose peak is measured, or the
+  first step when there is none (every micro-step, forward + backward, recompute included; matmul FLOPs do not
+  change between steps), the oracle the calculator's FLOPs are tested against. Not the same step: the counter's
+  ``ModuleTracker`` registers a multi-grad hook on the outputs of every module call, also on the calls a non-reentrant
+  checkpoint makes when it recomputes a layer inside backward; each hook's closure holds the ``grad_fn`` of those
+  outputs, whose node holds the hook (a cycle), so every recomputed layer's graph and the tensors it saved stay alive
+  until the counter exits (measured on the benchmark's 2-layer model: +465–473 KB per recomputed layer, the peak of a
+  step 2.17 → 2.96 MB). torch's own ``ModTracker`` (MemTracker's) skips registering in backward. torch 2.13's counter
+  has no formula for the CPU flash-attention kernel (``_scaled_dot_product_flash_attention_for_cpu`` and its backward)
+  and counts it as 0; we register torch's own SDPA formulas (``sdpa_flop``, ``sdpa_backward_flop``) for it.
 - bytes per collective: our ZeRO's ``Comm`` counts each call's buffer (nccl-tests' size); DDP's gradient buckets
   are counted by a communication hook (``ZeroRedundancyOptimizer``'s parameter broadcasts and FSDP2's
   collectives are not counted).
@@ -60,10 +66,12 @@ _CPU_SDPA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_f
 
 
 class StepProbe:
-    """Context manager around one training step: peak memory and FLOPs."""
+    """Context manager around one training step: its peak memory (``memory``) and/or its FLOPs (``flops``); the
+    loop counts FLOPs in another step than it measures memory in (see the module docstring)."""
 
-    def __init__(self, strategy, device: torch.device, *, fsdp: bool):
+    def __init__(self, strategy, device: torch.device, *, fsdp: bool, memory: bool = True, flops: bool = True):
         self.strategy, self.device, self.fsdp = strategy, device, fsdp
+        self.memory, self.count_flops = memory, flops
         self.peak_bytes = 0
         self.breakdown: dict[str, int] = {}
         self.flops = 0
@@ -74,12 +82,12 @@ class StepProbe:
     def __enter__(self):
         from torch.utils.flop_counter import FlopCounterMode
 
-        self._flops = FlopCounterMode(display=False, custom_mapping=_CPU_SDPA)
-        if self.device.type == "cuda":
+        self._flops = FlopCounterMode(display=False, custom_mapping=_CPU_SDPA) if self.count_flops else None
+        self._tracker = None
+        if self.memory and self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(self.device)
-            self._tracker = None
-        else:
+        elif self.memory:
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
             from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -89,9 +97,11 @@ class StepProbe:
             else:
                 self._tracker = MemTracker()
                 extra = [t for t in (*s.weights(), *getattr(s, "extra_tensors", lambda: [])()) if t is not None]
-                self._tracker.track_external(s.model, s.optimizer, *extra)
+                # ZeroRedundancyOptimizer keeps its states in the local optimizer it wraps (``local_optimizer``)
+                self._tracker.track_external(s.model, getattr(s, "local_optimizer", s.optimizer), *extra)
             self._stack.enter_context(self._tracker)
-        self._stack.enter_context(self._flops)
+        if self._flops is not None:
+            self._stack.enter_context(self._flops)
         return self
 
     def micro_step_done(self) -> None:
@@ -104,9 +114,12 @@ class StepProbe:
         self._stack.close()
         if exc[0] is not None:
             return False
-        self.flops = int(self._flops.get_total_flops())
-        counts = self._flops.get_flop_counts().get("Global", {})
-        self.attention_flops = int(sum(v for op, v in counts.items() if "scaled_dot_product" in str(op)))
+        if self._flops is not None:
+            self.flops = int(self._flops.get_total_flops())
+            counts = self._flops.get_flop_counts().get("Global", {})
+            self.attention_flops = int(sum(v for op, v in counts.items() if "scaled_dot_product" in str(op)))
+        if not self.memory:
+            return False
         if self._tracker is None:
             torch.cuda.synchronize()
             self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
