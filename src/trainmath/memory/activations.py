@@ -54,7 +54,8 @@ from trainmath.model.spec import AttentionDims, Block, LayerSpec, MLADims, MLPDi
 from trainmath.ops import families as op_families
 from trainmath.ops.context import FP32, INT64, Ctx, Family, Precision, Router, _norm_topk_default  # noqa: F401
 from trainmath.ops.fold import layer_node
-from trainmath.ops.ir import Program
+from trainmath.arith import ceil_div
+from trainmath.ops.ir import Axis, Degrees, Program, Tensor
 from trainmath.tree import Node
 
 PROFILES = ("hf", "eager", "megatron")
@@ -1163,7 +1164,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      cp: int = 1, pp: int = 1, layers: Sequence[int] | None = None,
                      param_dtype_bytes: int = 4, experts_hit: int | None = None,
                      norm_topk_prob: bool | None = None, router: Router | None = None,
-                     family: Family | None = None, experts: str = "eager") -> Node:
+                     family: Family | None = None, experts: str = "eager", ep: int = 1,
+                     vocab_parallel: bool = False) -> Node:
     """Bytes saved for backward by one micro-batch on one rank: per layer type (× its layers) → per saved tensor,
     plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin, computed once, shared by all layers).
     The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -1180,7 +1182,16 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     qwen2_moe and deepseek_v2, else True). ``router``: the MoE router switches (``Router.from_config``); when
     given it replaces ``norm_topk_prob``; default ``Router(norm_topk_prob=norm_topk_prob)`` (DeepSeek-V3's routing;
     DeepSeek-V2 configs need ``Router.from_config`` for ``topk_method``, worth 1·T·n bytes per MoE layer).
-    The hf profile is single-device: ``tp``/``sp``/``cp`` other than 1 raise.
+    Per rank (hf/eager): ``tp``, ``sp``, ``cp``, ``ep`` (and ``vocab_parallel``, which changes nothing here: the
+    embedding saves its whole ids either way) are the layout's degrees (``ops.ir.Degrees``); each layer's op list
+    is folded on one rank (``ops.fold.layer_node``). The layout is the one the issue defines: ``--tp`` is
+    ``parallelize_module`` on transformers' decoder layers (column-wise q/k/v/gate/up, row-wise o/down; norms,
+    residual stream, embedding and head whole); ``sp`` cuts the residual stream and the norms on the sequence
+    (torch's ``SequenceParallel``, the all-gathered input of a column-wise Linear is its own storage, which the
+    Linear saves); ``cp`` keeps s/cp positions of every tensor, ring attention's local K/V chunk and logsumexp
+    (torch's ``context_parallel``: the query, key, value, output and logsumexp SDPA saves are the rank's own;
+    the rotation buffers are transients); ``ep`` divides the routed-expert rows, assuming balanced routing.
+    Families without an op list (``ops.families.LAYERS``) are single-device only.
     """
     _check("profile", profile, PROFILES)
     _check("recompute", recompute, RECOMPUTE)
@@ -1196,9 +1207,10 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if profile == "megatron":
         return activations_megatron(spec, micro_batch=micro_batch, seq=seq, recompute=recompute, tp=tp, sp=sp,
                                     cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes)
-    if (tp, sp, cp) != (1, False, 1):
-        raise TrainmathError(f"the {profile} profile is single-device (--tp {tp}{' --sp' if sp else ''} --cp {cp}); "
-                             f"use --profile megatron for tensor/sequence/context parallelism")
+    deg = _degrees(spec, seq, tp=tp, sp=sp, cp=cp, ep=ep, vocab_parallel=vocab_parallel)
+    if profile == "eager" and cp > 1:
+        raise TrainmathError(f"--attention eager with --cp {cp} is not modelled: context parallelism (torch's "
+                             f"context_parallel, ring attention) runs SDPA; pass --attention sdpa or --cp 1")
     if recompute == "selective":
         raise TrainmathError(f"--recompute selective is defined for --profile megatron only, not {profile!r}: "
                              "transformers' gradient_checkpointing_enable() checkpoints whole layers "
@@ -1207,6 +1219,10 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if spec.model_type not in HF_FAMILIES:
         raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use --profile megatron)")
+    if not deg.single and spec.model_type not in op_families.LAYERS:
+        raise TrainmathError(f"{spec.name}: the {profile} profile models {spec.model_type!r} on one device only "
+                             f"(its layers have no op list yet); drop --tp/--sp/--cp/--ep, or use --profile "
+                             f"megatron")
     if spec.model_type == "llama4_text" and not any(
             isinstance(bl.dims, AttentionDims) and bl.dims.sliding_window is not None
             for layer in spec.layers for bl in layer.blocks):
@@ -1221,7 +1237,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     b, s, d = micro_batch, seq, spec.hidden_size
     T = b * s
     ctx = Ctx(b=b, s=s, d=d, p=p, eager=profile == "eager", experts=experts, experts_hit=experts_hit,
-              router=router, family=family)
+              router=router, family=family, degrees=deg)
+    s_rank = ceil_div(s, cp)  # positions on this rank: cos/sin, ids (context parallelism splits them)
     groups = []
     largest: Node | None = None
     for layer, idx in spec.layer_groups():
@@ -1232,7 +1249,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         if emit is not None:
             prog = Program()
             emit(prog, ctx, layer, op_families.style(spec.model_type))
-            one = layer_node(layer.label, prog.ops)
+            one = layer_node(layer.label, prog.ops, deg)
         else:
             one = layer_saved(layer, b=b, s=s, d=d, p=p, eager=profile == "eager", experts_hit=experts_hit,
                               norm_topk_prob=router.norm_topk_prob if router else norm_topk_prob,
@@ -1240,14 +1257,18 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         if largest is None or one.value > largest.value:
             largest = one
         if recompute == "full":
-            one = Node.of(layer.label, [_leaf("layer input (checkpoint)", p.residual * T * d)], "bytes")
+            ckpt = Tensor(name="layer input (checkpoint)", axes=(*ctx.rows(), Axis(d)), dtype_bytes=p.residual)
+            one = Node.of(layer.label, [_leaf(ckpt.name, ckpt.nbytes(deg), "r·(b, s, d) on this rank: s/cp, "
+                                              "and /tp with --sp")], "bytes")
         groups.append(_scaled(one, len(mine), f"{layer.label} × {len(mine)}",
                               f"layers {mine[0]}..{mine[-1]}, {one.value} bytes each"))
     kids = [Node.of("layers", groups, "bytes")]
     if 0 in indices:
-        emb = [_leaf("input_ids", INT64 * T, "indices saved by the embedding")]
+        emb = [_leaf("input_ids", INT64 * b * s_rank, "indices saved by the embedding (whole on every tensor-"
+                                                       "parallel rank, also with --sp and --vocab-parallel: the "
+                                                       "lookup runs before the sequence is cut)")]
         if spec.model_type == "gpt2":
-            emb.append(_leaf("position_ids", INT64 * s, "(1, s) arange saved by the position embedding"))
+            emb.append(_leaf("position_ids", INT64 * s_rank, "(1, s) arange saved by the position embedding"))
         if spec.model_type in ("gemma2", "gemma3_text"):
             emb.append(_leaf("embed_scale", p.param, "sqrt(d) as a 0-dim tensor in the embedding dtype, saved by "
                                                      "the scaling product"))
@@ -1259,7 +1280,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         pass  # only no-RoPE layers on this rank: no freqs_cis is saved
     elif indices and (spec.model_type == "deepseek_v2" or l4_rope):
         rope = _rope_dim(spec)
-        kids.append(Node.of("rotary", [_leaf("freqs_cis", 8 * s * (rope // 2))], "bytes",
+        kids.append(Node.of("rotary", [_leaf("freqs_cis", 8 * s_rank * (rope // 2))], "bytes",
                             note="(1, s, rope_dim/2) complex64 whatever the dtype, shared by every layer"))
     elif indices and spec.model_type not in ("gpt2", "nemotron_h"):  # learned / no positions: no cos/sin
         rope = _rope_dim(spec, family)
@@ -1270,15 +1291,43 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         if spec.model_type == "gemma3_text":  # one cos/sin pair per layer type used (local and global RoPE bases)
             sets = len({bl.dims.sliding_window is not None for i in indices for bl in spec.layers[i].blocks
                         if isinstance(bl.dims, AttentionDims)})
-        kids.append(Node.of("rotary", [_leaf("cos", sets * rb * s * rope), _leaf("sin", sets * rb * s * rope)],
+        kids.append(Node.of("rotary", [_leaf("cos", sets * rb * s_rank * rope),
+                                       _leaf("sin", sets * rb * s_rank * rope)],
                             "bytes", note="(1, s, rope_dim) in the embedding dtype, shared by every layer"
                             + (f"; {sets} sets (sliding and full layers use different RoPE bases)" if sets > 1
                                else "")))
     if recompute == "full" and largest is not None:
         kids.append(Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
                          note="one layer's saved tensors while it is recomputed in backward"))
+    where = "" if deg.single else f", per rank of {_describe(deg)}"
     return Node.of(f"activations ({profile}, recompute={recompute})", kids, "bytes",
-                   note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B")
+                   note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B{where}")
+
+
+def _describe(deg: Degrees) -> str:
+    parts = [f"tp={deg.tp}"] + (["sp"] if deg.sp else []) + [f"cp={deg.cp}", f"ep={deg.ep}"]
+    return " ".join(parts + (["vocab-parallel"] if deg.vocab_parallel else []))
+
+
+def _degrees(spec: ModelSpec, seq: int, *, tp: int, sp: bool, cp: int, ep: int, vocab_parallel: bool) -> Degrees:
+    """The rank's ``Degrees``, or one ``TrainmathError`` naming every value that cannot be built (as CLI flags)."""
+    from trainmath.layout import ParallelLayout, layout_problems
+
+    bad = [f"{n} must be a positive integer, got {v!r}" for n, v in (("tp", tp), ("cp", cp), ("ep", ep))
+           if not isinstance(v, int) or v < 1]
+    if not bad:
+        # dp = ep: expert-parallel ranks are drawn from data parallelism, which this per-rank count does not see
+        bad = layout_problems(ParallelLayout(dp=ep, tp=tp, cp=cp, ep=ep, sp=sp, vocab_parallel=vocab_parallel),
+                              spec)
+        if sp and tp > 1 and seq % tp:
+            bad.append(f"--seq ({seq}) must be a multiple of --tp ({tp}) with --sp (sequence parallelism gives every "
+                       f"rank an equal slice); pass --seq {seq - seq % tp or tp}")
+        if seq % cp:
+            bad.append(f"--seq ({seq}) must be a multiple of --cp ({cp}) (context parallelism gives every rank an "
+                       f"equal slice); pass --seq {seq - seq % cp or cp}")
+    if bad:
+        raise TrainmathError(f"impossible layout for {spec.name}: " + "; ".join(bad))
+    return Degrees(tp=tp, sp=sp, cp=cp, ep=ep, vocab_parallel=vocab_parallel)
 
 
 def _scaled(node: Node, k: int, name: str | None = None, note: str | None = None) -> Node:
@@ -1300,7 +1349,8 @@ def _rank_layers(spec: ModelSpec, layers: Sequence[int] | None, pp: int) -> list
 
 
 def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_bytes: int = 2,
-                 param_dtype_bytes: int = 4, tp: int = 1, family: Family | None = None) -> Node:
+                 param_dtype_bytes: int = 4, tp: int = 1, family: Family | None = None, sp: bool = False,
+                 cp: int = 1, vocab_parallel: bool = True) -> Node:
     """The final norm, LM head and ``ForCausalLMLoss`` (transformers 5.x, labels given, no ``num_items``):
 
     saved: final RMSNorm (as every norm), the LM head's input (its cast under autocast), the autocast copy of the
@@ -1315,29 +1365,36 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     keeps only that scalar (a wrapped number, not packed for backward), so nothing is added; the unscaled head
     output is freed by the product (measured).
 
-    ``tp``: a vocabulary-parallel LM head and loss (Megatron's ``ColumnParallelLinear`` head with
-    ``vocab_parallel_cross_entropy``): each rank holds V' = ceil(V/tp) vocabulary entries, so every V term above
-    uses V' (the head's weight cast, the log-probabilities, the logits and their fp32 upcast); the final norm, the
-    head's input (T·d, gathered whole: no sequence-parallel split assumed) and the labels are per rank whole.
-    Derived, not measured (the oracle is single-device); tp = 1 is the measured case.
+    Per rank of a layout (derived from the plans, not measured; one device is the measured case):
+    ``vocab_parallel`` with ``tp`` > 1 is a vocabulary-parallel head and loss (Megatron's ``ColumnParallelLinear``
+    head with ``vocab_parallel_cross_entropy``; torchtitan's ``ColwiseParallel`` head with ``Shard(-1)`` logits
+    under ``loss_parallel()``): each rank holds V' = ceil(V/tp) vocabulary entries (the largest rank of an uneven
+    split, as DTensor's ``Shard`` cuts it; Megatron pads V to a multiple of 128·tp instead, not modelled), so every
+    V term above uses V' (the head's weight cast, the log-probabilities, the logits and their fp32 upcast).
+    ``vocab_parallel=False`` (``parallelize_module`` on the decoder layers only, the hf profile's plain ``--tp``):
+    head and loss whole on every rank. ``sp``: the final norm is sequence-parallel (T/tp rows); the head's input is
+    all-gathered back to T rows, and that gathered tensor (its cast under autocast) is what the head saves.
+    ``cp``: T = b·s/cp tokens on the rank for every term.
     """
-    if tp < 1:
-        raise TrainmathError(f"tp ({tp}) must be at least 1")
+    if tp < 1 or cp < 1:
+        raise TrainmathError(f"tp ({tp}) and cp ({cp}) must be at least 1")
     family = family or Family.from_config({**spec.options, "model_type": spec.model_type})
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
-    T, d, V = micro_batch * seq, spec.hidden_size, -(-spec.vocab_size // tp)
+    T, d = micro_batch * ceil_div(seq, cp), spec.hidden_size
+    V = ceil_div(spec.vocab_size, tp) if vocab_parallel else spec.vocab_size
+    rows = ceil_div(T, tp) if sp and tp > 1 else T  # the final norm's rows on this rank
     if spec.model_type in ("olmo2", "gpt_oss"):
-        saved = olmo2_rmsnorm_saved("norm", T, d)
+        saved = olmo2_rmsnorm_saved("norm", rows, d)
     elif spec.model_type == "nemotron_h":
-        saved = nemotron_rmsnorm_saved("norm", T, d, p)
+        saved = nemotron_rmsnorm_saved("norm", rows, d, p)
     elif spec.model_type in ("gemma2", "gemma3_text", "qwen3_next"):
-        saved = gemma_rmsnorm_saved("norm", T, d)
+        saved = gemma_rmsnorm_saved("norm", rows, d)
     elif spec.model_type in ("starcoder2", "gpt2", "falcon"):
-        saved = layernorm_saved("norm", T, d, p.residual)
+        saved = layernorm_saved("norm", rows, d, p.residual)
     elif spec.model_type == "cohere":
-        saved = cohere_layernorm_saved("norm", T, d, d, p)
+        saved = cohere_layernorm_saved("norm", rows, d, d, p)
     else:
-        saved = rmsnorm_saved("norm", T, d, p.residual)
+        saved = rmsnorm_saved("norm", rows, d, p.residual)
     saved += linear_inputs("lm_head", ["lm_head"], T, d, p)
     if p.autocast:
         saved.append(_leaf("lm_head.weight_cast", p.compute * V * d))
@@ -1350,7 +1407,8 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     if p.compute != FP32:
         held.append(_leaf("logits_fp32 (transient)", FP32 * T * V, "logits.float() in ForCausalLMLoss"))
     return Node.of("logits and loss", [Node.of("saved", saved, "bytes"), Node.of("not saved", held, "bytes")],
-                   "bytes", note=f"V={V}" + (f" per rank (tp={tp})" if tp > 1 else "") + f", T={T}")
+                   "bytes", note=f"V={V}" + (f" per rank (tp={tp}, vocabulary-parallel)" if V != spec.vocab_size
+                                             else "") + f", T={T}" + (f" per rank (cp={cp})" if cp > 1 else ""))
 
 
 def megatron_layer_terms(*, s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, selective: bool = False,

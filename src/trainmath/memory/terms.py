@@ -20,7 +20,8 @@ DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 
 def loss_transients(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout) -> tuple[int, int]:
     """(logits_fp32_bytes, cross_entropy_grad_bytes) on the last stage at the start of backward. T = b · s/cp
-    tokens, V' = ceil_div(|V|, tp) vocabulary entries per rank.
+    tokens, V' = ceil_div(|V|, tp) vocabulary entries per rank when the vocabulary is sharded (the megatron
+    profile, or ``--vocab-parallel``), else V' = |V| (plain ``--tp`` with the hf profile: the loss is whole).
 
     - ``hf``: transformers' ``ForCausalLMLoss`` does ``logits.float()`` then ``F.cross_entropy``; log_softmax
       saves its fp32 output (4·T·V'). In backward, ``nll_loss_backward`` makes the fp32 gradient of the
@@ -31,7 +32,8 @@ def loss_transients(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
       (c·T·V' when c < 4, else 0).
     Derived from the code; the compute-dtype logits themselves are ``logits_bytes`` (activation model)."""
     tokens = setup.micro_batch * ceil_div(setup.seq, layout.cp)
-    tv = tokens * ceil_div(spec.vocab_size, layout.tp)
+    vocab = layout.tp > 1 and (layout.vocab_parallel or setup.profile == "megatron")  # ``training.vocab_sharded``
+    tv = tokens * (ceil_div(spec.vocab_size, layout.tp) if vocab else spec.vocab_size)
     c = get_precision(setup.precision).compute_bytes
     if setup.profile == "megatron":
         return 4 * tv, (c * tv if c < 4 else 0)

@@ -140,7 +140,7 @@ class MemoryReport:
                       "grad_lifetime": s.grad_lifetime, "bucket_view": s.bucket_view, "device": s.device,
                       "offload": s.offload, "experts": s.experts},
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp,
-                       "zero": lay.zero, "world_size": lay.ranks},
+                       "vocab_parallel": lay.vocab_parallel, "zero": lay.zero, "world_size": lay.ranks},
             "peak_bytes": self.peak_bytes,
             "peak_stage": self.stage,
             "phase": self.stages[self.stage].phase,
@@ -232,13 +232,44 @@ def _per_layer(act: Node, spec: ModelSpec, layers: range) -> tuple[dict, list[No
     return {i: per_label.get(label_of[i], 0) for i in layers}, resident, transient
 
 
+def vocab_sharded(setup: TrainingSetup, layout: ParallelLayout) -> bool:
+    """Whether embedding, LM head and loss are split over the vocabulary on a tensor-parallel rank: always under
+    the megatron profile (Megatron's ``VocabParallelEmbedding``); with the hf profile only with
+    ``--vocab-parallel`` (plain ``--tp`` is ``parallelize_module`` on the decoder layers: head and loss whole)."""
+    return layout.tp > 1 and (layout.vocab_parallel or setup.profile == "megatron")
+
+
+def layout_text(setup: TrainingSetup, layout: ParallelLayout) -> str:
+    """The convention line that says what each degree means here."""
+    if layout.tp == 1 and layout.cp == 1 and layout.ep == 1:
+        return f"layout {layout.describe()}: no tensor, context or expert parallelism; per-rank figures"
+    if setup.profile == "megatron":
+        return (f"layout {layout.describe()}: Megatron-Core (Korthikanti et al. 2022 Table 2; vocabulary-parallel "
+                f"embedding, head and loss whenever tp > 1)")
+    parts = []
+    if layout.tp > 1:
+        parts.append(f"tp {layout.tp}: parallelize_module on the decoder layers (column-wise q/k/v/gate/up, row-wise "
+                     f"o/down; heads and MLP width / tp)"
+                     + (", sequence parallelism (norms and residual stream cut on the sequence; each column-wise "
+                        "Linear saves its all-gathered input)" if layout.sp else ", norms and residual stream whole")
+                     + (", vocabulary-parallel embedding, head and loss (V/tp per rank)" if layout.vocab_parallel
+                        else ", embedding, LM head and loss whole on every rank"))
+    if layout.cp > 1:
+        parts.append(f"cp {layout.cp}: s/cp positions per rank; ring attention keeps the rank's query, its local K/V "
+                     f"chunk, output and logsumexp (K/V rotation buffers are transients, not counted)")
+    if layout.ep > 1:
+        parts.append(f"ep {layout.ep}: routed experts and their token rows / ep (balanced routing assumed)")
+    return f"layout {layout.describe()}: " + "; ".join(parts)
+
+
 def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, stage: int,
                  activation_model=None) -> StageMemory:
     """The timeline of one rank of pipeline ``stage``, its peak event and what is live then."""
     am = _activation_model(activation_model)
     prec = get_precision(setup.precision)
     gran = 1 if setup.device == "cpu" else setup.granularity
-    pl = place(spec, layout, stage)
+    vocab = vocab_sharded(setup, layout)
+    pl = place(spec, layout, stage, vocab_parallel=vocab)
     first, last = stage == 0, stage == layout.pp - 1
     in_flight = layout.pp - stage
     if setup.micro_batches is not None:
@@ -249,12 +280,14 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     profile = "eager" if setup.attention == "eager" and setup.profile == "hf" else setup.profile
     kw = dict(micro_batch=setup.micro_batch, seq=setup.seq, profile=profile, attention=setup.attention,
               compute_dtype_bytes=prec.compute_bytes, param_dtype_bytes=prec.weight_bytes, tp=layout.tp,
-              sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup))
+              sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup),
+              ep=layout.ep, vocab_parallel=layout.vocab_parallel)
     act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
     saved, resident, _ = _per_layer(act, spec, pl.layers)
     if setup.recompute == "full" and setup.profile == "hf" and spec.model_type != "gpt2":
         # torch.utils.checkpoint keeps every argument of the layer: also the (1, s) int64 position ids
-        resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * setup.seq, unit="bytes")]
+        resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * ceil_div(setup.seq, layout.cp),
+                                    unit="bytes")]
     recomputed = {i: 0 for i in pl.layers}
     if setup.recompute == "full":
         none = _call(am.activation_bytes, spec, recompute="none", **kw)
@@ -269,7 +302,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if last:
         tree = _call(am.logits_bytes, spec, setup.micro_batch, setup.seq, profile=profile,
                      param_dtype_bytes=prec.weight_bytes, compute_dtype_bytes=prec.compute_bytes, tp=layout.tp,
-                     sp=layout.sp, cp=layout.cp)
+                     sp=layout.sp, cp=layout.cp, vocab_parallel=vocab)
         leaves = [n for _, n in tree.walk() if not n.children]
         up_leaf = sum(n.value for n in leaves if "logits_fp32" in n.name)
         held = sum(n.value for n in leaves if n.name.startswith("logits") and "fp32" not in n.name)
@@ -356,6 +389,7 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
         f"{layout.zero_degree} ranks (experts over {layout.expert_zero_degree})",
         f"gradient lifetime {setup.grad_lifetime}: " + GRAD_LIFETIME_TEXT[setup.grad_lifetime]
         + ("; DDP gradient_as_bucket_view: gradients are views of the buckets" if setup.bucket_view else ""),
+        layout_text(setup, layout),
         "1F1B pipeline: stage s holds min(pp - s, micro-batches) micro-batches of activations",
         f"peak_bytes is the largest event of the step's timeline (here: {top.phase!r} on stage {top.stage}); "
         "op-level transients inside one layer's forward or backward are not events",
