@@ -293,7 +293,9 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         none = _call(am.activation_bytes, spec, recompute="none", **kw)
         full, _, _ = _per_layer(none, spec, pl.layers)
         # An fp32 residual stream: the recomputed norm's fp32 input is the checkpointed layer input itself.
-        dup = saved if prec.weight_bytes == 4 and _mentions(none, "input_layernorm.x_fp32") else {}
+        # (the op lists name that saved storage "layer.input"; the per-family code named it the norm's x_fp32)
+        fp32_input = _mentions(none, "input_layernorm.x_fp32") or _mentions(none, "layer.input")
+        dup = saved if prec.weight_bytes == 4 and fp32_input else {}
         recomputed = {i: full[i] - dup.get(i, 0) for i in pl.layers}
     copies = weight_copies_bytes(pl, prec, in_flight)
     if copies and prec.name == "amp-bf16" and _mentions(act, "weight"):  # (the LM head's cast is in logits)
