@@ -283,7 +283,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
               sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup),
               ep=layout.ep, vocab_parallel=layout.vocab_parallel)
     act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
-    saved, resident, _ = _per_layer(act, spec, pl.layers)
+    saved, resident, transient = _per_layer(act, spec, pl.layers)
     if setup.recompute == "full" and setup.profile == "hf" and spec.model_type != "gpt2":
         # torch.utils.checkpoint keeps every argument of the layer: also the (1, s) int64 position ids
         resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * ceil_div(setup.seq, layout.cp),
@@ -343,7 +343,9 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                   "framework_overhead_bytes": overhead}
     inp = tl.StepInputs(
         layers=tuple(pl.layers), first=first, last=last, saved=saved, recomputed=recomputed, resident=resident,
-        other_micro_batches=(in_flight - 1) * act.value, head_saved=head_saved, loss_freed=max(0, loss_freed),
+        # another micro-batch in flight keeps what this one keeps at the end of its forward (under full recompute
+        # its checkpoints, not the one-layer recompute transient)
+        other_micro_batches=(in_flight - 1) * (sum(saved.values()) + sum(n.value for n in resident)), head_saved=head_saved, loss_freed=max(0, loss_freed),
         logits=logits, batch=8 * tokens, logits_fp32=up,
         cross_entropy_grads=ce, hidden_grad=tl.hidden_grad_bytes(tokens, spec.hidden_size, residual, layout.tp,
                                                                   layout.sp),
