@@ -59,8 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cp", type=integer, default=1,
                    help="context-parallel degree: s/cp positions per rank (ring attention: the local K/V chunk)")
     p.add_argument("--ep", type=integer, default=1,
-                   help="expert-parallel degree (drawn from dp·cp): routed experts and their rows / ep, balanced "
-                        "routing assumed")
+                   help="expert-parallel degree (drawn from dp·cp): routed experts / ep per rank; each rank still "
+                        "computes its own tokens' top-k rows (balanced routing assumed)")
     p.add_argument("--sp", action="store_true",
                    help="sequence parallelism over the tp ranks (needs --tp > 1): norms and residual stream cut "
                         "on the sequence, as Megatron and torchtitan run it")

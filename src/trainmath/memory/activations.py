@@ -1184,14 +1184,16 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     DeepSeek-V2 configs need ``Router.from_config`` for ``topk_method``, worth 1·T·n bytes per MoE layer).
     Per rank (hf/eager): ``tp``, ``sp``, ``cp``, ``ep`` (and ``vocab_parallel``, which changes nothing here: the
     embedding saves its whole ids either way) are the layout's degrees (``ops.ir.Degrees``); each layer's op list
-    is folded on one rank (``ops.fold.layer_node``). The layout is the one the issue defines: ``--tp`` is
+    is folded on one rank (``ops.fold.layer_node``); families without an op list take ``ep`` only. The layout is the one the issue defines: ``--tp`` is
     ``parallelize_module`` on transformers' decoder layers (column-wise q/k/v/gate/up, row-wise o/down; norms,
     residual stream, embedding and head whole); ``sp`` cuts the residual stream and the norms on the sequence
     (torch's ``SequenceParallel``, the all-gathered input of a column-wise Linear is its own storage, which the
     Linear saves); ``cp`` keeps s/cp positions of every tensor, ring attention's local K/V chunk and logsumexp
     (torch's ``context_parallel``: the query, key, value, output and logsumexp SDPA saves are the rank's own;
-    the rotation buffers are transients); ``ep`` divides the routed-expert rows, assuming balanced routing.
-    Families without an op list (``ops.families.LAYERS``) are single-device only.
+    the rotation buffers are transients); ``ep`` divides the routed experts a rank holds (n/ep: their weights and
+    autocast copies), not the routed rows: expert-parallel ranks are drawn from data parallelism, each brings its
+    own micro-batch, and under balanced routing each receives T·k rows for its experts, as on one device (the
+    all-to-all buffers are transients).
     """
     _check("profile", profile, PROFILES)
     _check("recompute", recompute, RECOMPUTE)
@@ -1219,10 +1221,17 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if spec.model_type not in HF_FAMILIES:
         raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use --profile megatron)")
-    if not deg.single and spec.model_type not in op_families.LAYERS:
-        raise TrainmathError(f"{spec.name}: the {profile} profile models {spec.model_type!r} on one device only "
-                             f"(its layers have no op list yet); drop --tp/--sp/--cp/--ep, or use --profile "
-                             f"megatron")
+    if (tp, cp) != (1, 1) and spec.model_type not in op_families.LAYERS:
+        raise TrainmathError(f"{spec.name}: the {profile} profile models {spec.model_type!r} without tensor or "
+                             f"context parallelism only (its layers have no op list yet); drop --tp/--sp/--cp, or "
+                             f"use --profile megatron")
+    if ep > 1 and spec.model_type not in op_families.LAYERS:
+        # the per-family code per rank of expert parallelism: the rank's routed rows are T·k as on one device (each
+        # EP rank brings its own micro-batch; balanced routing hands it T·k rows for its experts), its experts n/ep
+        # (which only the eager loop's autocast weight copies see)
+        local = max((ceil_div(bl.dims.experts, ep) for layer in spec.layers for bl in layer.blocks
+                     if isinstance(bl.dims, MoEDims)), default=None)
+        experts_hit = local if experts_hit is None or local is None else min(experts_hit, local)
     if spec.model_type == "llama4_text" and not any(
             isinstance(bl.dims, AttentionDims) and bl.dims.sliding_window is not None
             for layer in spec.layers for bl in layer.blocks):

@@ -258,7 +258,8 @@ def layout_text(setup: TrainingSetup, layout: ParallelLayout) -> str:
         parts.append(f"cp {layout.cp}: s/cp positions per rank; ring attention keeps the rank's query, its local K/V "
                      f"chunk, output and logsumexp (K/V rotation buffers are transients, not counted)")
     if layout.ep > 1:
-        parts.append(f"ep {layout.ep}: routed experts and their token rows / ep (balanced routing assumed)")
+        parts.append(f"ep {layout.ep} (ranks of dp·cp): routed experts / ep per rank; each rank still computes T·k "
+                     f"routed rows (its own micro-batch, balanced routing assumed; all-to-all buffers not counted)")
     return f"layout {layout.describe()}: " + "; ".join(parts)
 
 
