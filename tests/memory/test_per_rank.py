@@ -174,8 +174,12 @@ def test_timeline_uses_the_rank_figures(layout, recompute):
     upcast = tree.child("not saved").child("logits_fp32 (transient)").value
     loss = r.stages[-1].at("forward: loss")
     assert loss.child("logits_bytes").value == tree.value - upcast + 4  # saved, the logits, the fp32 loss scalar
-    assert loss.child("logits_fp32_bytes").value == upcast == 4 * (512 // layout.cp) * (
-        spec.vocab_size // layout.tp if layout.vocab_parallel else spec.vocab_size)
+    tv = (512 // layout.cp) * (spec.vocab_size // layout.tp if layout.vocab_parallel else spec.vocab_size)
+    assert upcast == 4 * tv
+    # loss_parallel()'s log-softmax keeps its shifted fp32 logits beside the upcast while it runs
+    assert loss.child("logits_fp32_bytes").value == upcast + (4 * tv if layout.vocab_parallel else 0)
+    ce = r.stages[-1].at("backward: loss").child("cross_entropy_grad_bytes").value
+    assert ce == (3 if layout.vocab_parallel else 2) * 4 * tv  # its fused backward: three fp32 buffers at once
 
 
 @pytest.mark.parametrize("model", sorted(m for m in catalog_index() if load_spec(m).model_type in families.LAYERS))

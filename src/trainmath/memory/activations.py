@@ -49,12 +49,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import AttentionDims, Block, LayerSpec, MLADims, MLPDims, MoEDims, ModelSpec
 from trainmath.ops import families as op_families
 from trainmath.ops.context import FP32, INT64, Ctx, Family, Precision, Router, _norm_topk_default  # noqa: F401
 from trainmath.ops.fold import layer_node
-from trainmath.arith import ceil_div
 from trainmath.ops.ir import Axis, Degrees, Program, Tensor
 from trainmath.tree import Node
 
@@ -1244,7 +1244,6 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     family = family or Family.from_config(config)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
-    T = b * s
     ctx = Ctx(b=b, s=s, d=d, p=p, eager=profile == "eager", experts=experts, experts_hit=experts_hit,
               router=router, family=family, degrees=deg)
     s_rank = ceil_div(s, cp)  # positions on this rank: cos/sin, ids (context parallelism splits them)

@@ -40,6 +40,18 @@ def loss_transients(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
     return 4 * tv, 2 * 4 * tv
 
 
+def loss_parallel_bytes(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout) -> int:
+    """One fp32 (T, V/tp) buffer that torch's ``loss_parallel()`` (the hf profile's ``--vocab-parallel`` loss) holds
+    beyond the plain loss, in forward and again in backward (``torch/distributed/tensor/parallel/loss.py``):
+    ``_log_softmax`` keeps ``shifted = x - max`` (an all-reduced max) beside its input while it makes ``exp``
+    and then the result; ``_nll_loss_and_log_softmax_backward`` fuses both backwards as
+    ``(zeros_like(x) + exp(x)) * grad``: three fp32 buffers at once where aten's two kernels leave two. 0 when the
+    vocabulary is not sharded or under the megatron profile. Derived from the code."""
+    if setup.profile != "hf" or layout.tp == 1 or not layout.vocab_parallel:
+        return 0
+    return 4 * setup.micro_batch * ceil_div(setup.seq, layout.cp) * ceil_div(spec.vocab_size, layout.tp)
+
+
 def weight_copies_bytes(placement: Placement, prec: Precision, in_flight: int) -> int:
     """Low-precision copies of linear weights live during forward+backward: autocast's bf16 casts are saved by
     every micro-batch's matmuls (× micro-batches in flight); Transformer Engine caches its fp8 weight and

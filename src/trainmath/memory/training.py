@@ -24,7 +24,8 @@ from trainmath.memory import states as st
 from trainmath.memory import timeline as tl
 from trainmath.memory.optimizers import check_optimizer
 from trainmath.memory.precision import get_precision
-from trainmath.memory.terms import framework_overhead, loss_transients, weight_copies_bytes
+from trainmath.memory.terms import (framework_overhead, loss_parallel_bytes, loss_transients,
+                                    weight_copies_bytes)
 from trainmath.model.spec import MLPDims, ModelSpec
 from trainmath.placement import place
 from trainmath.tree import Node
@@ -284,7 +285,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
               sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup),
               ep=layout.ep, vocab_parallel=layout.vocab_parallel)
     act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
-    saved, resident, transient = _per_layer(act, spec, pl.layers)
+    saved, resident, _ = _per_layer(act, spec, pl.layers)
     if setup.recompute == "full" and setup.profile == "hf" and spec.model_type != "gpt2":
         # torch.utils.checkpoint keeps every argument of the layer: also the (1, s) int64 position ids
         resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * ceil_div(setup.seq, layout.cp),
@@ -319,6 +320,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         up = up_leaf if _mentions(tree, "log_softmax") else up4
         if prec.compute_bytes == 4 and setup.profile == "hf":
             up = 0  # logits.float() of fp32 logits is the same tensor
+        extra = loss_parallel_bytes(spec, setup, layout)  # loss_parallel()'s third fp32 buffer, both directions
+        up, ce = up + extra, ce + extra
     tokens = setup.micro_batch * ceil_div(setup.seq, layout.cp)
     residual = prec.compute_bytes if setup.profile == "megatron" else prec.weight_bytes
     grads, gathered, full_grads = tl.unit_bytes(pl, layout, prec, granularity=gran)
