@@ -213,6 +213,13 @@ def render(report) -> str:
     rows.append(["peak_bytes", f"{peak:,}", human_bytes(peak), "100.0%", report.breakdown.note])
     lines.append(f"  peak at {report.stages[report.stage].phase!r} (stage {report.stage}); --timeline prints "
                  f"every event")
+    m = report.stages[report.stage]
+    fwd = [e for e in m.timeline if e.name.startswith("forward")]
+    if fwd:  # what this rank has saved for backward when its forward ends (activations and, last stage, the head)
+        end = fwd[-1].parts
+        kept = end["activations_bytes"].value + end.get("logits_bytes", 0)
+        lines.append(f"  saved for backward on this rank at {fwd[-1].name!r}: {kept:,} bytes ({human_bytes(kept)}): "
+                     f"activations and the head's saved tensors and logits")
     lines.append("")
     lines.append(table(["term", "bytes", "GiB (2**30)", "share", ""], rows, align="lrrrl"))
     if len(report.stages) > 1:
