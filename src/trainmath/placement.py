@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from trainmath.arith import ceil_div, numel
 from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec, TensorSpec
-from trainmath.ops.ir import Degrees
 
 
 def stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
@@ -118,15 +117,6 @@ class Placement:
         for t in self.tensors:
             out[t.unit] = out.get(t.unit, 0) + t.params
         return out
-
-
-def rank_degrees(layout: ParallelLayout, *, vocab_parallel: bool | None = None) -> Degrees:
-    """The degrees that divide one rank's activations (``trainmath.ops.ir.Degrees``, the only reader of them in
-    the op lists): tp, sp, cp, ep and whether the vocabulary is sharded (``layout.vocab_parallel`` unless
-    given)."""
-    vp = layout.vocab_parallel if vocab_parallel is None else vocab_parallel
-    return Degrees(tp=layout.tp, sp=layout.sp and layout.tp > 1, cp=layout.cp, ep=layout.ep,
-                   vocab_parallel=vp and layout.tp > 1)
 
 
 def _rank_tensor(t: TensorSpec, name: str, unit: str, layout: ParallelLayout, vocab_parallel: bool) -> RankTensor:
