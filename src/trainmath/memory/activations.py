@@ -108,7 +108,10 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     the rotation buffers are transients); ``ep`` divides the routed experts a rank holds (n/ep: their weights and
     autocast copies), not the routed rows: expert-parallel ranks are drawn from data parallelism, each brings its
     own micro-batch, and under balanced routing each receives T·k rows for its experts, as on one device (the
-    all-to-all buffers are transients).
+    all-to-all buffers are transients). Measured per rank for llama, mistral, qwen2 and qwen3 (2 gloo ranks,
+    ``docs/benchmarks.md``); the other families are folds of their op lists' axes, which assume a plan that splits
+    each head (a fused q/k/v or gate/up projection split per part, not one ``ColwiseParallel`` on the fused
+    weight).
     """
     _check("profile", profile, PROFILES)
     _check("recompute", recompute, RECOMPUTE)

@@ -254,7 +254,9 @@ def layout_text(setup: TrainingSetup, layout: ParallelLayout) -> str:
                      + (", sequence parallelism (norms and residual stream cut on the sequence; each column-wise "
                         "Linear saves its all-gathered input)" if layout.sp else ", norms and residual stream whole")
                      + (", vocabulary-parallel embedding, head and loss (V/tp per rank)" if layout.vocab_parallel
-                        else ", embedding, LM head and loss whole on every rank"))
+                        else ", embedding, LM head and loss whole on every rank")
+                     + "; measured on gloo ranks for llama, mistral, qwen2, qwen3, derived from the op lists' axes "
+                       "for the other families")
     if layout.cp > 1:
         parts.append(f"cp {layout.cp}: s/cp positions per rank; ring attention keeps the rank's query, its local K/V "
                      f"chunk, output and logsumexp (K/V rotation buffers are transients, not counted)")
