@@ -36,7 +36,13 @@ class ParallelLayout:
     ep: int = 1
     """Expert-parallel degree (routed experts split across ranks of the dp·cp group)."""
     sp: bool = False
-    """Megatron sequence parallelism: activations outside attention/MLP split by tp (needs tp > 1 to matter)."""
+    """Megatron sequence parallelism: activations outside attention/MLP split by tp (needs tp > 1)."""
+    vocab_parallel: bool = False
+    """A vocabulary-sharded embedding, LM head and loss over the tp ranks (Megatron's ``VocabParallelEmbedding``,
+    parallel head and ``vocab_parallel_cross_entropy``; torchtitan's ``RowwiseParallel`` embedding,
+    ``ColwiseParallel`` head and ``loss_parallel()``; needs tp > 1). Off: ``parallelize_module`` on the decoder
+    layers only, so embedding, head and loss are whole on every rank (the hf profile). The megatron profile and
+    the step model (``trainmath.perf``) always shard the vocabulary, as Megatron does."""
     zero: int = 0
     """ZeRO stage 0-3 over the data-parallel group: 1 shards optimizer states and master weights, 2 also
     gradients, 3 also weights (Rajbhandari et al. 2020, §5)."""
@@ -61,7 +67,7 @@ class ParallelLayout:
 
     def describe(self) -> str:
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} cp={self.cp} ep={self.ep} sp={self.sp} "
-                f"zero={self.zero}")
+                f"zero={self.zero}" + (" vocab_parallel=True" if self.vocab_parallel else ""))
 
 
 def _divisors(n: int, flag: str) -> str:
@@ -84,6 +90,12 @@ def layout_problems(layout: ParallelLayout, spec: ModelSpec | None = None) -> li
     if layout.world_size is not None and layout.world_size != layout.ranks:
         bad.append(f"world size ({layout.world_size}) must equal dp·tp·pp·cp = {layout.dp}·{layout.tp}·"
                    f"{layout.pp}·{layout.cp} = {layout.ranks}")
+    if layout.sp and layout.tp == 1:
+        bad.append("--sp needs --tp 2 or more (sequence parallelism splits the sequence over the tensor-parallel "
+                   "ranks); pass --tp N with --sp, or drop --sp")
+    if layout.vocab_parallel and layout.tp == 1:
+        bad.append("--vocab-parallel needs --tp 2 or more (the vocabulary is sharded over the tensor-parallel "
+                   "ranks); pass --tp N with --vocab-parallel, or drop --vocab-parallel")
     if (layout.dp * layout.cp) % layout.ep:
         bad.append(f"ep ({layout.ep}) must divide dp·cp ({layout.dp}·{layout.cp} = {layout.dp * layout.cp}): "
                    f"expert-parallel ranks are drawn from the data/context-parallel group")
@@ -107,8 +119,10 @@ def layout_problems(layout: ParallelLayout, spec: ModelSpec | None = None) -> li
             if isinstance(d, AttentionDims):
                 need(d.heads % tp == 0, f"tp ({tp}) must divide attention heads ({d.heads})"
                      + _divisors(d.heads, "--tp"))
-                need(d.kv_heads % tp == 0, f"tp ({tp}) must divide KV heads ({d.kv_heads}); "
-                                           f"KV-head replication is not modelled" + _divisors(d.kv_heads, "--tp"))
+                need(d.kv_heads % tp == 0, f"tp ({tp}) must divide KV heads ({d.kv_heads}): a column-wise "
+                                           f"k_proj/v_proj would give a rank part of a KV head (parallelize_module "
+                                           f"and Megatron do not replicate KV heads)"
+                     + _divisors(d.kv_heads, "--tp"))
             elif isinstance(d, MLADims):
                 need(d.heads % tp == 0, f"tp ({tp}) must divide attention heads ({d.heads})")
             elif isinstance(d, LinearAttentionDims):

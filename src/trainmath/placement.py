@@ -6,7 +6,10 @@ Counting (``trainmath.params``) never reads a parallel degree; this module is th
 - ``column``: the output features split tp ways (weight axis 0, or axis 1 for a transposed Conv1D / fused
   expert weight stored (in, out)); 1-D column tensors (biases, OLMo 2's full q/k norm) split on their only axis;
 - ``row``: the input features split tp ways (axis 1, or axis 0 when transposed);
-- ``vocab``: the vocabulary rows split tp ways (Megatron's ``VocabParallelEmbedding`` and the parallel LM head);
+- ``vocab``: the vocabulary rows split tp ways under a vocabulary-parallel layout (Megatron's
+  ``VocabParallelEmbedding`` and parallel LM head, always on in Megatron; ``--vocab-parallel`` with the hf
+  profile), else whole: ``parallelize_module`` on transformers' decoder layers leaves the embedding and the head
+  replicated;
 - ``head``: per-head tensors (sinks, A_log, dt_bias, per-head norms) split on axis 0;
 - ``replicated``: whole on every rank (norms, routers, row-parallel biases).
 
@@ -116,8 +119,8 @@ class Placement:
         return out
 
 
-def _rank_tensor(t: TensorSpec, name: str, unit: str, layout: ParallelLayout) -> RankTensor:
-    shape = tp_shape(t, layout.tp)
+def _rank_tensor(t: TensorSpec, name: str, unit: str, layout: ParallelLayout, vocab_parallel: bool) -> RankTensor:
+    shape = t.shape if t.shard == "vocab" and not vocab_parallel else tp_shape(t, layout.tp)
     if not t.experts:
         return RankTensor(name=name, shape=shape, copies=1, expert=False, unit=unit, spec=t)
     local = ceil_div(t.experts, layout.ep)
@@ -126,8 +129,11 @@ def _rank_tensor(t: TensorSpec, name: str, unit: str, layout: ParallelLayout) ->
     return RankTensor(name=name, shape=(local, *shape), copies=1, expert=True, unit=unit, spec=t)  # fused
 
 
-def place(spec: ModelSpec, layout: ParallelLayout, stage: int = 0) -> Placement:
-    """The tensors one (tp, ep) rank of pipeline ``stage`` holds. Ranks of a stage hold equal amounts."""
+def place(spec: ModelSpec, layout: ParallelLayout, stage: int = 0, *, vocab_parallel: bool = True) -> Placement:
+    """The tensors one (tp, ep) rank of pipeline ``stage`` holds. Ranks of a stage hold equal amounts.
+    ``vocab_parallel``: whether ``vocab`` tensors (embeddings, LM head) are split tp ways: Megatron's rule (the
+    default, used by the megatron profile and ``trainmath.perf``); the hf profile passes
+    ``layout.vocab_parallel`` (``parallelize_module`` leaves them whole unless asked)."""
     stages = stage_layers(spec.num_layers, layout.pp)
     if not 0 <= stage < len(stages):
         raise ValueError(f"stage {stage} out of range for pp={layout.pp}")
@@ -135,16 +141,16 @@ def place(spec: ModelSpec, layout: ParallelLayout, stage: int = 0) -> Placement:
     out: list[RankTensor] = []
     last = stage == layout.pp - 1
     if stage == 0:
-        out += [_rank_tensor(t, t.name, "embed", layout) for t in spec.pre if not t.tied]
+        out += [_rank_tensor(t, t.name, "embed", layout, vocab_parallel) for t in spec.pre if not t.tied]
     for i in layers:
         prefix = spec.layer_prefix.format(i=i)
-        out += [_rank_tensor(t, prefix + t.name, f"layer.{i}", layout) for t in spec.layers[i].tensors
+        out += [_rank_tensor(t, prefix + t.name, f"layer.{i}", layout, vocab_parallel) for t in spec.layers[i].tensors
                 if not t.tied]
     if last:
         for t in spec.post:
             if t.tied and layout.pp == 1:
                 continue  # the same storage as embed_tokens on this rank
-            out.append(_rank_tensor(t, t.name, "head", layout))
+            out.append(_rank_tensor(t, t.name, "head", layout, vocab_parallel))
     return Placement(stage=stage, layers=layers, tensors=tuple(out))
 
 

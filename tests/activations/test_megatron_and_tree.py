@@ -118,8 +118,8 @@ def test_errors():
     spec = load_spec("qwen3-0.6b")
     with pytest.raises(TrainmathError, match="profile"):
         activation_bytes(spec, micro_batch=1, seq=8, profile="deepspeed")
-    with pytest.raises(TrainmathError, match="single-device"):
-        activation_bytes(spec, micro_batch=1, seq=8, tp=2)
+    with pytest.raises(TrainmathError, match=r"tp \(3\) must divide attention heads \(16\)"):
+        activation_bytes(spec, micro_batch=1, seq=8, tp=3)
     with pytest.raises(TrainmathError, match="selective"):
         activation_bytes(spec, micro_batch=1, seq=8, recompute="selective")
     with pytest.raises(TrainmathError, match="eager profile is not modelled"):

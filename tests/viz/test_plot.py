@@ -17,7 +17,7 @@ from trainmath.plot.charts import GIB, BarChart, params_chart  # noqa: E402
 from trainmath.plot.palette import colour  # noqa: E402
 
 MEM = ["--micro-batch", "1", "--seq", "2048"]
-PLAN_JOB = ["qwen3-1.7b", "--gpus", "8", "--gpu", "rtx4090", "--seq", "4096", "--global-batch", "16", "--top", "8"]
+PLAN_JOB = ["qwen3-1.7b", "--gpus", "8", "--gpu", "rtx4090", "--seq", "4096", "--global-batch", "32", "--top", "8"]
 """A job some of whose candidates the memory model rejects after they were estimated (drawn as 'does not fit')."""
 
 

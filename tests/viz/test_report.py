@@ -60,8 +60,8 @@ def test_bad_output_is_one_line(tmp_path, capsys, out, needle):
 
 def test_impossible_setup_writes_nothing(tmp_path, capsys):
     out = tmp_path / "r.html"
-    assert main(["report", "qwen3-8b", "--micro-batch", "1", "--seq", "4096", "--tp", "2", "-o", str(out)]) == 2
-    assert "hf profile is single-device" in capsys.readouterr().err
+    assert main(["report", "qwen3-8b", "--micro-batch", "1", "--seq", "4096", "--tp", "3", "-o", str(out)]) == 2
+    assert "tp (3) must divide attention heads (32)" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

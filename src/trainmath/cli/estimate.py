@@ -41,7 +41,7 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
                    help="attention FLOPs in MFU/HFU: executed (all s², Megatron-LM/PaLM, default) or half")
     p.add_argument("--profile", choices=("megatron", "hf"), default="megatron",
                    help="activation profile of the memory model: megatron (default; any layout) or hf "
-                        "(transformers' saved tensors, single-device layouts only)")
+                        "(transformers' saved tensors per rank: plain --tp keeps embedding, head and loss whole)")
     p.add_argument("--mem-util", type=int, default=95,
                    help="fit: peak memory must stay under this %% of the GPU's memory (default 95)")
     if printing:  # what is printed; a chart has no use for these

@@ -59,11 +59,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "padded buffers at the reduce and the all-gather only; ZeRO-3 without prefetch)")
     p.add_argument("--dp", type=integer, default=None,
                    help="data-parallel degree (default: --world-size / (tp·pp·cp), else 1)")
-    p.add_argument("--tp", type=integer, default=1)
-    p.add_argument("--pp", type=integer, default=1)
-    p.add_argument("--cp", type=integer, default=1)
-    p.add_argument("--ep", type=integer, default=1)
-    p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
+    p.add_argument("--tp", type=integer, default=1,
+                   help="tensor-parallel degree; with the hf profile: parallelize_module on the decoder layers "
+                        "(column-wise q/k/v/gate/up, row-wise o/down; embedding, LM head, loss and norms whole on "
+                        "every rank)")
+    p.add_argument("--pp", type=integer, default=1, help="pipeline stages (1F1B)")
+    p.add_argument("--cp", type=integer, default=1,
+                   help="context-parallel degree: s/cp positions per rank (ring attention: the local K/V chunk)")
+    p.add_argument("--ep", type=integer, default=1,
+                   help="expert-parallel degree (drawn from dp·cp): routed experts / ep per rank; each rank still "
+                        "computes its own tokens' top-k rows (balanced routing assumed)")
+    p.add_argument("--sp", action="store_true",
+                   help="sequence parallelism over the tp ranks (needs --tp > 1): norms and residual stream cut "
+                        "on the sequence, as Megatron and torchtitan run it")
+    p.add_argument("--vocab-parallel", action="store_true",
+                   help="vocabulary-parallel embedding, LM head and loss over the tp ranks (needs --tp > 1; "
+                        "always on with --profile megatron)")
     p.add_argument("--world-size", type=integer, default=None,
                    help="GPUs: with --dp given, checked to equal dp·tp·pp·cp; without, dp is derived from it")
     p.add_argument("--gpu", metavar="NAME", default=None,
@@ -101,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if dp is None:
         dp = derive_dp(args.world_size, tp=args.tp, pp=args.pp, cp=args.cp) if args.world_size is not None else 1
     layout = ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
-                            zero=args.zero, world_size=args.world_size)
+                            vocab_parallel=args.vocab_parallel, zero=args.zero, world_size=args.world_size)
     # check the cheap things before reading the model
     from trainmath.errors import TrainmathError
     from trainmath.layout import layout_problems
@@ -211,6 +222,13 @@ def render(report) -> str:
     rows.append(["peak_bytes", f"{peak:,}", human_bytes(peak), "100.0%", report.breakdown.note])
     lines.append(f"  peak at {report.stages[report.stage].phase!r} (stage {report.stage}); --timeline prints "
                  f"every event")
+    m = report.stages[report.stage]
+    fwd = [e for e in m.timeline if e.name.startswith("forward")]
+    if fwd:  # what this rank has saved for backward when its forward ends (activations and, last stage, the head)
+        end = fwd[-1].parts
+        kept = end["activations_bytes"].value + end.get("logits_bytes", 0)
+        lines.append(f"  saved for backward on this rank at {fwd[-1].name!r}: {kept:,} bytes ({human_bytes(kept)}): "
+                     f"activations and the head's saved tensors and logits")
     lines.append("")
     lines.append(table(["term", "bytes", "GiB (2**30)", "share", ""], rows, align="lrrrl"))
     if len(report.stages) > 1:

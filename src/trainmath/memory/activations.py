@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.memory.megatron import activations_megatron, megatron_layer_terms  # noqa: F401  (re-exported)
 from trainmath.model.spec import (
@@ -57,7 +58,7 @@ from trainmath.ops.context import (  # noqa: F401
     _norm_topk_default,
 )
 from trainmath.ops.fold import layer_node, saved_leaves
-from trainmath.ops.ir import Degrees, Program
+from trainmath.ops.ir import Axis, Degrees, Program, Tensor
 from trainmath.tree import Node, scaled
 
 PROFILES = ("hf", "eager", "megatron")
@@ -78,7 +79,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      cp: int = 1, pp: int = 1, layers: Sequence[int] | None = None,
                      param_dtype_bytes: int = 4, experts_hit: int | None = None,
                      norm_topk_prob: bool | None = None, router: Router | None = None,
-                     family: Family | None = None, experts: str = "eager") -> Node:
+                     family: Family | None = None, experts: str = "eager", ep: int = 1,
+                     vocab_parallel: bool = False) -> Node:
     """Bytes saved for backward by one micro-batch on one rank: per layer type (× its layers) → per saved tensor,
     plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin, computed once, shared by all layers).
     The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -95,7 +97,21 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     qwen2_moe and deepseek_v2, else True). ``router``: the MoE router switches (``Router.from_config``); when
     given it replaces ``norm_topk_prob``; default ``Router(norm_topk_prob=norm_topk_prob)`` (DeepSeek-V3's routing;
     DeepSeek-V2 configs need ``Router.from_config`` for ``topk_method``, worth 1·T·n bytes per MoE layer).
-    The hf profile is single-device: ``tp``/``sp``/``cp`` other than 1 raise.
+    Per rank (hf/eager): ``tp``, ``sp``, ``cp``, ``ep`` (and ``vocab_parallel``, which changes nothing here: the
+    embedding saves its whole ids either way) are the layout's degrees (``ops.ir.Degrees``); each layer's op list
+    is folded on one rank (``ops.fold.layer_node``). The layout is the one the issue defines: ``--tp`` is
+    ``parallelize_module`` on transformers' decoder layers (column-wise q/k/v/gate/up, row-wise o/down; norms,
+    residual stream, embedding and head whole); ``sp`` cuts the residual stream and the norms on the sequence
+    (torch's ``SequenceParallel``, the all-gathered input of a column-wise Linear is its own storage, which the
+    Linear saves); ``cp`` keeps s/cp positions of every tensor, ring attention's local K/V chunk and logsumexp
+    (torch's ``context_parallel``: the query, key, value, output and logsumexp SDPA saves are the rank's own;
+    the rotation buffers are transients); ``ep`` divides the routed experts a rank holds (n/ep: their weights and
+    autocast copies), not the routed rows: expert-parallel ranks are drawn from data parallelism, each brings its
+    own micro-batch, and under balanced routing each receives T·k rows for its experts, as on one device (the
+    all-to-all buffers are transients). Measured per rank for llama, mistral, qwen2 and qwen3 (2 gloo ranks,
+    ``docs/benchmarks.md``); the other families are folds of their op lists' axes, which assume a plan that splits
+    each head (a fused q/k/v or gate/up projection split per part, not one ``ColwiseParallel`` on the fused
+    weight).
     """
     _check("profile", profile, PROFILES)
     _check("recompute", recompute, RECOMPUTE)
@@ -111,9 +127,10 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if profile == "megatron":
         return activations_megatron(spec, micro_batch=micro_batch, seq=seq, recompute=recompute, tp=tp, sp=sp,
                                     cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes)
-    if (tp, sp, cp) != (1, False, 1):
-        raise TrainmathError(f"the {profile} profile is single-device (--tp {tp}{' --sp' if sp else ''} --cp {cp}); "
-                             f"use --profile megatron for tensor/sequence/context parallelism")
+    deg = _degrees(spec, seq, tp=tp, sp=sp, cp=cp, ep=ep, vocab_parallel=vocab_parallel)
+    if profile == "eager" and cp > 1:
+        raise TrainmathError(f"--attention eager with --cp {cp} is not modelled: context parallelism (torch's "
+                             f"context_parallel, ring attention) runs SDPA; pass --attention sdpa or --cp 1")
     if recompute == "selective":
         raise TrainmathError(f"--recompute selective is defined for --profile megatron only, not {profile!r}: "
                              "transformers' gradient_checkpointing_enable() checkpoints whole layers "
@@ -133,10 +150,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     family = family or Family.from_config(config)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
-    T = b * s
     # Style.attention: the kernel transformers picks by default (Gemma-2: eager, as SDPA cannot soft-cap)
     ctx = Ctx(b=b, s=s, d=d, p=p, eager=profile == "eager" or style.attention == "eager", experts=experts,
-              experts_hit=experts_hit, router=router, family=family)
+              experts_hit=experts_hit, router=router, family=family, degrees=deg)
     groups = []
     largest: Node | None = None
     for layer, idx in spec.layer_groups():
@@ -145,25 +161,52 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
             continue
         prog = Program()
         op_families.LAYERS[spec.model_type](prog, ctx, layer, style)
-        one = layer_node(layer.label, prog.ops)
+        one = layer_node(layer.label, prog.ops, deg)
         if largest is None or one.value > largest.value:
             largest = one
-        if recompute == "full":
-            one = Node.of(layer.label, [Node(name="layer input (checkpoint)", value=p.residual * T * d,
-                                             unit="bytes")], "bytes")
+        if recompute == "full":  # torch.utils.checkpoint keeps the rank's layer input: s/cp, and /tp with --sp
+            ckpt = Tensor(name="layer input (checkpoint)", axes=(*ctx.rows(), Axis(d)), dtype_bytes=p.residual)
+            one = Node.of(layer.label, [Node(name=ckpt.name, value=ckpt.nbytes(deg), unit="bytes")], "bytes")
         groups.append(scaled(one, len(mine), f"{layer.label} × {len(mine)}",
-                              f"layers {mine[0]}..{mine[-1]}, {one.value} bytes each"))
+                             f"layers {mine[0]}..{mine[-1]}, {one.value} bytes each"))
     kids = [Node.of("layers", groups, "bytes")]
-    if 0 in indices:
-        kids.append(Node.of("embedding", saved_leaves(model_ops.embedding_ops(ctx, style).ops), "bytes"))
+    if 0 in indices:  # the ids: whole on every tensor-parallel rank (the lookup runs before SP cuts the sequence)
+        kids.append(Node.of("embedding", saved_leaves(model_ops.embedding_ops(ctx, style).ops, deg), "bytes"))
     rotary, note = model_ops.rotary_ops(ctx, spec, style, indices)
     if rotary.ops:
-        kids.append(Node.of("rotary", saved_leaves(rotary.ops), "bytes", note=note))
+        kids.append(Node.of("rotary", saved_leaves(rotary.ops, deg), "bytes", note=note))
     if recompute == "full" and largest is not None:
         kids.append(Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
                          note="one layer's saved tensors while it is recomputed in backward"))
+    where = "" if deg.single else f", per rank of {_describe(deg)}"
     return Node.of(f"activations ({profile}, recompute={recompute})", kids, "bytes",
-                   note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B")
+                   note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B{where}")
+
+
+def _describe(deg: Degrees) -> str:
+    parts = [f"tp={deg.tp}"] + (["sp"] if deg.sp else []) + [f"cp={deg.cp}", f"ep={deg.ep}"]
+    return " ".join(parts + (["vocab-parallel"] if deg.vocab_parallel else []))
+
+
+def _degrees(spec: ModelSpec, seq: int, *, tp: int, sp: bool, cp: int, ep: int, vocab_parallel: bool) -> Degrees:
+    """The rank's ``Degrees``, or one ``TrainmathError`` naming every value that cannot be built (as CLI flags)."""
+    from trainmath.layout import ParallelLayout, layout_problems
+
+    bad = [f"{n} must be a positive integer, got {v!r}" for n, v in (("tp", tp), ("cp", cp), ("ep", ep))
+           if not isinstance(v, int) or v < 1]
+    if not bad:
+        # dp = ep: expert-parallel ranks are drawn from data parallelism, which this per-rank count does not see
+        bad = layout_problems(ParallelLayout(dp=ep, tp=tp, cp=cp, ep=ep, sp=sp, vocab_parallel=vocab_parallel),
+                              spec)
+        if sp and tp > 1 and seq % tp:
+            bad.append(f"--seq ({seq}) must be a multiple of --tp ({tp}) with --sp (sequence parallelism gives every "
+                       f"rank an equal slice); pass --seq {seq - seq % tp or tp}")
+        if seq % cp:
+            bad.append(f"--seq ({seq}) must be a multiple of --cp ({cp}) (context parallelism gives every rank an "
+                       f"equal slice); pass --seq {seq - seq % cp or cp}")
+    if bad:
+        raise TrainmathError(f"impossible layout for {spec.name}: " + "; ".join(bad))
+    return Degrees(tp=tp, sp=sp, cp=cp, ep=ep, vocab_parallel=vocab_parallel)
 
 
 def _rank_layers(spec: ModelSpec, layers: Sequence[int] | None, pp: int) -> list[int]:
@@ -179,29 +222,36 @@ def _rank_layers(spec: ModelSpec, layers: Sequence[int] | None, pp: int) -> list
 
 
 def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_bytes: int = 2,
-                 param_dtype_bytes: int = 4, tp: int = 1, family: Family | None = None) -> Node:
+                 param_dtype_bytes: int = 4, tp: int = 1, family: Family | None = None, sp: bool = False,
+                 cp: int = 1, vocab_parallel: bool = True) -> Node:
     """The final norm, LM head and ``ForCausalLMLoss`` (transformers 5.x, labels given, no ``num_items``): the fold
     of ``trainmath.ops.model.head_ops`` (what each op keeps is described there), as ``saved`` (the final norm, the
     LM head's input and weight cast, Gemma-2's soft-capping tanh, the fp32 log-probabilities, labels and
     total_weight) and ``not saved`` (the logits the output holds and, when c < 4, their fp32 upcast: the
     transient peak of the loss).
 
-    ``tp``: a vocabulary-parallel LM head and loss (Megatron's ``ColumnParallelLinear`` head with
-    ``vocab_parallel_cross_entropy``), folded at ``Degrees(tp=tp, vocab_parallel=True)``: each rank holds
-    V' = ceil(V/tp) vocabulary entries, so every ``vocab`` axis uses V' (the head's weight cast, the
-    log-probabilities, the logits and their fp32 upcast); the final norm, the head's input (T·d, gathered whole:
-    no sequence-parallel split assumed) and the labels are per rank whole. Derived, not measured (the oracle is
-    single-device); tp = 1 is the measured case.
+    Per rank of a layout (derived from the plans, not measured; one device is the measured case):
+    ``vocab_parallel`` with ``tp`` > 1 is a vocabulary-parallel head and loss (Megatron's ``ColumnParallelLinear``
+    head with ``vocab_parallel_cross_entropy``; torchtitan's ``ColwiseParallel`` head with ``Shard(-1)`` logits
+    under ``loss_parallel()``): each rank holds V' = ceil(V/tp) vocabulary entries (the largest rank of an uneven
+    split, as DTensor's ``Shard`` cuts it; Megatron pads V to a multiple of 128·tp instead, not modelled), so every
+    V term above uses V' (the head's weight cast, the log-probabilities, the logits and their fp32 upcast).
+    ``vocab_parallel=False`` (``parallelize_module`` on the decoder layers only, the hf profile's plain ``--tp``):
+    head and loss whole on every rank. ``sp``: the final norm is sequence-parallel (T/tp rows); the head's input is
+    all-gathered back to T rows, and that gathered tensor (its cast under autocast) is what the head saves.
+    ``cp``: T = b·s/cp tokens on the rank for every term.
     """
-    if tp < 1:
-        raise TrainmathError(f"tp ({tp}) must be at least 1")
+    if tp < 1 or cp < 1:
+        raise TrainmathError(f"tp ({tp}) and cp ({cp}) must be at least 1")
     family = family or Family.from_config({**spec.options, "model_type": spec.model_type})
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
-    deg = Degrees(tp=tp, vocab_parallel=True)
+    deg = Degrees(tp=tp, sp=sp and tp > 1, cp=cp, vocab_parallel=vocab_parallel and tp > 1)
     ctx = Ctx(b=micro_batch, s=seq, d=spec.hidden_size, p=p, family=family, degrees=deg)
     prog, held = model_ops.head_ops(ctx, spec, op_families.style(spec.model_type))
     saved = saved_leaves(prog.ops, deg)
     alive = [Node(name=name, value=t.nbytes(deg), unit="bytes", note=note) for name, t, note in held]
-    V = -(-spec.vocab_size // tp)
+    V = ceil_div(spec.vocab_size, tp) if deg.vocab_parallel else spec.vocab_size
+    T = micro_batch * ceil_div(seq, cp)
     return Node.of("logits and loss", [Node.of("saved", saved, "bytes"), Node.of("not saved", alive, "bytes")],
-                   "bytes", note=f"V={V}" + (f" per rank (tp={tp})" if tp > 1 else "") + f", T={micro_batch * seq}")
+                   "bytes", note=f"V={V}" + (f" per rank (tp={tp}, vocabulary-parallel)" if deg.vocab_parallel
+                                             else "") + f", T={T}" + (f" per rank (cp={cp})" if cp > 1 else ""))

@@ -8,8 +8,9 @@ the margin is exact bytes, rendered in GiB. The CUDA context and the allocator's
 Levers are not guessed: each is the same model re-run with one change to the setup or layout, and its peak is
 reported beside whether it fits. Tried in order: full recompute; each higher ZeRO stage (when data parallelism
 has more than one rank); more data-parallel ranks (×2, ×4, ×8, only with ZeRO ≥ 1, since plain DDP replicates
-everything); tensor parallelism (2, 4, 8; impossible degrees or a single-device activation profile are skipped
-with the reason); optimizer offload; parameter offload (ZeRO-3).
+everything); tensor parallelism (2, 4, 8, as the layout's other flags give it: plain ``parallelize_module`` unless
+``--sp``/``--vocab-parallel``; impossible degrees, or a family whose hf activation profile is one device only, are
+skipped with the reason); optimizer offload; parameter offload (ZeRO-3).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 
 def loss_transients(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout) -> tuple[int, int]:
     """(logits_fp32_bytes, cross_entropy_grad_bytes) on the last stage at the start of backward. T = b · s/cp
-    tokens, V' = ceil_div(|V|, tp) vocabulary entries per rank.
+    tokens, V' = ceil_div(|V|, tp) vocabulary entries per rank when the vocabulary is sharded (the megatron
+    profile, or ``--vocab-parallel``), else V' = |V| (plain ``--tp`` with the hf profile: the loss is whole).
 
     - ``hf``: transformers' ``ForCausalLMLoss`` does ``logits.float()`` then ``F.cross_entropy``; log_softmax
       saves its fp32 output (4·T·V'). In backward, ``nll_loss_backward`` makes the fp32 gradient of the
@@ -31,11 +32,24 @@ def loss_transients(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
       (c·T·V' when c < 4, else 0).
     Derived from the code; the compute-dtype logits themselves are ``logits_bytes`` (activation model)."""
     tokens = setup.micro_batch * ceil_div(setup.seq, layout.cp)
-    tv = tokens * ceil_div(spec.vocab_size, layout.tp)
+    vocab = layout.tp > 1 and (layout.vocab_parallel or setup.profile == "megatron")  # ``training.vocab_sharded``
+    tv = tokens * (ceil_div(spec.vocab_size, layout.tp) if vocab else spec.vocab_size)
     c = get_precision(setup.precision).compute_bytes
     if setup.profile == "megatron":
         return 4 * tv, (c * tv if c < 4 else 0)
     return 4 * tv, 2 * 4 * tv
+
+
+def loss_parallel_bytes(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout) -> int:
+    """One fp32 (T, V/tp) buffer that torch's ``loss_parallel()`` (the hf profile's ``--vocab-parallel`` loss) holds
+    beyond the plain loss, in forward and again in backward (``torch/distributed/tensor/parallel/loss.py``):
+    ``_log_softmax`` keeps ``shifted = x - max`` (an all-reduced max) beside its input while it makes ``exp``
+    and then the result; ``_nll_loss_and_log_softmax_backward`` fuses both backwards as
+    ``(zeros_like(x) + exp(x)) * grad``: three fp32 buffers at once where aten's two kernels leave two. 0 when the
+    vocabulary is not sharded or under the megatron profile. Derived from the code."""
+    if setup.profile != "hf" or layout.tp == 1 or not layout.vocab_parallel:
+        return 0
+    return 4 * setup.micro_batch * ceil_div(setup.seq, layout.cp) * ceil_div(spec.vocab_size, layout.tp)
 
 
 def weight_copies_bytes(placement: Placement, prec: Precision, in_flight: int) -> int:

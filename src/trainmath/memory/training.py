@@ -25,7 +25,7 @@ from trainmath.memory import states as st
 from trainmath.memory import timeline as tl
 from trainmath.memory.optimizers import check_optimizer, step_temporary_bytes
 from trainmath.memory.precision import get_precision
-from trainmath.memory.terms import framework_overhead, loss_transients, weight_copies_bytes
+from trainmath.memory.terms import framework_overhead, loss_parallel_bytes, loss_transients, weight_copies_bytes
 from trainmath.model.spec import MLPDims, ModelSpec
 from trainmath.placement import place
 from trainmath.tree import Node
@@ -151,7 +151,7 @@ class MemoryReport:
                       "loop_keeps": s.loop_keeps, "zero_impl": s.zero_impl,
                       "offload": s.offload, "experts": s.experts},
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp,
-                       "zero": lay.zero, "world_size": lay.ranks},
+                       "vocab_parallel": lay.vocab_parallel, "zero": lay.zero, "world_size": lay.ranks},
             "peak_bytes": self.peak_bytes,
             "peak_stage": self.stage,
             "phase": self.stages[self.stage].phase,
@@ -244,13 +244,47 @@ def _per_layer(act: Node, spec: ModelSpec, layers: range) -> tuple[dict, list[No
     return {i: per_label.get(label_of[i], 0) for i in layers}, resident, transient
 
 
+def vocab_sharded(setup: TrainingSetup, layout: ParallelLayout) -> bool:
+    """Whether embedding, LM head and loss are split over the vocabulary on a tensor-parallel rank: always under
+    the megatron profile (Megatron's ``VocabParallelEmbedding``); with the hf profile only with
+    ``--vocab-parallel`` (plain ``--tp`` is ``parallelize_module`` on the decoder layers: head and loss whole)."""
+    return layout.tp > 1 and (layout.vocab_parallel or setup.profile == "megatron")
+
+
+def layout_text(setup: TrainingSetup, layout: ParallelLayout) -> str:
+    """The convention line that says what each degree means here."""
+    if layout.tp == 1 and layout.cp == 1 and layout.ep == 1:
+        return f"layout {layout.describe()}: no tensor, context or expert parallelism; per-rank figures"
+    if setup.profile == "megatron":
+        return (f"layout {layout.describe()}: Megatron-Core (Korthikanti et al. 2022 Table 2; vocabulary-parallel "
+                f"embedding, head and loss whenever tp > 1)")
+    parts = []
+    if layout.tp > 1:
+        parts.append(f"tp {layout.tp}: parallelize_module on the decoder layers (column-wise q/k/v/gate/up, row-wise "
+                     f"o/down; heads and MLP width / tp)"
+                     + (", sequence parallelism (norms and residual stream cut on the sequence; each column-wise "
+                        "Linear saves its all-gathered input)" if layout.sp else ", norms and residual stream whole")
+                     + (", vocabulary-parallel embedding, head and loss (V/tp per rank)" if layout.vocab_parallel
+                        else ", embedding, LM head and loss whole on every rank")
+                     + "; measured on gloo ranks for llama, mistral, qwen2, qwen3, derived from the op lists' axes "
+                       "for the other families")
+    if layout.cp > 1:
+        parts.append(f"cp {layout.cp}: s/cp positions per rank; ring attention keeps the rank's query, its local K/V "
+                     f"chunk, output and logsumexp (K/V rotation buffers are transients, not counted)")
+    if layout.ep > 1:
+        parts.append(f"ep {layout.ep} (ranks of dp·cp): routed experts / ep per rank; each rank still computes T·k "
+                     f"routed rows (its own micro-batch, balanced routing assumed; all-to-all buffers not counted)")
+    return f"layout {layout.describe()}: " + "; ".join(parts)
+
+
 def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, stage: int,
                  activation_model=None) -> StageMemory:
     """The timeline of one rank of pipeline ``stage``, its peak event and what is live then."""
     am = _activation_model(activation_model)
     prec = get_precision(setup.precision)
     gran = 1 if setup.device == "cpu" else setup.granularity
-    pl = place(spec, layout, stage)
+    vocab = vocab_sharded(setup, layout)
+    pl = place(spec, layout, stage, vocab_parallel=vocab)
     first, last = stage == 0, stage == layout.pp - 1
     in_flight = layout.pp - stage
     if setup.micro_batches is not None:
@@ -261,18 +295,22 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     profile = "eager" if setup.attention == "eager" and setup.profile == "hf" else setup.profile
     kw = dict(micro_batch=setup.micro_batch, seq=setup.seq, profile=profile, attention=setup.attention,
               compute_dtype_bytes=prec.compute_bytes, param_dtype_bytes=prec.weight_bytes, tp=layout.tp,
-              sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup))
+              sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup),
+              ep=layout.ep, vocab_parallel=layout.vocab_parallel)
     act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
     saved, resident, _ = _per_layer(act, spec, pl.layers)
     if setup.recompute == "full" and setup.profile == "hf" and spec.model_type != "gpt2":
         # torch.utils.checkpoint keeps every argument of the layer: also the (1, s) int64 position ids
-        resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * setup.seq, unit="bytes")]
+        resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * ceil_div(setup.seq, layout.cp),
+                                    unit="bytes")]
     recomputed = {i: 0 for i in pl.layers}
     if setup.recompute == "full":
         none = _call(am.activation_bytes, spec, recompute="none", **kw)
         full, _, _ = _per_layer(none, spec, pl.layers)
         # An fp32 residual stream: the recomputed norm's fp32 input is the checkpointed layer input itself.
-        dup = saved if prec.weight_bytes == 4 and _mentions(none, "input_layernorm.x_fp32") else {}
+        # (the op lists name that saved storage "layer.input"; the per-family code named it the norm's x_fp32)
+        fp32_input = _mentions(none, "input_layernorm.x_fp32") or _mentions(none, "layer.input")
+        dup = saved if prec.weight_bytes == 4 and fp32_input else {}
         recomputed = {i: full[i] - dup.get(i, 0) for i in pl.layers}
     copies = weight_copies_bytes(pl, prec, in_flight)
     if copies and prec.name == "amp-bf16" and _mentions(act, "weight"):  # (the LM head's cast is in logits)
@@ -281,7 +319,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if last:
         tree = _call(am.logits_bytes, spec, setup.micro_batch, setup.seq, profile=profile,
                      param_dtype_bytes=prec.weight_bytes, compute_dtype_bytes=prec.compute_bytes, tp=layout.tp,
-                     sp=layout.sp, cp=layout.cp)
+                     sp=layout.sp, cp=layout.cp, vocab_parallel=vocab)
         leaves = [n for _, n in tree.walk() if not n.children]
         up_leaf = sum(n.value for n in leaves if "logits_fp32" in n.name)
         held = sum(n.value for n in leaves if n.name.startswith("logits") and "fp32" not in n.name)
@@ -295,6 +333,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         up = up_leaf if _mentions(tree, "log_softmax") else up4
         if prec.compute_bytes == 4 and setup.profile == "hf":
             up = 0  # logits.float() of fp32 logits is the same tensor
+        extra = loss_parallel_bytes(spec, setup, layout)  # loss_parallel()'s third fp32 buffer, both directions
+        up, ce = up + extra, ce + extra
     tokens = setup.micro_batch * ceil_div(setup.seq, layout.cp)
     residual = prec.compute_bytes if setup.profile == "megatron" else prec.weight_bytes
     grads, gathered, full_grads = tl.unit_bytes(pl, layout, prec, granularity=gran)
@@ -329,7 +369,10 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                   "framework_overhead_bytes": overhead}
     inp = tl.StepInputs(
         layers=tuple(pl.layers), first=first, last=last, saved=saved, recomputed=recomputed, resident=resident,
-        other_micro_batches=(in_flight - 1) * act.value, head_saved=head_saved, loss_freed=max(0, loss_freed),
+        # another micro-batch in flight keeps what this one keeps at the end of its forward (under full recompute
+        # its checkpoints, not the one-layer recompute transient)
+        other_micro_batches=(in_flight - 1) * (sum(saved.values()) + sum(n.value for n in resident)),
+        head_saved=head_saved, loss_freed=max(0, loss_freed),
         logits=logits, output_held=logits if setup.loop_keeps == "output" else (4 if last else 0), batch=8 * tokens,
         logits_fp32=up,
         cross_entropy_grads=ce, hidden_grad=tl.hidden_grad_bytes(tokens, spec.hidden_size, residual, layout.tp,
@@ -387,6 +430,7 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
         "the loop keeps " + ("the model output (out = model(...)): the logits live until the step returns"
                              if setup.loop_keeps == "output" else
                              "the loss only (loss = model(...).loss): the logits are freed after the forward"),
+        layout_text(setup, layout),
         "1F1B pipeline: stage s holds min(pp - s, micro-batches) micro-batches of activations",
         f"peak_bytes is the largest event of the step's timeline (here: {top.phase!r} on stage {top.stage}); "
         "op-level transients inside one layer's forward or backward are not events",

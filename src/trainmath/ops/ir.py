@@ -27,7 +27,10 @@ SHARDS = ("seq", "seq_sp", "tp", "vocab", "expert")
   (Korthikanti et al. 2022 §4.2.2);
 - ``tp``: heads or the features a column-parallel Linear produces (its row-parallel partner reads them): ÷tp;
 - ``vocab``: the vocabulary of a vocabulary-parallel embedding, head and loss: ÷tp when ``vocab_parallel``;
-- ``expert``: routed-expert rows (experts, or tokens·top-k routed to them): ÷ep, assuming balanced routing.
+- ``expert``: the routed experts a rank holds (an expert-count axis: their weights, autocast copies, per-expert
+  tensors): ÷ep. Not the routed token rows: expert-parallel ranks are drawn from data parallelism
+  (``ParallelLayout``), each brings its own micro-batch, and under balanced routing each receives T·k rows for its
+  n/ep experts, as many as one device computes (leave row axes unsharded).
 """
 
 

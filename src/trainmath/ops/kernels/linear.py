@@ -69,7 +69,11 @@ def gather_seq(prog: Program, x: Tensor, name: str) -> Tensor:
     """Entering a tensor-parallel region: the sequence-parallel input is all-gathered along the sequence (the
     ``g`` of Korthikanti et al. 2022 Fig. 5). The output has the whole sequence (``seq``) of the tensor-parallel
     group; without sequence parallelism it is the input itself, which the fold sees as the same storage
-    (``Tensor.base`` of the gathered tensor; ``fold.storage_on``)."""
+    (``Tensor.base`` of the gathered tensor; ``fold.storage_on``). Under SP torch's ``PrepareModuleInput``
+    all-gathers into a new tensor and the column-wise Linears save it (their casts under autocast); Megatron's
+    ``LinearWithGradAccumulationAndAsyncCommunication`` saves the un-gathered shard and gathers again in backward,
+    which this does not model. Measured: on 2 gloo ranks (``tests/memory/tp_oracle.py``) the per-rank fold equals
+    what transformers' layers save under ``parallelize_module``, with and without SP (``docs/benchmarks.md``)."""
     axes = tuple(Axis(a.size, "seq") if a.shard == "seq_sp" else a for a in x.axes)
     out = Tensor(name=f"{name}.gathered", axes=axes, dtype_bytes=x.dtype_bytes, base=x, kind="gathered",
                  note="all-gathered over the sequence-parallel group")
