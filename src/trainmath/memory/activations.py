@@ -51,6 +51,10 @@ from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import AttentionDims, Block, LayerSpec, MLADims, MLPDims, MoEDims, ModelSpec
+from trainmath.ops import families as op_families
+from trainmath.ops.context import FP32, INT64, Ctx, Family, Precision, Router, _norm_topk_default  # noqa: F401
+from trainmath.ops.fold import layer_node
+from trainmath.ops.ir import Program
 from trainmath.tree import Node
 
 PROFILES = ("hf", "eager", "megatron")
@@ -62,101 +66,6 @@ GROUPED_UNMODELLED = ("gpt_oss", "llama4_text", "nemotron_h", "qwen3_next")
 """MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is)."""
 ROTARY_CAT = ("phi3", "glm4_moe", "qwen3_next")
 """Families whose ``apply_rotary_pos_emb`` ends in ``torch.cat`` (see ``attention_saved``)."""
-INT64 = 8
-FP32 = 4
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Precision:
-    """The dtypes of one run, in bytes per element."""
-
-    compute: int
-    """Dtype matmuls produce: 2 under bf16/fp16 autocast or a bf16 model, 4 in fp32."""
-    param: int
-    """Dtype of the parameters: 4 with autocast (fp32 master weights), 2 for a bf16 model."""
-
-    @property
-    def autocast(self) -> bool:
-        """Parameters wider than the compute dtype: every Linear casts its input and weight."""
-        return self.param > self.compute
-
-    @property
-    def residual(self) -> int:
-        """The residual stream's dtype: the embedding's (param) dtype; bf16 + fp32 adds promote to fp32."""
-        return self.param
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Router:
-    """MoE router switches that change what the router saves but that the ``ModelSpec`` does not carry (read from
-    the config by ``Router.from_config``; the defaults are transformers' config-class defaults)."""
-
-    norm_topk_prob: bool = True
-    """Renormalise the top-k weights (Qwen3-MoE, DeepSeek-V3; Mixtral always does)."""
-    topk_method: str = "noaux_tc"
-    """DeepSeek routing: ``greedy`` / ``group_limited_greedy`` (V2, softmax) or ``noaux_tc`` (V3, sigmoid). The
-    group sizes (``n_group``, ``topk_group``) change nothing that is kept (``deepseek_moe_saved``)."""
-
-    @classmethod
-    def from_config(cls, config: dict) -> Router:
-        """The router switches of a Hugging Face config dict (missing keys: transformers' defaults)."""
-        v2 = config.get("model_type") == "deepseek_v2"
-        return cls(norm_topk_prob=bool(config.get("norm_topk_prob", _norm_topk_default(config.get("model_type", "")))),
-                   topk_method=config.get("topk_method") or ("greedy" if v2 else "noaux_tc"))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Family:
-    """Config switches that change what is saved but that the ``ModelSpec`` does not carry (read from a Hugging
-    Face config by ``Family.from_config``; ``Family.default(model_type)`` gives transformers' config-class
-    defaults, which ``activation_bytes``/``logits_bytes`` use when none is given)."""
-
-    partial_rotary_factor: float = 1.0
-    """Fraction of the head dim that RoPE rotates (Phi-4-mini 0.75, GLM-4.5 0.5): cos/sin are that wide."""
-    final_logit_softcapping: float | None = None
-    """Gemma-2's ``logits = cap·tanh(logits/cap)`` before the loss (None: no capping)."""
-    attn_logit_softcapping: float | None = None
-    """Gemma-2's attention-score capping (eager attention only; SDPA ignores it)."""
-    logit_scale: float | None = None
-    """Cohere's ``logits = lm_head(h) * logit_scale``."""
-    new_decoder_architecture: bool | None = None
-    """Falcon's flag (None: inferred from the spec, see ``_falcon_layer``)."""
-    use_qk_norm: bool = True
-    """Llama 4's weightless L2 q/k norm on RoPE layers (config default True; Maverick sets False)."""
-    attn_temperature_tuning: bool = True
-    """Llama 4's query scaling on no-RoPE layers (config default True)."""
-
-    @classmethod
-    def default(cls, model_type: str) -> Family:
-        """transformers 5.24's config-class defaults for ``model_type``."""
-        if model_type == "gemma2":
-            return cls(final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
-        if model_type == "glm4_moe":
-            return cls(partial_rotary_factor=0.5)
-        if model_type == "cohere":
-            return cls(logit_scale=0.0625)
-        if model_type == "qwen3_next":
-            return cls(partial_rotary_factor=0.25)
-        return cls()
-
-    @classmethod
-    def from_config(cls, config: dict) -> Family:
-        """The switches of a Hugging Face config dict (missing keys: ``Family.default``)."""
-        base = cls.default(config.get("model_type", ""))
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        prf = config.get("partial_rotary_factor", rope.get("partial_rotary_factor", base.partial_rotary_factor))
-        return cls(partial_rotary_factor=float(prf),
-                   final_logit_softcapping=config.get("final_logit_softcapping", base.final_logit_softcapping),
-                   attn_logit_softcapping=config.get("attn_logit_softcapping", base.attn_logit_softcapping),
-                   logit_scale=config.get("logit_scale", base.logit_scale),
-                   new_decoder_architecture=config.get("new_decoder_architecture"),
-                   use_qk_norm=bool(config.get("use_qk_norm", base.use_qk_norm)),
-                   attn_temperature_tuning=bool(config.get("attn_temperature_tuning", base.attn_temperature_tuning)))
-
-
-def _norm_topk_default(model_type: str) -> bool:
-    """transformers' config-class default of ``norm_topk_prob`` (False for Qwen2-MoE and DeepSeek-V2)."""
-    return model_type not in ("qwen2_moe", "deepseek_v2")
 
 
 def _leaf(name: str, value: int, note: str = "") -> Node:
@@ -1311,15 +1220,23 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     T = b * s
+    ctx = Ctx(b=b, s=s, d=d, p=p, eager=profile == "eager", experts=experts, experts_hit=experts_hit,
+              router=router, family=family)
     groups = []
     largest: Node | None = None
     for layer, idx in spec.layer_groups():
         mine = [i for i in idx if i in indices]
         if not mine:
             continue
-        one = layer_saved(layer, b=b, s=s, d=d, p=p, eager=profile == "eager", experts_hit=experts_hit,
-                          norm_topk_prob=router.norm_topk_prob if router else norm_topk_prob,
-                          model_type=spec.model_type, router=router, family=family, experts=experts)
+        emit = op_families.LAYERS.get(spec.model_type)
+        if emit is not None:
+            prog = Program()
+            emit(prog, ctx, layer, op_families.style(spec.model_type))
+            one = layer_node(layer.label, prog.ops)
+        else:
+            one = layer_saved(layer, b=b, s=s, d=d, p=p, eager=profile == "eager", experts_hit=experts_hit,
+                              norm_topk_prob=router.norm_topk_prob if router else norm_topk_prob,
+                              model_type=spec.model_type, router=router, family=family, experts=experts)
         if largest is None or one.value > largest.value:
             largest = one
         if recompute == "full":

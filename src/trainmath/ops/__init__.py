@@ -1,0 +1,14 @@
+"""What each block computes, described once: op lists that every per-op quantity folds over.
+
+- ``ir``: ``Tensor`` (full-size axes, each with its sharding rule; compares by identity, views keep their base),
+  ``Op`` (kind, inputs, outputs, what it saves for backward, kernel, weight) and ``Degrees`` (the only reader of
+  parallel degrees).
+- ``context``: ``Ctx``, the run an op list is emitted for (micro-batch, sequence, ``Precision``, attention kernel,
+  expert path, router and family switches).
+- ``kernels``: one module per op kind (linears and casts, norms, attention, MLPs ...), never naming a family.
+- ``families``: the only place that names a family: its table row (``Style``) and its layer emitter (``LAYERS``).
+- ``fold``: saved bytes (distinct storages) and the per-layer tree, on one rank of a layout.
+
+``trainmath.memory.activations.activation_bytes`` folds each layer type's op list; the oracle tests in
+``tests/activations`` compare the folds with what transformers' own code saves, exactly.
+"""

@@ -1,0 +1,145 @@
+"""What an op list is emitted for: the run's dtypes, batch, kernels and the config switches the spec lacks.
+
+``Ctx`` is everything a family's emitter reads besides the ``ModelSpec``: micro-batch and sequence, the
+``Precision``, the attention kernel and expert path, the router and family switches, and the ``Degrees`` of the
+rank (read only by the folds, never by an emitter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainmath.ops.ir import SINGLE, Axis, Degrees
+
+INT64 = 8
+FP32 = 4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Precision:
+    """The dtypes of one run, in bytes per element."""
+
+    compute: int
+    """Dtype matmuls produce: 2 under bf16/fp16 autocast or a bf16 model, 4 in fp32."""
+    param: int
+    """Dtype of the parameters: 4 with autocast (fp32 master weights), 2 for a bf16 model."""
+
+    @property
+    def autocast(self) -> bool:
+        """Parameters wider than the compute dtype: every Linear casts its input and weight."""
+        return self.param > self.compute
+
+    @property
+    def residual(self) -> int:
+        """The residual stream's dtype: the embedding's (param) dtype; bf16 + fp32 adds promote to fp32."""
+        return self.param
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Router:
+    """MoE router switches that change what the router saves but that the ``ModelSpec`` does not carry (read from
+    the config by ``Router.from_config``; the defaults are transformers' config-class defaults)."""
+
+    norm_topk_prob: bool = True
+    """Renormalise the top-k weights (Qwen3-MoE, DeepSeek-V3; Mixtral always does)."""
+    topk_method: str = "noaux_tc"
+    """DeepSeek routing: ``greedy`` / ``group_limited_greedy`` (V2, softmax) or ``noaux_tc`` (V3, sigmoid). The
+    group sizes (``n_group``, ``topk_group``) change nothing that is kept (``deepseek_moe_saved``)."""
+
+    @classmethod
+    def from_config(cls, config: dict) -> Router:
+        """The router switches of a Hugging Face config dict (missing keys: transformers' defaults)."""
+        v2 = config.get("model_type") == "deepseek_v2"
+        return cls(norm_topk_prob=bool(config.get("norm_topk_prob", _norm_topk_default(config.get("model_type", "")))),
+                   topk_method=config.get("topk_method") or ("greedy" if v2 else "noaux_tc"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Family:
+    """Config switches that change what is saved but that the ``ModelSpec`` does not carry (read from a Hugging
+    Face config by ``Family.from_config``; ``Family.default(model_type)`` gives transformers' config-class
+    defaults, which ``activation_bytes``/``logits_bytes`` use when none is given)."""
+
+    partial_rotary_factor: float = 1.0
+    """Fraction of the head dim that RoPE rotates (Phi-4-mini 0.75, GLM-4.5 0.5): cos/sin are that wide."""
+    final_logit_softcapping: float | None = None
+    """Gemma-2's ``logits = cap·tanh(logits/cap)`` before the loss (None: no capping)."""
+    attn_logit_softcapping: float | None = None
+    """Gemma-2's attention-score capping (eager attention only; SDPA ignores it)."""
+    logit_scale: float | None = None
+    """Cohere's ``logits = lm_head(h) * logit_scale``."""
+    new_decoder_architecture: bool | None = None
+    """Falcon's flag (None: inferred from the spec, see ``_falcon_layer``)."""
+    use_qk_norm: bool = True
+    """Llama 4's weightless L2 q/k norm on RoPE layers (config default True; Maverick sets False)."""
+    attn_temperature_tuning: bool = True
+    """Llama 4's query scaling on no-RoPE layers (config default True)."""
+
+    @classmethod
+    def default(cls, model_type: str) -> Family:
+        """transformers 5.24's config-class defaults for ``model_type``."""
+        if model_type == "gemma2":
+            return cls(final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
+        if model_type == "glm4_moe":
+            return cls(partial_rotary_factor=0.5)
+        if model_type == "cohere":
+            return cls(logit_scale=0.0625)
+        if model_type == "qwen3_next":
+            return cls(partial_rotary_factor=0.25)
+        return cls()
+
+    @classmethod
+    def from_config(cls, config: dict) -> Family:
+        """The switches of a Hugging Face config dict (missing keys: ``Family.default``)."""
+        base = cls.default(config.get("model_type", ""))
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        prf = config.get("partial_rotary_factor", rope.get("partial_rotary_factor", base.partial_rotary_factor))
+        return cls(partial_rotary_factor=float(prf),
+                   final_logit_softcapping=config.get("final_logit_softcapping", base.final_logit_softcapping),
+                   attn_logit_softcapping=config.get("attn_logit_softcapping", base.attn_logit_softcapping),
+                   logit_scale=config.get("logit_scale", base.logit_scale),
+                   new_decoder_architecture=config.get("new_decoder_architecture"),
+                   use_qk_norm=bool(config.get("use_qk_norm", base.use_qk_norm)),
+                   attn_temperature_tuning=bool(config.get("attn_temperature_tuning", base.attn_temperature_tuning)))
+
+
+def _norm_topk_default(model_type: str) -> bool:
+    """transformers' config-class default of ``norm_topk_prob`` (False for Qwen2-MoE and DeepSeek-V2)."""
+    return model_type not in ("qwen2_moe", "deepseek_v2")
+
+
+def _norm_topk_default(model_type: str) -> bool:
+    """transformers' config-class default of ``norm_topk_prob`` (False for Qwen2-MoE and DeepSeek-V2)."""
+    return model_type not in ("qwen2_moe", "deepseek_v2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ctx:
+    """One emission: the run an op list describes."""
+
+    b: int
+    """Micro-batch (sequences)."""
+    s: int
+    """Sequence length (tokens per sequence)."""
+    d: int
+    """Hidden size (the residual stream's width)."""
+    p: Precision
+    eager: bool = False
+    """``attn_implementation="eager"`` (the s² softmax is saved) instead of SDPA."""
+    experts: str = "eager"
+    """``eager`` (transformers' loop over hit experts) or ``grouped`` (``grouped_mm``)."""
+    experts_hit: int | None = None
+    """Routed experts that received tokens (the autocast weight copies of the eager loop; None: all)."""
+    router: Router = field(default_factory=Router)
+    family: Family = field(default_factory=Family)
+    degrees: Degrees = SINGLE
+    """The rank's parallel degrees: read by the folds only."""
+
+    @property
+    def T(self) -> int:
+        return self.b * self.s
+
+    def rows(self, *, sp: bool = True) -> tuple[Axis, Axis]:
+        """The (batch, sequence) axes of a per-token tensor: ``sp`` outside a tensor-parallel region (the
+        residual stream, norms), else inside one (what a column-parallel Linear reads and produces)."""
+        return Axis(self.b), Axis(self.s, "seq_sp" if sp else "seq")

@@ -1,0 +1,80 @@
+"""The only place that names a model family: each family's table row (``Style``) and, where its layer is not
+the standard one, its own layer emitter.
+
+A standard decoder layer (``dense.prenorm_layer``) is the table row plus the spec's blocks: input norm → attention
+(q/k/v column, optional q/k norms, rotary, kernel) → o (row) → post-attention norm → MLP or MoE. A Qwen3 layer is
+``Style(norm="rms", act="silu", rotary="rotate_half")`` with per-head q/k norms read from the spec's tensors.
+Families whose module differs (post-norms, sandwich norms, parallel blocks, fused Conv1D, MLA, linear attention,
+Mamba) register their own emitter in ``LAYERS`` from their module in this package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Style:
+    """A family's computation quirks: the columns of the table ``STYLES``."""
+
+    norm: str = "rms"
+    """The norm kind of the layer and final norms (``kernels.norms.NORMS``)."""
+    qk_norm: str | None = "head"
+    """q/k norms when the spec has them: ``head`` (per head, Qwen3) or ``full`` (over the whole projection,
+    OLMo-2)."""
+    qk_norm_kind: str | None = None
+    """The q/k norms' kind when it differs from ``norm``."""
+    act: str = "silu"
+    rotary: str = "rotate_half"
+    """``kernels.attention.ROTARY``; ``rotate_half_cat`` for partial-rotary code ending in ``torch.cat``."""
+    positions: str = "rope"
+    """``rope`` (cos/sin shared by all layers), ``freqs_cis`` (complex64, DeepSeek-V2, Llama 4), ``learned``
+    (GPT-2: a position embedding saves its (1, s) ids), ``none`` (Nemotron-H)."""
+    rope_fp32: bool = False
+    """cos/sin kept in fp32 whatever the dtype (OLMo-2)."""
+    rope_half: bool = False
+    """cos/sin of the h_d/2 frequencies, not concatenated to h_d (gpt-oss)."""
+    rope_sets_by_window: bool = False
+    """One cos/sin pair per layer kind (Gemma-3: local and global RoPE bases)."""
+    embed_scale: bool = False
+    """The embedding output is scaled by a 0-dim sqrt(d) tensor, which the product keeps (Gemma)."""
+    attention: str = "sdpa"
+    """The kernel transformers picks by default (Gemma-2 and gpt-oss: eager)."""
+
+
+STYLES: dict[str, Style] = {
+    "llama": Style(),
+    "mistral": Style(),
+    "qwen2": Style(),
+    "qwen3": Style(),
+    "qwen3_moe": Style(),
+    "qwen2_moe": Style(),
+    "mixtral": Style(),
+    "phi3": Style(rotary="rotate_half_cat"),
+    "olmo2": Style(norm="rms_fp32_weight", qk_norm="full", rope_fp32=True),
+    "gemma2": Style(norm="gemma", act="gelu_tanh", embed_scale=True, attention="eager"),
+    "gemma3_text": Style(norm="gemma", act="gelu_tanh", embed_scale=True, rope_sets_by_window=True),
+    "cohere": Style(norm="cohere", rotary="interleaved_fp32"),
+    "starcoder2": Style(norm="layer", act="gelu_tanh"),
+    "gpt2": Style(norm="layer", act="gelu_new", rotary="none", positions="learned"),
+    "falcon": Style(norm="layer", act="gelu"),
+    "deepseek_v2": Style(positions="freqs_cis"),
+    "deepseek_v3": Style(),
+    "glm4_moe": Style(rotary="rotate_half_cat"),
+    "gpt_oss": Style(norm="rms_fp32_weight", rope_half=True, attention="eager"),
+    "llama4_text": Style(positions="freqs_cis"),
+    "qwen3_next": Style(norm="gemma", rotary="rotate_half_cat"),
+    "nemotron_h": Style(norm="nemotron", act="relu2", rotary="none", positions="none"),
+}
+"""Every family the hf activation profile models, with its columns (transformers 5.24's modeling code)."""
+
+LAYERS: dict[str, Callable] = {}
+"""model_type → layer emitter ``(prog, ctx, layer, style) -> None`` (filled in by the family modules below)."""
+
+
+def style(model_type: str) -> Style:
+    return STYLES[model_type]
+
+
+from trainmath.ops.families import dense  # noqa: E402,F401  (registers its emitters)
