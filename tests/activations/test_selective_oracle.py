@@ -25,6 +25,9 @@ transformers = pytest.importorskip("transformers")
 import test_hf_oracle as hf  # noqa: E402
 from sac_oracle import measure  # noqa: E402
 
+from trainmath.errors import TrainmathError  # noqa: E402
+from trainmath.ops.families import LAYERS  # noqa: E402
+
 B, S = hf.B, hf.S
 T = B * S
 MODES = ("fp32", "bf16", "autocast")
@@ -112,6 +115,14 @@ def test_selective_kept_bytes(model_type, mode):
     # the recompute of a layer saves at most what the layer saves without checkpointing
     none, _ = hf._predict(cfg, mode)
     assert 0 < max(m.transient_bytes) <= none.child("layers").value // cfg.num_hidden_layers
+    # the calculator: a fold over the family's op list (ops.selective), or one line where it has none
+    if model_type in LAYERS:
+        act, predicted = hf._predict(cfg, mode, recompute="selective")
+        assert predicted - act.child("recompute transient").value == m.total_bytes
+        assert act.child("recompute transient").value == max(m.transient_bytes)
+    else:
+        with pytest.raises(TrainmathError, match="--recompute selective .* is modelled for .*: use --recompute full"):
+            hf._predict(cfg, mode, recompute="selective")
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -55,6 +55,7 @@ from trainmath.ops import families as op_families
 from trainmath.ops.context import FP32, INT64, Ctx, Family, Precision, Router, _norm_topk_default  # noqa: F401
 from trainmath.ops.fold import layer_node
 from trainmath.ops.ir import Program
+from trainmath.ops.selective import selective_layer
 from trainmath.tree import Node
 
 PROFILES = ("hf", "eager", "megatron")
@@ -1199,11 +1200,10 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if (tp, sp, cp) != (1, False, 1):
         raise TrainmathError(f"the {profile} profile is single-device (--tp {tp}{' --sp' if sp else ''} --cp {cp}); "
                              f"use --profile megatron for tensor/sequence/context parallelism")
-    if recompute == "selective":
-        raise TrainmathError(f"--recompute selective is defined for --profile megatron only, not {profile!r}: "
-                             "transformers' gradient_checkpointing_enable() checkpoints whole layers "
-                             "(recompute='full'); it has no selective checkpointing, and with SDPA there is no s² "
-                             "tensor for Korthikanti's selective recompute to drop")
+    if recompute == "selective" and spec.model_type not in op_families.LAYERS:
+        raise TrainmathError(f"--recompute selective (torchtitan's op-level policy on transformers' layers) is "
+                             f"modelled for {', '.join(sorted(op_families.LAYERS))} so far; {spec.name} is "
+                             f"{spec.model_type!r}: use --recompute full, or --profile megatron for Korthikanti's")
     if spec.model_type not in HF_FAMILIES:
         raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use --profile megatron)")
@@ -1224,6 +1224,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
               router=router, family=family)
     groups = []
     largest: Node | None = None
+    selective_transient: Node | None = None
     for layer, idx in spec.layer_groups():
         mine = [i for i in idx if i in indices]
         if not mine:
@@ -1233,6 +1234,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
             prog = Program()
             emit(prog, ctx, layer, op_families.style(spec.model_type))
             one = layer_node(layer.label, prog.ops)
+            if recompute == "selective":
+                kept, fresh = selective_layer(layer.label, prog.ops, layer)
+                if selective_transient is None or fresh.value > selective_transient.value:
+                    selective_transient = fresh
+                one = kept
         else:
             one = layer_saved(layer, b=b, s=s, d=d, p=p, eager=profile == "eager", experts_hit=experts_hit,
                               norm_topk_prob=router.norm_topk_prob if router else norm_topk_prob,
@@ -1277,6 +1283,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if recompute == "full" and largest is not None:
         kids.append(Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
                          note="one layer's saved tensors while it is recomputed in backward"))
+    if recompute == "selective" and selective_transient is not None:
+        kids.append(Node(name="recompute transient", value=selective_transient.value, unit="bytes",
+                         children=selective_transient.children, note=selective_transient.note))
     return Node.of(f"activations ({profile}, recompute={recompute})", kids, "bytes",
                    note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B")
 
