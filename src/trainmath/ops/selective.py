@@ -87,3 +87,37 @@ def selective_layer(label: str, ops: Sequence[Op], layer: LayerSpec, deg: Degree
              for t, st in saved_storages(ops, deg) if id(st) not in held]
     return (Node.of(label, kept, "bytes"),
             Node.of(label, fresh, "bytes", note="saved by the recomputed forward, beside the cache and input"))
+
+
+def recomputed_linear_flops(ops: Sequence[Op], layer: LayerSpec, tokens: int, *,
+                            every_second_mm: bool = True) -> int:
+    """FLOPs the backward's recompute spends on linears: 2·T·in·out for every linear whose output is not cached
+    (the 2nd, 4th, ... mm, and every biased ``addmm``). SDPA's output is cached: no attention-core recompute."""
+    kept = {id(t) for t in cached(ops, layer, every_second_mm=every_second_mm)}
+    flops = 0
+    for op in ops:
+        if op.kind == "linear" and op.weight is not None and not any(id(t) in kept for t in op.outputs):
+            n = 1
+            for k in op.weight.shape:
+                n *= k
+            flops += 2 * tokens * n
+    return flops
+
+
+def selective_recompute_flops(spec, *, batch: int, seq: int) -> int:
+    """Recomputed linear FLOPs of one micro-batch over all layers (families with op lists; others raise)."""
+    from trainmath.ops import families
+    from trainmath.ops.context import Ctx, Precision
+    from trainmath.ops.ir import Program
+
+    emit = families.LAYERS.get(spec.model_type)
+    if emit is None:
+        raise TrainmathError(f"--recompute selective (torchtitan's op-level policy) is modelled for "
+                             f"{', '.join(sorted(families.LAYERS))} so far; {spec.name} is {spec.model_type!r}")
+    ctx = Ctx(b=batch, s=seq, d=spec.hidden_size, p=Precision(compute=2, param=2))
+    total = 0
+    for layer, idx in spec.layer_groups():
+        prog = Program()
+        emit(prog, ctx, layer, families.style(spec.model_type))
+        total += len(idx) * recomputed_linear_flops(prog.ops, layer, batch * seq)
+    return total

@@ -85,10 +85,18 @@ def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> d
     flat = {c.name: c.value for c in at_step.children}
     unsharded = training_memory(spec, setup, ParallelLayout(dp=world_size, zero=0))
     whole_states = next(c.value for c in unsharded.breakdown.children if c.name == "optimizer_states_bytes")
-    flops = count_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq, recompute=cfg.recompute)
+    # count_flops' "selective" is Korthikanti's (the attention core again); the runtime's is torchtitan's op-level
+    # policy: SDPA cached, every second mm (and each biased linear) recomputed (ops.selective)
+    flops = count_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq,
+                        recompute="none" if cfg.recompute == "selective" else cfg.recompute)
     core = sum(part.flat()["attention_core"] for part in (flops.forward, flops.backward, flops.recomputed))
+    gemm = flops.training_flops - core
+    if cfg.recompute == "selective":
+        from trainmath.ops.selective import selective_recompute_flops
+
+        gemm += selective_recompute_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq)
     return {**{k: flat[k] for k in STATE_FIELDS}, "peak_bytes": report.peak_bytes,
-            "gemm_flops": flops.training_flops - core, "attention_core_flops": core,
+            "gemm_flops": gemm, "attention_core_flops": core,
             "optimizer_states_bytes_unsharded": whole_states, "breakdown": flat,
             "conventions": list(report.conventions)}
 
