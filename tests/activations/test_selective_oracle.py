@@ -154,3 +154,19 @@ def test_force_recompute_router_shape():
     m = measure(model, "fp32", _ids(), per_op_sac_force_recompute_mm_shapes_by_fqns=("mlp.gate",))
     h, kv, hd, k, fe = 4, 2, 16, 2, 32
     assert m.cache_bytes == [4 * T * (h * hd + kv * hd + k * 2 * fe + h * hd) + 4 * B * h * S] * 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_selective_eager_attention(mode):
+    """Eager attention runs ``bmm``s and a softmax, none of which the policy keeps: only the mms are cached
+    (Qwen3: q, v, gate, down), and the calculator's eager profile folds the same. Eager layers also get the
+    (b, 1, s, s) causal mask in the parameters' dtype, which the checkpoint holds as an argument: not modelled
+    (as with eager + full recompute), asserted as the exact gap."""
+    cfg, model = hf._model("qwen3", "eager", dict(hf.NO_IDS))
+    m = measure(model, mode, _ids())
+    h, kv, hd, d, f = 4, 2, 16, 64, 96
+    assert m.cache_bytes == [COMPUTE[mode] * T * (h * hd + kv * hd + f + d)] * 2
+    act, predicted = hf._predict(cfg, mode, profile="eager", recompute="selective")
+    mask = hf.PREC[mode][1] * B * S * S
+    assert predicted - act.child("recompute transient").value + mask == m.total_bytes
+    assert act.child("recompute transient").value == max(m.transient_bytes)
