@@ -170,3 +170,16 @@ def test_selective_eager_attention(mode):
     mask = hf.PREC[mode][1] * B * S * S
     assert predicted - act.child("recompute transient").value + mask == m.total_bytes
     assert act.child("recompute transient").value == max(m.transient_bytes)
+
+
+def test_apply_selective_bad_input():
+    from trainmath.runtime.checkpointing import apply_selective
+
+    _, model = hf._model("llama", "sdpa", dict(hf.NO_IDS))
+    with pytest.raises(TrainmathError, match="policy 'every-layer' is unknown; use one of torchtitan-op"):
+        apply_selective(model, policy="every-layer")
+    with pytest.raises(TrainmathError, match="matched 'mlp.act_fn', a .* without a 2-D weight"):
+        apply_selective(model, per_op_sac_force_recompute_mm_shapes_by_fqns=("act_fn",))
+    assert not any(layer.gradient_checkpointing for layer in model.model.layers)  # nothing changed half-way
+    with pytest.raises(TrainmathError, match="no transformers decoder layers"):
+        apply_selective(torch.nn.Linear(2, 2))

@@ -140,14 +140,15 @@ def apply_selective(model, policy: str = "torchtitan-op", *, every_second_mm: bo
     if policy not in POLICIES:
         raise TrainmathError(f"selective checkpointing policy {policy!r} is unknown; use one of {', '.join(POLICIES)}")
     layers = decoder_layers(model)
+    fqns = tuple(per_op_sac_force_recompute_mm_shapes_by_fqns)
+    shapes = [_force_recompute_shapes(layer, fqns) for layer in layers]  # every error before any change
     enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x; the old name warns
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    for layer in layers:
-        shapes = _force_recompute_shapes(layer, tuple(per_op_sac_force_recompute_mm_shapes_by_fqns))
+    for layer, mine in zip(layers, shapes):
         layer._gradient_checkpointing_func = partial(
             ckpt.checkpoint, use_reentrant=False, preserve_rng_state=preserve_rng_state,
-            context_fn=partial(_context_fn, every_second_mm, shapes))
+            context_fn=partial(_context_fn, every_second_mm, mine))
     return model
