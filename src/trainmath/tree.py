@@ -48,6 +48,12 @@ class Node:
         return out
 
 
+def scaled(node: Node, k: int, name: str | None = None, note: str | None = None) -> Node:
+    """``node`` with every value multiplied by k (k equal copies: layers of one type, micro-batches)."""
+    return Node(name=name or node.name, value=node.value * k, unit=node.unit, note=node.note if note is None else note,
+                children=tuple(scaled(c, k) for c in node.children))
+
+
 def check_sums(node: Node) -> list[str]:
     """Every node whose value differs from the sum of its children (empty when the tree is consistent)."""
     bad = []

@@ -25,8 +25,8 @@ transformers = pytest.importorskip("transformers")
 import test_hf_oracle as hf  # noqa: E402
 from sac_oracle import measure  # noqa: E402
 
-from trainmath.errors import TrainmathError  # noqa: E402
-from trainmath.ops.families import LAYERS  # noqa: E402
+from trainmath.errors import TrainmathError  # noqa: E402  (bad input below)
+from trainmath.ops.selective import SELECTIVE_FAMILIES  # noqa: E402
 
 B, S = hf.B, hf.S
 T = B * S
@@ -115,20 +115,17 @@ def test_selective_kept_bytes(model_type, mode):
     # the recompute of a layer saves at most what the layer saves without checkpointing
     none, _ = hf._predict(cfg, mode)
     assert 0 < max(m.transient_bytes) <= none.child("layers").value // cfg.num_hidden_layers
-    # the calculator: a fold over the family's op list (ops.selective), or one line where it has none
-    if model_type in LAYERS:
-        act, predicted = hf._predict(cfg, mode, recompute="selective")
-        assert predicted - act.child("recompute transient").value == m.total_bytes
-        assert act.child("recompute transient").value == max(m.transient_bytes)
-    else:
-        with pytest.raises(TrainmathError, match="--recompute selective .* is modelled for .*: use --recompute full"):
-            hf._predict(cfg, mode, recompute="selective")
+    # the calculator: a fold over the family's op list (ops.selective)
+    assert model_type in SELECTIVE_FAMILIES
+    act, predicted = hf._predict(cfg, mode, recompute="selective")
+    assert predicted - act.child("recompute transient").value == m.total_bytes
+    assert act.child("recompute transient").value == max(m.transient_bytes)
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_selective_kept_bytes_mla(mode):
     """DeepSeek-V3 (tiny): q LoRA, MLA through SDPA's math fallback, a dense first layer, then sigmoid-routed
-    experts with a shared expert."""
+    experts with a shared expert. Kept bytes exact; the recompute transient 1,408 bytes short (see below)."""
     data, model = hf._catalog_model("deepseek_v3")
     hit = hf._experts_hit(model)
     m = measure(model, mode, _ids())
@@ -137,6 +134,11 @@ def test_selective_kept_bytes_mla(mode):
     assert m.cache_bytes == [cache_rule("deepseek_v3", data, mode, moe_layer=i >= first)
                              for i in range(data["num_hidden_layers"])]
     assert m.total_bytes == _full_kept(None, mode, data, router=hf.Router.from_config(data)) + sum(m.cache_bytes)
+    act, predicted = hf._predict_data(data, mode, recompute="selective", router=hf.Router.from_config(data))
+    assert predicted - act.child("recompute transient").value == m.total_bytes
+    # the recompute saves 1,408 bytes (0.8%) more than the fold says, in every precision: not yet analysed
+    # (some saved storage of the MoE layer the op list shares with a cached one); asserted as it is
+    assert max(m.transient_bytes) - act.child("recompute transient").value == 1408
 
 
 def test_every_second_mm_off_keeps_every_mm():

@@ -5,8 +5,11 @@
   parallel degrees).
 - ``context``: ``Ctx``, the run an op list is emitted for (micro-batch, sequence, ``Precision``, attention kernel,
   expert path, router and family switches).
-- ``kernels``: one module per op kind (linears and casts, norms, attention, MLPs ...), never naming a family.
+- ``kernels``: one module per op kind (linears and casts, norms, attention and its variants, MLPs, routers,
+  routed experts, MLA, scans), never naming a family.
 - ``families``: the only place that names a family: its table row (``Style``) and its layer emitter (``LAYERS``).
+- ``model``: the ops around the layers (embedding, the rotary tables every layer shares, final norm, LM head and
+  loss), driven by the family's ``Style`` row.
 - ``fold``: saved bytes (distinct storages) and the per-layer tree, on one rank of a layout.
 
 ``trainmath.memory.activations.activation_bytes`` folds each layer type's op list; the oracle tests in

@@ -44,7 +44,7 @@ class Router:
     """Renormalise the top-k weights (Qwen3-MoE, DeepSeek-V3; Mixtral always does)."""
     topk_method: str = "noaux_tc"
     """DeepSeek routing: ``greedy`` / ``group_limited_greedy`` (V2, softmax) or ``noaux_tc`` (V3, sigmoid). The
-    group sizes (``n_group``, ``topk_group``) change nothing that is kept (``deepseek_moe_saved``)."""
+    group sizes (``n_group``, ``topk_group``) change nothing that is kept (``kernels.router.sigmoid_noaux``)."""
 
     @classmethod
     def from_config(cls, config: dict) -> Router:
@@ -69,7 +69,7 @@ class Family:
     logit_scale: float | None = None
     """Cohere's ``logits = lm_head(h) * logit_scale``."""
     new_decoder_architecture: bool | None = None
-    """Falcon's flag (None: inferred from the spec, see ``_falcon_layer``)."""
+    """Falcon's flag (None: inferred from the spec, see ``families.classic.falcon_layer``)."""
     use_qk_norm: bool = True
     """Llama 4's weightless L2 q/k norm on RoPE layers (config default True; Maverick sets False)."""
     attn_temperature_tuning: bool = True

@@ -37,10 +37,23 @@ class Style:
     """cos/sin of the h_d/2 frequencies, not concatenated to h_d (gpt-oss)."""
     rope_sets_by_window: bool = False
     """One cos/sin pair per layer kind (Gemma-3: local and global RoPE bases)."""
+    rope_layers: str = "all"
+    """Which attention layers rotate: ``all``, or ``windowed`` (Llama 4: only the chunked layers; a rank holding
+    none of them keeps no rotary table)."""
     embed_scale: bool = False
     """The embedding output is scaled by a 0-dim sqrt(d) tensor, which the product keeps (Gemma)."""
     attention: str = "sdpa"
     """The kernel transformers picks by default (Gemma-2 and gpt-oss: eager)."""
+    router: str = "softmax_topk"
+    """The MoE router (``kernels.router.ROUTERS``): ``softmax_topk`` (Qwen, Mixtral), ``sigmoid_noaux``
+    (DeepSeek-V3's ``noaux_tc``), ``softmax_greedy`` (DeepSeek-V2), ``topk_softmax`` (gpt-oss),
+    ``sigmoid_scatter`` (Llama 4)."""
+    router_fp32: bool = False
+    """The router Linear is ``F.linear(x.float(), w.float())`` (DeepSeek, GLM-4.5, Nemotron-H)."""
+    fp32_routing: bool = False
+    """The routing weights are the renormalised fp32 top-k values, always renormalised (Mixtral)."""
+    experts_grouped: bool = True
+    """transformers' ``grouped_mm`` expert path is modelled (else only the eager loop is)."""
 
 
 STYLES: dict[str, Style] = {
@@ -50,7 +63,7 @@ STYLES: dict[str, Style] = {
     "qwen3": Style(),
     "qwen3_moe": Style(),
     "qwen2_moe": Style(),
-    "mixtral": Style(),
+    "mixtral": Style(fp32_routing=True),
     "phi3": Style(rotary="rotate_half_cat"),
     "olmo2": Style(norm="rms_fp32_weight", qk_norm="full", rope_fp32=True),
     "gemma2": Style(norm="gemma", act="gelu_tanh", embed_scale=True, attention="eager"),
@@ -59,15 +72,21 @@ STYLES: dict[str, Style] = {
     "starcoder2": Style(norm="layer", act="gelu_tanh"),
     "gpt2": Style(norm="layer", act="gelu_new", rotary="none", positions="learned"),
     "falcon": Style(norm="layer", act="gelu"),
-    "deepseek_v2": Style(positions="freqs_cis"),
-    "deepseek_v3": Style(),
-    "glm4_moe": Style(rotary="rotate_half_cat"),
-    "gpt_oss": Style(norm="rms_fp32_weight", rope_half=True, attention="eager"),
-    "llama4_text": Style(positions="freqs_cis"),
-    "qwen3_next": Style(norm="gemma", rotary="rotate_half_cat"),
-    "nemotron_h": Style(norm="nemotron", act="relu2", rotary="none", positions="none"),
+    "deepseek_v2": Style(positions="freqs_cis", router="softmax_greedy", router_fp32=True),
+    "deepseek_v3": Style(router="sigmoid_noaux", router_fp32=True),
+    "glm4_moe": Style(rotary="rotate_half_cat", router="sigmoid_noaux", router_fp32=True),
+    "gpt_oss": Style(norm="rms_fp32_weight", rope_half=True, attention="eager", router="topk_softmax",
+                     experts_grouped=False),
+    "llama4_text": Style(positions="freqs_cis", rope_layers="windowed", router="sigmoid_scatter", qk_norm_kind="l2",
+                         experts_grouped=False),
+    "qwen3_next": Style(norm="gemma", rotary="rotate_half_cat", experts_grouped=False),
+    "nemotron_h": Style(norm="nemotron", act="relu2", rotary="none", positions="none", router="sigmoid_noaux",
+                        router_fp32=True, experts_grouped=False),
 }
 """Every family the hf activation profile models, with its columns (transformers 5.24's modeling code)."""
+
+GROUPED_UNMODELLED = tuple(name for name, row in STYLES.items() if not row.experts_grouped)
+"""MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is)."""
 
 LAYERS: dict[str, Callable] = {}
 """model_type → layer emitter ``(prog, ctx, layer, style) -> None`` (filled in by the family modules below)."""
@@ -77,4 +96,12 @@ def style(model_type: str) -> Style:
     return STYLES[model_type]
 
 
-from trainmath.ops.families import dense  # noqa: E402,F401  (registers its emitters)
+from trainmath.ops.families import (
+    classic,  # noqa: F401
+    dense,  # noqa: F401  (registers its emitters)
+    gpt_oss,  # noqa: F401
+    hybrid,  # noqa: F401
+    llama4,  # noqa: F401
+    moe,  # noqa: F401
+    postnorm,  # noqa: F401
+)

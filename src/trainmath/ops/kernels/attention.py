@@ -15,7 +15,7 @@ Rotary styles (``Style.rotary``): ``rotate_half`` (``q·cos + rotate_half(q)·si
 contiguous in (b, h, s, h_d), SDPA's output follows it and ``transpose(1, 2).contiguous()`` before o_proj is a
 copy (c·T·q); ``interleaved_fp32`` (Cohere: ``q.float()`` times cos/sin) saves nothing beyond the shared cos/sin;
 ``none``. Rotary multiplies by cos/sin, which need no gradient: only the shared cos/sin are kept (counted once
-per model, ``fold.prologue``).
+per model, ``model.rotary_ops``).
 
 Fused ``qkv_proj`` (Phi-3): one Linear; q, k, v are views of its output, so what SDPA keeps as the value is the
 whole (T, q + 2·kv) output.

@@ -75,3 +75,13 @@ def gather_seq(prog: Program, x: Tensor, name: str) -> Tensor:
                  note="all-gathered over the sequence-parallel group")
     prog.emit("gather", name, inputs=(x,), outputs=(out,))
     return out
+
+
+def reduce_seq(prog: Program, ctx: Ctx, y: Tensor, name: str) -> Tensor:
+    """Leaving a tensor-parallel region: a row-parallel Linear's partial output is all-reduced, or reduce-scattered
+    along the sequence under sequence parallelism (the ``ḡ`` of Korthikanti et al. 2022 Fig. 5), back to the
+    residual stream's (b, s) axes. A fresh tensor: the partial output it reduces is saved by no op."""
+    out = Tensor(name=f"{name}.reduced", axes=(*ctx.rows(), y.axes[-1]), dtype_bytes=y.dtype_bytes,
+                 note="the row-parallel output, reduced")
+    prog.emit("reduce", name, inputs=(y,), outputs=(out,))
+    return out

@@ -19,7 +19,7 @@ from trainmath.ops.ir import Axis, Program, Tensor
 from trainmath.ops.kernels.attention import find
 from trainmath.ops.kernels.linear import gather_seq, linear
 
-ACTS = ("silu", "gelu_tanh", "gelu", "relu2")
+ACTS = ("silu", "gelu_tanh", "gelu", "gelu_new", "relu2")
 
 
 def _act_out(name: str, like: Tensor) -> Tensor:
@@ -58,6 +58,24 @@ def plain_mlp(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, width: int, u
         r = _act_out(f"{prefix}.relu_out", u)
         prog.emit("act", f"{prefix}.relu", inputs=(u,), outputs=(r,), saved=(r,), kernel="relu")
         prog.emit("act", f"{prefix}.square", inputs=(r,), outputs=(a,), saved=(r,), kernel="pow")
+    elif act == "gelu_new":
+        gelu_new(prog, u, a, f"{prefix}.act")
     else:
         prog.emit("act", f"{prefix}.act", inputs=(u,), outputs=(a,), saved=(u,), kernel=act)
     return linear(prog, ctx, f"{prefix}.{down}", a, Axis(ctx.d), weight=find(block, f"{prefix}.{down}", "linear"))
+
+
+def gelu_new(prog: Program, x: Tensor, out: Tensor, prefix: str) -> None:
+    """transformers' ``NewGELUActivation`` (GPT-2's ``gelu_new``) as the Python tensor ops it is written in:
+    ``0.5 * x * (1 + tanh(sqrt(2/π) * (x + 0.044715 * x³)))``. ``pow`` keeps x, ``tanh`` its output, the last
+    product its two factors ``0.5·x`` and ``1 + tanh`` (products by Python floats and the adds keep nothing):
+    4·c·T·f beside the output, where ``F.gelu(approximate="tanh")`` keeps only x. Derived from the code, checked by
+    ``tests/activations``."""
+    t = _act_out(f"{prefix}.tanh_out", x)
+    half = _act_out(f"{prefix}.half_x", x)
+    one_plus = _act_out(f"{prefix}.one_plus_tanh", x)
+    prog.emit("act", f"{prefix}.pow", inputs=(x,), saved=(x,), kernel="pow", note="x³ keeps x")
+    prog.emit("act", f"{prefix}.tanh", outputs=(t,), saved=(t,), kernel="tanh")
+    prog.emit("mul", f"{prefix}.half_x", inputs=(x,), outputs=(half,), note="0.5·x: a Python float keeps nothing")
+    prog.emit("add", f"{prefix}.one_plus_tanh", inputs=(t,), outputs=(one_plus,))
+    prog.emit("mul", f"{prefix}.product", inputs=(half, one_plus), outputs=(out,), saved=(half, one_plus))

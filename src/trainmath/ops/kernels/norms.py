@@ -31,6 +31,12 @@ def _t(name: str, like: Tensor, dtype: int, *, rows_only: bool = False, note: st
     return Tensor(name=name, axes=axes, dtype_bytes=dtype, note=note)
 
 
+def _alias(x: Tensor, name: str, note: str) -> Tensor:
+    """``x`` under the name of what this norm saves (a view: the same storage, so nothing is added; the tree then
+    names the norm's saved tensor as the legacy trees did, e.g. ``input_layernorm.x_fp32``)."""
+    return x.view(name, *x.axes, note=note)
+
+
 def _fp32_weight(name: str, w: TensorSpec, note: str) -> Tensor:
     return Tensor(name=name, axes=weight_axes(w), dtype_bytes=FP32, note=note)
 
@@ -39,7 +45,7 @@ def norm(prog: Program, ctx: Ctx, kind: str, name: str, x: Tensor, weight: Tenso
     """Append the norm ``name`` of ``kind`` (``NORMS``) over the last axis of ``x``; returns its output."""
     p = ctx.p
     if kind == "layer":
-        saved = [x, _t(f"{name}.mean", x, x.dtype_bytes, rows_only=True),
+        saved = [_alias(x, f"{name}.input", "the input itself"), _t(f"{name}.mean", x, x.dtype_bytes, rows_only=True),
                  _t(f"{name}.rstd", x, x.dtype_bytes, rows_only=True)]
         out_dtype = x.dtype_bytes
     elif kind == "cohere":
@@ -52,6 +58,8 @@ def norm(prog: Program, ctx: Ctx, kind: str, name: str, x: Tensor, weight: Tenso
         out_dtype = x.dtype_bytes
     elif kind in ("rms", "rms_fp32_weight", "gemma", "nemotron", "l2"):
         xf = cast(prog, x, FP32, f"{name}.x_fp32", "fp32 copy of the input (the input itself if fp32)")
+        if xf is x:
+            xf = _alias(x, f"{name}.x_fp32", "the input itself (already fp32)")
         saved = [xf, _t(f"{name}.rsqrt", x, FP32, rows_only=True, note="one fp32 per row")]
         if kind == "rms":
             saved.append(_t(f"{name}.normalized", x, x.dtype_bytes, note="x·rsqrt in the input dtype"))
