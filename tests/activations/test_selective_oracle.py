@@ -185,3 +185,22 @@ def test_apply_selective_bad_input():
     assert not any(layer.gradient_checkpointing for layer in model.model.layers)  # nothing changed half-way
     with pytest.raises(TrainmathError, match="no transformers decoder layers"):
         apply_selective(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
+def test_selective_grouped_experts(model_type, mode):
+    """transformers 5's default experts path (``grouped_mm``): ``aten._grouped_mm`` is not kept and not counted,
+    so only the attention's mms, SDPA and the router's mm are cached; the fold with ``experts="grouped"``
+    equals the measurement, transient included."""
+    cfg = transformers.AutoConfig.for_model(model_type, **{**hf.BASE, **hf.NO_IDS, **FAMILIES[model_type]})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa",
+                                                          experts_implementation="grouped_mm")
+    m = measure(model, mode, _ids())
+    h, kv, hd, e = 4, 2, 16, 4
+    # q, v, the router's logits (the 5th mm), SDPA
+    assert m.cache_bytes == [COMPUTE[mode] * T * (h * hd + kv * hd + e + h * hd) + 4 * B * h * S] * 2
+    act, predicted = hf._predict(cfg, mode, recompute="selective", experts="grouped")
+    assert predicted - act.child("recompute transient").value == m.total_bytes
+    assert act.child("recompute transient").value == max(m.transient_bytes)
