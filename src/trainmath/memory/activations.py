@@ -11,10 +11,11 @@ Two profiles describe two implementations:
   and Table 2: sbh(34 + 5as/h) per layer with TP/SP/selective variants (``trainmath.memory.megatron``).
 
 Recompute: ``none``; ``full`` is transformers' ``gradient_checkpointing_enable()`` (whole layers, measured);
-``selective`` exists only in the ``megatron`` profile (Korthikanti et al. §5: drop the 5as²b core-attention term).
-For ``hf``/``eager`` it raises on purpose: transformers has no selective checkpointing, and a definition of our own
-(e.g. ``torch.utils.checkpoint`` around SDPA) would model no code a user can run; with SDPA the core attention keeps
-only q, k, v, the output and the logsumexp, all of which the neighbouring Linears need anyway.
+``selective``: in the ``megatron`` profile Korthikanti et al. §5 (drop the 5as²b core-attention term); in
+``hf``/``eager`` torchtitan's op-level selective checkpointing, which transformers lacks and
+``trainmath.runtime.checkpointing.apply_selective`` applies to its decoder layers (``trainmath train`` and
+``--simulate`` run it): a fold over the same op lists (``trainmath.ops.selective``), checked against the runtime
+in ``tests/activations/test_selective_oracle.py``.
 
 What is computed is described once, as op lists (``trainmath.ops``): each family's table row and layer emitter
 (``ops.families``: ``STYLES``, ``LAYERS``; the family modules there document each family's quirks: Phi-3's fused
@@ -59,6 +60,7 @@ from trainmath.ops.context import (  # noqa: F401
 )
 from trainmath.ops.fold import layer_node, saved_leaves
 from trainmath.ops.ir import Axis, Degrees, Program, Tensor
+from trainmath.ops.selective import check_family, selective_layer
 from trainmath.tree import Node, scaled
 
 PROFILES = ("hf", "eager", "megatron")
@@ -87,8 +89,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
 
     ``recompute="full"``: transformers' ``gradient_checkpointing_enable()`` (``use_reentrant=False`` in 5.x): each
     layer keeps only its input (r·T·d); the backward recomputes one layer at a time, reported as the separate child
-    ``recompute transient`` (the largest layer's no-recompute bytes). ``selective`` (hf): not supported; see
-    ``activations_megatron`` for Korthikanti's selective recompute.
+    ``recompute transient`` (the largest layer's no-recompute bytes). ``selective`` (hf, eager):
+    torchtitan's op-level policy as ``trainmath.runtime.checkpointing.apply_selective`` runs it: each layer keeps
+    its input and the cached mm/SDPA outputs, and its recompute saves the rest again (``ops.selective``), for
+    the families checked against it (``ops.selective.SELECTIVE_FAMILIES``). ``megatron``: Korthikanti's selective
+    recompute (``activations_megatron``).
 
     ``layers``: indices of the layers on this rank (default: all, or ``pp`` equal stages' first stage).
     ``experts_hit``: routed experts that received tokens (only changes the autocast weight copies; default all).
@@ -131,11 +136,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if profile == "eager" and cp > 1:
         raise TrainmathError(f"--attention eager with --cp {cp} is not modelled: context parallelism (torch's "
                              f"context_parallel, ring attention) runs SDPA; pass --attention sdpa or --cp 1")
-    if recompute == "selective":
-        raise TrainmathError(f"--recompute selective is defined for --profile megatron only, not {profile!r}: "
-                             "transformers' gradient_checkpointing_enable() checkpoints whole layers "
-                             "(recompute='full'); it has no selective checkpointing, and with SDPA there is no s² "
-                             "tensor for Korthikanti's selective recompute to drop")
+    if recompute == "selective" and spec.model_type in HF_FAMILIES:
+        check_family(spec)
     if spec.model_type not in HF_FAMILIES:
         raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use --profile megatron)")
@@ -155,6 +157,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
               experts_hit=experts_hit, router=router, family=family, degrees=deg)
     groups = []
     largest: Node | None = None
+    selective_transient: Node | None = None
     for layer, idx in spec.layer_groups():
         mine = [i for i in idx if i in indices]
         if not mine:
@@ -162,6 +165,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         prog = Program()
         op_families.LAYERS[spec.model_type](prog, ctx, layer, style)
         one = layer_node(layer.label, prog.ops, deg)
+        if recompute == "selective":
+            kept, fresh = selective_layer(layer.label, prog.ops, layer, deg)
+            if selective_transient is None or fresh.value > selective_transient.value:
+                selective_transient = fresh
+            one = kept
         if largest is None or one.value > largest.value:
             largest = one
         if recompute == "full":  # torch.utils.checkpoint keeps the rank's layer input: s/cp, and /tp with --sp
@@ -178,6 +186,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if recompute == "full" and largest is not None:
         kids.append(Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
                          note="one layer's saved tensors while it is recomputed in backward"))
+    if recompute == "selective" and selective_transient is not None:
+        kids.append(Node(name="recompute transient", value=selective_transient.value, unit="bytes",
+                         children=selective_transient.children, note=selective_transient.note))
     where = "" if deg.single else f", per rank of {_describe(deg)}"
     return Node.of(f"activations ({profile}, recompute={recompute})", kids, "bytes",
                    note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B{where}")

@@ -56,8 +56,8 @@ def check_simulable(setup: TrainingSetup, layout: ParallelLayout) -> None:
                    f"amp-bf16 or bf16)")
     if setup.optimizer not in OPTIMIZERS:
         bad.append(f"--optimizer {setup.optimizer} (simulate one of {', '.join(OPTIMIZERS)})")
-    if setup.recompute == "selective" or setup.profile != "hf":
-        bad.append("--recompute selective / --profile megatron (the transformers code has neither)")
+    if setup.profile != "hf":
+        bad.append("--profile megatron (the simulation runs transformers' code: --profile hf)")
     fsdp = layout.zero == 3 and layout.dp > 1 and layout.ranks == layout.dp
     if not fsdp and (layout.ranks != 1 or layout.zero):
         bad.append(f"layout {layout.describe()} (--simulate runs one device, or one rank of FSDP2 with --zero 3 "
@@ -129,6 +129,10 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
             model.train()
             if setup.recompute == "full":
                 model.gradient_checkpointing_enable()
+            elif setup.recompute == "selective":  # torchtitan's op-level policy (trainmath.runtime.checkpointing)
+                from trainmath.runtime.checkpointing import apply_selective
+
+                apply_selective(model)
             if fsdp:
                 layers = model.model.layers if hasattr(model, "model") else model.transformer.h
                 for layer in layers:

@@ -298,8 +298,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
               sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup),
               ep=layout.ep, vocab_parallel=layout.vocab_parallel)
     act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
-    saved, resident, _ = _per_layer(act, spec, pl.layers)
-    if setup.recompute == "full" and setup.profile == "hf" and spec.model_type != "gpt2":
+    saved, resident, transient = _per_layer(act, spec, pl.layers)
+    if setup.recompute in ("full", "selective") and setup.profile == "hf" and spec.model_type != "gpt2":
         # torch.utils.checkpoint keeps every argument of the layer: also the (1, s) int64 position ids
         resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * ceil_div(setup.seq, layout.cp),
                                     unit="bytes")]
@@ -312,6 +312,9 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         fp32_input = _mentions(none, "input_layernorm.x_fp32") or _mentions(none, "layer.input")
         dup = saved if prec.weight_bytes == 4 and fp32_input else {}
         recomputed = {i: full[i] - dup.get(i, 0) for i in pl.layers}
+    elif setup.recompute == "selective" and setup.profile == "hf":
+        # what the recompute saves beside the cache and the layer input (activations.activation_bytes)
+        recomputed = {i: transient for i in pl.layers}
     copies = weight_copies_bytes(pl, prec, in_flight)
     if copies and prec.name == "amp-bf16" and _mentions(act, "weight"):  # (the LM head's cast is in logits)
         copies = 0  # the activation model already counts autocast's weight casts as saved tensors

@@ -18,7 +18,7 @@ IMPLS = ("torch", "trainmath")
 PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 OPTIMIZER_IMPLS = ("torch", "trainmath")
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "selective", "full")
 COMMS = ("ring", "torch")
 
 CALCULATOR_OPTIMIZER = {"sgd": "sgd", "momentum": "sgd-momentum", "adam": "adam", "adamw": "adamw"}

@@ -85,6 +85,10 @@ def build_model(cfg: dict, *, seed: int, recompute: str) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_config(hf, dtype=torch.float32, experts_implementation="eager")
     if recompute == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif recompute == "selective":  # torchtitan's op-level policy (trainmath.runtime.checkpointing)
+        from trainmath.runtime.checkpointing import apply_selective
+
+        apply_selective(model)
     return model
 
 

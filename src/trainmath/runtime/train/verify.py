@@ -117,11 +117,19 @@ def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> d
     unsharded = training_memory(spec, replace(setup, device="cuda", zero_impl="deepspeed"),
                                 ParallelLayout(dp=world_size, zero=0))
     whole_states = next(c.value for c in unsharded.breakdown.children if c.name == "optimizer_states_bytes")
-    flops = count_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq, recompute=cfg.recompute)
+    # count_flops' "selective" is Korthikanti's (the attention core again); the runtime's is torchtitan's op-level
+    # policy: SDPA cached, every second mm (and each biased linear) recomputed (ops.selective)
+    flops = count_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq,
+                        recompute="none" if cfg.recompute == "selective" else cfg.recompute)
     core = sum(part.flat()["attention_core"] for part in (flops.forward, flops.backward, flops.recomputed))
+    gemm = flops.training_flops - core
+    if cfg.recompute == "selective":
+        from trainmath.ops.selective import selective_recompute_flops
+
+        gemm += selective_recompute_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq)
     return {**{k: flat[k] for k in STATE_FIELDS}, "peak_bytes": report.peak_bytes,
             "collective_bytes": _collective_bytes(spec, cfg, layout),
-            "gemm_flops": flops.training_flops - core, "attention_core_flops": core,
+            "gemm_flops": gemm, "attention_core_flops": core,
             "optimizer_states_bytes_unsharded": whole_states, "breakdown": flat,
             "conventions": list(report.conventions)}
 
