@@ -41,7 +41,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", choices=c.OPTIMIZERS, default="adamw", help="default adamw")
     p.add_argument("--optimizer-impl", choices=c.OPTIMIZER_IMPLS, default="torch",
                    help="torch.optim or ours, written from the update rules (default torch)")
-    p.add_argument("--recompute", choices=c.RECOMPUTE, default="none", help="activation recompute (default none): selective = torchtitan's op-level policy (mm/SDPA outputs cached, every second mm recomputed), full = transformers' checkpointing of every layer")
+    p.add_argument("--recompute", choices=c.RECOMPUTE, default="none",
+                   help="activation recompute (default none): selective = torchtitan's op-level policy (mm/SDPA "
+                        "outputs cached, every second mm recomputed), full = transformers' checkpointing of every "
+                        "layer")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per micro-step (default 1)")
     p.add_argument("--global-batch", type=int, help="sequences per step; the world size × grad-accum must divide it "
                                                     "(overrides --micro-batch)")
