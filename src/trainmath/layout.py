@@ -37,6 +37,10 @@ class ParallelLayout:
     """Expert-parallel degree (routed experts split across ranks of the dp·cp group)."""
     sp: bool = False
     """Megatron sequence parallelism: activations outside attention/MLP split by tp (needs tp > 1 to matter)."""
+    vocab_parallel: bool = False
+    """A vocabulary-sharded embedding, head and loss over the tp ranks (torchtitan's ``RowwiseParallel`` embedding,
+    ``ColwiseParallel`` head with ``Shard(-1)`` logits and ``loss_parallel()``); with the hf profile only
+    ``--simulate`` models it so far."""
     zero: int = 0
     """ZeRO stage 0-3 over the data-parallel group: 1 shards optimizer states and master weights, 2 also
     gradients, 3 also weights (Rajbhandari et al. 2020, §5)."""
@@ -61,7 +65,7 @@ class ParallelLayout:
 
     def describe(self) -> str:
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} cp={self.cp} ep={self.ep} sp={self.sp} "
-                f"zero={self.zero}")
+                f"zero={self.zero}" + (" vocab_parallel=True" if self.vocab_parallel else ""))
 
 
 def _divisors(n: int, flag: str) -> str:

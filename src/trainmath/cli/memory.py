@@ -56,6 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cp", type=integer, default=1)
     p.add_argument("--ep", type=integer, default=1)
     p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
+    p.add_argument("--vocab-parallel", action="store_true",
+                   help="a vocabulary-sharded embedding, head and loss over the tp ranks (torchtitan's plan with "
+                        "loss_parallel); the hf profile's prediction for --tp > 1 is not modelled yet: --simulate "
+                        "measures it")
     p.add_argument("--world-size", type=integer, default=None,
                    help="GPUs: with --dp given, checked to equal dp·tp·pp·cp; without, dp is derived from it")
     p.add_argument("--gpu", metavar="NAME", default=None,
@@ -67,8 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="micro-batches per step (gradient accumulation); default: at least pp")
     p.add_argument("--simulate", action="store_true",
                    help="also run one step of the real transformers code on fake tensors under MemTracker (CPU; "
-                        "one device, or rank 0 of FSDP2 with --zero 3 --dp W; needs torch and transformers) and "
-                        "print its peak beside the --device cpu prediction")
+                        "one device, rank 0 of FSDP2 with --zero 3 --dp W, or rank 0 of --tp N [--sp] "
+                        "[--vocab-parallel]; needs torch and transformers) and print its peak beside the --device "
+                        "cpu prediction")
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
@@ -92,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if dp is None:
         dp = derive_dp(args.world_size, tp=args.tp, pp=args.pp, cp=args.cp) if args.world_size is not None else 1
     layout = ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
-                            zero=args.zero, world_size=args.world_size)
+                            vocab_parallel=args.vocab_parallel, zero=args.zero, world_size=args.world_size)
     # check the cheap things before reading the model
     from trainmath.errors import TrainmathError
     from trainmath.layout import layout_problems
@@ -112,7 +117,12 @@ def run(args: argparse.Namespace) -> int:
         gpu = lookup_gpu(args.gpu)
     spec = load_spec(args.model, strict=args.strict)
     warning = positions_warning(spec, args.seq, "--seq")
-    report = training_memory(spec, setup, layout)
+    try:
+        report = training_memory(spec, setup, layout)
+    except TrainmathError as e:
+        if not (args.simulate and layout.tp > 1):
+            raise
+        return simulate_only(args, spec, setup, layout, str(e))  # the hf profile does not model TP yet
     verdict = None
     if gpu is not None:
         from trainmath.memory.fit import fit
@@ -164,6 +174,27 @@ def simulation(model: str, spec, setup, layout) -> dict:
     out["predicted_cpu_peak_event"] = cpu.stages[cpu.stage].phase
     out["difference_bytes"] = cpu.peak_bytes - (sim.peak_bytes - sim.buffers_bytes)
     return out
+
+
+def simulate_only(args, spec, setup, layout, refusal: str) -> int:
+    """``--simulate`` of a layout the calculator refuses (the hf profile with --tp > 1, for now): the simulated
+    rank alone, with the refusal in place of the prediction."""
+    from trainmath.memory.simulate import simulate
+    from trainmath.sources import resolve
+
+    sim = simulate(resolve(args.model).config, setup, layout).to_dict()
+    if args.json:
+        print(json.dumps({"simulation": sim, "prediction_error": refusal, "config": config_json(spec)}, indent=1))
+        return 0
+    from trainmath.render import human_bytes
+
+    kinds = ", ".join(f"{k} {human_bytes(v)}" for k, v in sim["by_kind"].items() if v)
+    print(f"{spec.name}: rank 0 of {layout.describe()} simulated (transformers on fake tensors under MemTracker, "
+          f"CPU, {sim['seconds']:.1f} s): peak {sim['peak_bytes']:,} bytes ({human_bytes(sim['peak_bytes'])}): "
+          f"{kinds}")
+    print(f"  module buffers ({sim['buffers_bytes']:,} bytes) are in the peak")
+    print(f"  no prediction: {refusal}")
+    return 0
 
 
 def render_simulation(sim: dict) -> str:
