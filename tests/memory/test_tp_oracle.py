@@ -4,7 +4,7 @@ Measured on real gloo ranks (``tests/memory/tp_oracle.py``: ``apply_tp`` then ``
 counted by their local storage) and asserted to the byte against ``derived``, a rule-by-rule derivation written
 here independently of the calculator: every tensor a layer saves is whole on every rank, divided by tp on its
 heads or width, divided by tp on its sequence under SP, or divided by tp on the vocabulary with the
-vocabulary-parallel head (the table in docs/memory.md). Degree 1 equals the single-device measurement.
+vocabulary-parallel head (the table in docs/tensor-parallel.md). Degree 1 equals the single-device measurement.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ RULES = ("whole", "heads", "width", "seq", "gathered", "vocab")
 """whole: the full tensor on every rank; heads / width: ÷tp (column-split output, the rank's heads or MLP
 columns; autocast's bf16 copy of a split weight); seq: ÷tp on the sequence with SP, whole without; gathered: the
 all-gathered input of a column-parallel linear under SP (whole; without SP the same tensor is simply whole);
-vocab: ÷tp with the vocabulary-parallel head, whole without."""
+vocab: ÷tp with the vocabulary-parallel head (without it the same tensors are counted as whole)."""
 
 
 def derived(model_type: str, attn: str, mode: str, *, tp: int, sp: bool, vp: bool, b: int = B, s: int = S,
@@ -34,7 +34,7 @@ def derived(model_type: str, attn: str, mode: str, *, tp: int, sp: bool, vp: boo
             ffn: int = BASE["intermediate_size"], vocab: int = BASE["vocab_size"],
             layers: int = BASE["num_hidden_layers"]) -> dict[str, int]:
     """Bytes one rank saves for backward, by rule (``RULES``), for the llama / mistral / qwen2 / qwen3 decoder
-    (qwen3: per-head q/k RMSNorms) under ``apply_tp``. Derived from the modeling code, op by op (docs/memory.md):
+    (qwen3: per-head q/k RMSNorms) under ``apply_tp``. Derived from the modeling code, op by op (docs/tensor-parallel.md):
 
     - RMSNorm (``x.to(fp32)``; ``x * rsqrt(mean(x²) + eps)``; ``w * h.to(input_dtype)``) keeps the fp32 input
       (the fp32 residual stream itself, or its fp32 copy in bf16), the fp32 rsqrt (T × 1) and the normalised
