@@ -197,6 +197,9 @@ def test_cli_simulate_tp(tmp_path, capsys):
     assert "the hf profile is single-device" in capsys.readouterr().err
     assert main(args + ["--simulate"]) == 2  # foreach AdamW on DTensors is refused before anything runs
     assert "--optimizer-impl forloop" in capsys.readouterr().err
+    tp4 = [a if a != "2" or i != args.index("--tp") + 1 else "4" for i, a in enumerate(args)]
+    assert main(tp4 + ["--simulate", "--optimizer-impl", "forloop"]) == 2  # the layout's own line, before running
+    assert "tp (4) must divide KV heads (2)" in capsys.readouterr().err
 
 
 def test_apply_tp_refuses_what_it_cannot_split():

@@ -122,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
     except TrainmathError as e:
         if not (args.simulate and layout.tp > 1):
             raise
+        from trainmath.layout import validate_layout
+
+        validate_layout(layout, spec)  # an impossible layout is still the calculator's one line
         return simulate_only(args, spec, setup, layout, str(e))  # the hf profile does not model TP yet
     verdict = None
     if gpu is not None:
@@ -192,7 +195,8 @@ def simulate_only(args, spec, setup, layout, refusal: str) -> int:
     print(f"{spec.name}: rank 0 of {layout.describe()} simulated (transformers on fake tensors under MemTracker, "
           f"CPU, {sim['seconds']:.1f} s): peak {sim['peak_bytes']:,} bytes ({human_bytes(sim['peak_bytes'])}): "
           f"{kinds}")
-    print(f"  module buffers ({sim['buffers_bytes']:,} bytes) are in the peak")
+    print(f"  module buffers ({sim['buffers_bytes']:,} bytes) are in the peak; the forward saved "
+          f"{sim['saved_bytes']:,} bytes for backward ({human_bytes(sim['saved_bytes'])})")
     print(f"  no prediction: {refusal}")
     return 0
 
