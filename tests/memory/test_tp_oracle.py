@@ -45,7 +45,8 @@ def derived(model_type: str, attn: str, mode: str, *, tp: int, sp: bool, vp: boo
       eager the bmm operands (q, k and v repeated to all heads, the fp32 softmax, its bf16 copy) and o_proj's
       contiguous input: ``heads``. qwen3's q/k norms keep the fp32 upcast, the rsqrt, the product: ``heads``.
     - SwiGLU keeps gate, up, silu(gate), their product (down_proj's input): ``width``.
-    - the loss keeps the ids, the fp32 log-softmax (``vocab``), the shifted targets and nll's total weight.
+    - the loss keeps the ids, the fp32 log-softmax (``vocab``), the shifted targets (with b = 1 the padded
+      labels' storage, s + 1 long) and nll's total weight.
     """
     T = b * s
     q, kvw = heads * head_dim, kv_heads * head_dim
@@ -82,7 +83,9 @@ def derived(model_type: str, attn: str, mode: str, *, tp: int, sp: bool, vp: boo
     if auto:
         out["vocab" if vp else "whole"] += 2 * vocab * d // (tp if vp else 1)
     out["vocab" if vp else "whole"] += 4 * T * vocab // (tp if vp else 1)
-    out["whole"] += 8 * T + 8 * T + 4  # ids, shifted targets, nll's total_weight
+    # ids; the shifted targets ``pad(labels, (0, 1))[..., 1:].contiguous()``, which with one sequence is already
+    # contiguous, so the view keeps the padded (1, s + 1) storage; nll's total_weight
+    out["whole"] += 8 * T + 8 * (s + 1 if b == 1 else T) + 4
     return out
 
 
@@ -134,6 +137,14 @@ def test_tp2_computes_the_same_loss(tp2, single, case):
 def test_derivation_at_degree_1_is_the_single_device_measurement(single):
     """The derivation at tp = 1 is the single-device oracle (``tests/activations/test_hf_oracle.py``'s method)."""
     assert {k: total(*k, tp=1, sp=False, vp=False) for k in single} == {k: v["saved"] for k, v in single.items()}
+
+
+def test_one_sequence_keeps_the_padded_labels():
+    """b = 1: the shifted targets are a view of the padded labels, 8 bytes more than b·s int64 (a whole tensor,
+    the same on every rank)."""
+    got = tp_oracle.measure_case(("qwen3", "sdpa", "bf16", False, False), peak=False, b=1)
+    assert got["saved"] == total("qwen3", "sdpa", "bf16", tp=1, sp=False, vp=False, b=1)
+    assert [8 * (S + 1), [S], "torch.int64", False] in got["rows"]  # 16 targets held by a 17-long storage
 
 
 @pytest.mark.parametrize("case", [("llama", "sdpa", "fp32", True, True), ("qwen3", "eager", "autocast", True, True)],

@@ -50,13 +50,13 @@ def _storage(t):
     return t.untyped_storage()
 
 
-def batch(vocab: int = BASE["vocab_size"]):
+def batch(vocab: int = BASE["vocab_size"], b: int = B):
     import torch
 
-    return torch.randint(0, vocab, (B, S), generator=torch.Generator().manual_seed(1))
+    return torch.randint(0, vocab, (b, S), generator=torch.Generator().manual_seed(1))
 
 
-def saved(model, mode: str, *, vocab_parallel: bool = False) -> tuple[int, list, float]:
+def saved(model, mode: str, *, vocab_parallel: bool = False, b: int = B) -> tuple[int, list, float]:
     """Bytes of distinct non-parameter storages saved for backward by one forward with labels; the list of
     ``(nbytes, shape, dtype, is_dtensor)`` of each counted storage's largest packed tensor, in packing order; and
     the loss. The graph is then run backward, so it is checked to be usable."""
@@ -75,7 +75,7 @@ def saved(model, mode: str, *, vocab_parallel: bool = False) -> tuple[int, list,
                                                        isinstance(t, DTensor)))
         return t
 
-    ids = batch(model.config.vocab_size)
+    ids = batch(model.config.vocab_size, b)
     with loss_context(vocab_parallel):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
@@ -123,9 +123,10 @@ def step_peak(model, mode: str, *, vocab_parallel: bool = False) -> dict:
     return out
 
 
-def measure_case(case, mesh=None, *, peak=True, **extra) -> dict:
+def measure_case(case, mesh=None, *, peak=True, b=B, **extra) -> dict:
     """``saved`` (``saved``, ``rows``, ``loss``) and ``step_peak`` (``peak``) of one case (config keys ``extra``
-    over ``BASE``); on ``mesh`` after ``apply_tp``, else on one device."""
+    over ``BASE``, ``b`` sequences of ``S`` tokens for ``saved``); on ``mesh`` after ``apply_tp``, else on one
+    device."""
     from trainmath.runtime.tensor_parallel import apply_tp
 
     model_type, attn, mode, sp, vocab_parallel = case
@@ -135,7 +136,7 @@ def measure_case(case, mesh=None, *, peak=True, **extra) -> dict:
         if mesh is not None:
             apply_tp(model, mesh, sp=sp, vocab_parallel=vocab_parallel)
         if what == "saved":
-            res["saved"], rows, res["loss"] = saved(model, mode, vocab_parallel=vocab_parallel)
+            res["saved"], rows, res["loss"] = saved(model, mode, vocab_parallel=vocab_parallel, b=b)
             res["rows"] = [[n, list(shape), str(dtype), dt] for n, shape, dtype, dt in rows]
         else:
             res["peak"] = step_peak(model, mode, vocab_parallel=vocab_parallel)
