@@ -86,8 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="micro-batches per step (gradient accumulation); default: at least pp")
     p.add_argument("--simulate", action="store_true",
                    help="also run one step of the real transformers code on fake tensors under MemTracker (CPU; "
-                        "one device, or rank 0 of FSDP2 with --zero 3 --dp W; needs torch and transformers) and "
-                        "print its peak beside the --device cpu prediction")
+                        "one device, rank 0 of FSDP2 with --zero 3 --dp W, or rank 0 of --tp N [--sp] "
+                        "[--vocab-parallel]; needs torch and transformers) and print its peak beside the --device "
+                        "cpu prediction")
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
@@ -132,7 +133,15 @@ def run(args: argparse.Namespace) -> int:
         gpu = lookup_gpu(args.gpu)
     spec = load_spec(args.model, strict=args.strict)
     warning = positions_warning(spec, args.seq, "--seq")
-    report = training_memory(spec, setup, layout)
+    try:
+        report = training_memory(spec, setup, layout)
+    except TrainmathError as e:
+        if not (args.simulate and layout.tp > 1):
+            raise
+        from trainmath.layout import validate_layout
+
+        validate_layout(layout, spec)  # an impossible layout is still the calculator's one line
+        return simulate_only(args, spec, setup, layout, str(e))  # the hf profile does not model TP yet
     verdict = None
     if gpu is not None:
         from trainmath.memory.fit import fit
@@ -184,6 +193,28 @@ def simulation(model: str, spec, setup, layout) -> dict:
     out["predicted_cpu_peak_event"] = cpu.stages[cpu.stage].phase
     out["difference_bytes"] = cpu.peak_bytes - (sim.peak_bytes - sim.buffers_bytes)
     return out
+
+
+def simulate_only(args, spec, setup, layout, refusal: str) -> int:
+    """``--simulate`` of a layout the calculator refuses (the hf profile with --tp > 1, for now): the simulated
+    rank alone, with the refusal in place of the prediction."""
+    from trainmath.memory.simulate import simulate
+    from trainmath.sources import resolve
+
+    sim = simulate(resolve(args.model).config, setup, layout).to_dict()
+    if args.json:
+        print(json.dumps({"simulation": sim, "prediction_error": refusal, "config": config_json(spec)}, indent=1))
+        return 0
+    from trainmath.render import human_bytes
+
+    kinds = ", ".join(f"{k} {human_bytes(v)}" for k, v in sim["by_kind"].items() if v)
+    print(f"{spec.name}: rank 0 of {layout.describe()} simulated (transformers on fake tensors under MemTracker, "
+          f"CPU, {sim['seconds']:.1f} s): peak {sim['peak_bytes']:,} bytes ({human_bytes(sim['peak_bytes'])}): "
+          f"{kinds}")
+    print(f"  module buffers ({sim['buffers_bytes']:,} bytes) are in the peak; the forward saved "
+          f"{sim['saved_bytes']:,} bytes for backward ({human_bytes(sim['saved_bytes'])})")
+    print(f"  no prediction: {refusal}")
+    return 0
 
 
 def render_simulation(sim: dict) -> str:

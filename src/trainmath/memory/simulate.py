@@ -8,12 +8,22 @@ the peak of every kind of tensor MemTracker tracks. It runs on the CPU: compare 
 
 With ``--zero 3 --dp W`` it simulates rank 0 of an FSDP2 run (``fully_shard`` per decoder layer and at the root,
 ``reshard_after_forward=True``) over a fake process group of W ranks (``dist.init_process_group("fake")``, the
-device mesh made outside the fake mode) under ``FSDPMemTracker``.
+device mesh made outside the fake mode) under ``FSDPMemTracker``. With ``--tp N`` (``--sp``, ``--vocab-parallel``)
+it simulates rank 0 of a tensor-parallel run over a fake process group of N ranks: the model built inside the
+fake mode and split by ``trainmath.runtime.tensor_parallel.apply_tp`` (torchtitan's plans on transformers'
+decoder layers), the loss under ``loss_parallel()`` when vocabulary-parallel, under ``MemTracker``.
 
 One deviation from an eager run, and why: transformers treats fake tensors as tracing, so it cannot check the
 position ids for packed sequences and builds an explicit attention mask (then SDPA repeats K/V for GQA). An eager
 run of an unpacked batch finds no packing and runs SDPA with ``is_causal``; ``find_packed_sequence_indices`` is
 patched to say so for the duration of the step (the tests check the fake step against a real one, op for op).
+A second, for TP: DTensor infers each op's global output shape by running it on fake tensors of the ambient fake
+mode (``_sharding_prop.detect_fake_mode() or FakeTensorMode()``), cached per op and arguments. In a real run that
+is a private mode whose tensors MemTracker does not count; under the simulation's own fake mode they would be
+counted, and AdamW's bias corrections change every step, so each step's optimizer ops miss the cache and add
+global-shape transients (86,016 bytes more at the optimizer step of the tiny tp = 2 test model).
+``detect_fake_mode`` is patched for the duration of the step so that the propagation gets a private mode, as it
+does in a real run.
 
 torch and transformers are imported inside the functions: the calculator never needs them.
 """
@@ -42,10 +52,46 @@ class Simulation:
     buffers_bytes: int
     """Module buffers (rotary ``inv_freq``): in ``peak_bytes``, not in the calculator's prediction."""
     seconds: float
+    saved_bytes: int | None = None
+    """What the first step's forward saved for backward (distinct non-parameter storages still held when it ends,
+    ``saved_counter``): the calculator's activations plus the saved part of the logits. None under FSDP2 and
+    with recompute."""
 
     def to_dict(self) -> dict:
         return {"peak_bytes": self.peak_bytes, "by_kind": self.by_kind, "buffers_bytes": self.buffers_bytes,
-                "seconds": round(self.seconds, 2)}
+                "saved_bytes": self.saved_bytes, "seconds": round(self.seconds, 2)}
+
+
+def saved_counter(model):
+    """``(pack, total)``: a ``saved_tensors_hooks`` pack hook, and the bytes of the distinct non-parameter
+    storages it saw that are still alive (call after the forward). The method of
+    ``tests/activations/test_hf_oracle.py::_measure``; storages are told apart by their ``StorageImpl`` (fake
+    tensors have no data pointers), a DTensor by its local tensor's, a collective in flight by its buffer's."""
+    import gc
+    import weakref
+
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.distributed.tensor import DTensor
+
+    def storage(t):
+        while isinstance(t, (DTensor, AsyncCollectiveTensor)):
+            t = t._local_tensor if isinstance(t, DTensor) else t.elem
+        return t.untyped_storage()
+
+    params = {storage(p)._cdata for p in model.parameters()}
+    seen: dict[int, list] = {}
+
+    def pack(t):
+        st = storage(t)
+        if st._cdata not in params:
+            seen.setdefault(st._cdata, []).append((weakref.ref(t), st.nbytes()))
+        return t
+
+    def total() -> int:
+        gc.collect()
+        return sum(max((n for r, n in refs if r() is not None), default=0) for refs in seen.values())
+
+    return pack, total
 
 
 def check_simulable(setup: TrainingSetup, layout: ParallelLayout) -> None:
@@ -59,12 +105,15 @@ def check_simulable(setup: TrainingSetup, layout: ParallelLayout) -> None:
     if setup.profile != "hf":
         bad.append("--profile megatron (the simulation runs transformers' code: --profile hf)")
     fsdp = layout.zero == 3 and layout.dp > 1 and layout.ranks == layout.dp
-    if not fsdp and (layout.ranks != 1 or layout.zero):
-        bad.append(f"layout {layout.describe()} (--simulate runs one device, or one rank of FSDP2 with --zero 3 "
-                   f"and --dp only)")
-    if fsdp and setup.optimizer_impl != "forloop":
-        bad.append(f"--zero 3 with --optimizer-impl {setup.optimizer_impl} (foreach and fused AdamW misbehave on "
-                   f"fake DTensor shards: pass --optimizer-impl forloop)")
+    tp = layout.tp > 1 and layout.ranks == layout.tp and not layout.zero and layout.ep == 1
+    if not fsdp and not tp and (layout.ranks != 1 or layout.zero or layout.sp or layout.vocab_parallel):
+        bad.append(f"layout {layout.describe()} (--simulate runs one device, one rank of FSDP2 with --zero 3 "
+                   f"and --dp only, or one rank of --tp N with --sp / --vocab-parallel)")
+    if (fsdp or tp) and setup.optimizer_impl != "forloop":
+        bad.append(f"{'--zero 3' if fsdp else '--tp'} with --optimizer-impl {setup.optimizer_impl} (foreach and "
+                   f"fused AdamW misbehave on fake DTensor shards: pass --optimizer-impl forloop)")
+    if tp and setup.recompute == "full":
+        bad.append("--tp with --recompute full (transformers' checkpointing of DTensor layers is not simulated)")
     if setup.offload != "none" or (setup.micro_batches or 1) > 1 or setup.grad_lifetime == "accumulate":
         bad.append("--offload / --micro-batches / --grad-lifetime accumulate (one plain step only)")
     if bad:
@@ -97,7 +146,13 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
         raise TrainmathError(f"--simulate needs torch and transformers ({e.name} is missing): "
                              f"pip install 'trainmath[runtime]' transformers") from None
     fsdp = layout.zero == 3 and layout.dp > 1
-    if fsdp:
+    tp = layout.tp > 1
+    cfg = hf_config(config)
+    if tp:
+        from trainmath.runtime.tensor_parallel import apply_tp, check_tp, loss_context
+
+        check_tp(cfg, layout.tp)
+    if fsdp or tp:
         import torch.distributed as dist
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
         from torch.distributed.device_mesh import init_device_mesh
@@ -105,14 +160,13 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         if dist.is_initialized():
-            raise TrainmathError("--simulate --zero 3 needs its own process group; torch.distributed is already "
-                                 "initialised in this process")
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=layout.dp)
+            raise TrainmathError(f"--simulate {'--zero 3' if fsdp else '--tp'} needs its own process group; "
+                                 f"torch.distributed is already initialised in this process")
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=layout.ranks)
     if moe and setup.experts == "grouped" and setup.precision != "bf16":
         raise TrainmathError(f"--simulate with --experts grouped needs --precision bf16 (torch's fake-tensor "
                              f"_grouped_mm accepts bf16 only), got --precision {setup.precision}; or pass "
                              f"--experts eager")
-    cfg = hf_config(config)
     kw = {"attn_implementation": setup.attention}
     if moe:
         kw["experts_implementation"] = "grouped_mm" if setup.experts == "grouped" else "eager"
@@ -122,8 +176,13 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
     start = time.perf_counter()
     saved = masking.find_packed_sequence_indices
     masking.find_packed_sequence_indices = lambda position_ids: None  # an unpacked batch (module docstring)
+    if tp:
+        import torch.distributed.tensor._sharding_prop as prop
+
+        detect = prop.detect_fake_mode
+        prop.detect_fake_mode = lambda *a: None  # as in a real run (module docstring)
     try:
-        mesh = init_device_mesh("cpu", (layout.dp,)) if fsdp else None  # outside the fake mode
+        mesh = init_device_mesh("cpu", (layout.ranks,)) if fsdp or tp else None  # outside the fake mode
         with FakeTensorMode():
             model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, **kw)
             model.train()
@@ -138,6 +197,9 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
                 for layer in layers:
                     fully_shard(layer, mesh=mesh, reshard_after_forward=True)
                 fully_shard(model, mesh=mesh)
+            if tp:
+                apply_tp(model, mesh, sp=layout.sp, vocab_parallel=layout.vocab_parallel)
+            loss_ctx = (lambda: loss_context(layout.vocab_parallel)) if tp else contextlib.nullcontext
             params = model.parameters()
             if setup.optimizer in ("adam", "adamw"):
                 opt = getattr(torch.optim, "AdamW" if setup.optimizer == "adamw" else "Adam")(params, lr=1e-4,
@@ -147,11 +209,19 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
                                       **opt_kw)
             amp = setup.precision == "amp-bf16"
 
-            def step() -> None:
+            pack, saved_total = saved_counter(model)
+            held = []
+
+            def step(count: bool = False) -> None:
                 ids = torch.randint(0, cfg.vocab_size, (setup.micro_batch, setup.seq))
-                with torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
-                    out = model(input_ids=ids, labels=ids, use_cache=False)
-                out.loss.backward()
+                hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if count else \
+                    contextlib.nullcontext()
+                with loss_ctx():
+                    with hooks, torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
+                        out = model(input_ids=ids, labels=ids, use_cache=False)
+                    if count:
+                        held.append(saved_total())
+                    out.loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=setup.grad_lifetime == "set_to_none")
 
@@ -161,16 +231,21 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
                 mt = MemTracker()
                 mt.track_external(model, opt)
             with mt:
-                step()
+                # the warm-up step counts what it saves (not under FSDP2, whose unsharded weights are not the
+                # module's parameters, nor with checkpointing, whose own hooks take the layers' tensors)
+                step(count=not fsdp and setup.recompute == "none")
                 mt.reset_mod_stats()
                 step()
                 peak = mt.get_tracker_snapshot("peak")
             buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
     finally:
         masking.find_packed_sequence_indices = saved
-        if fsdp:
+        if tp:
+            prop.detect_fake_mode = detect
+        if fsdp or tp:
             dist.destroy_process_group()
     snap = next(iter(peak.values()))
     kinds = {str(getattr(k, "value", k)): v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total"}
     return Simulation(peak_bytes=snap["Total"], by_kind=kinds, buffers_bytes=buffers,
+                      saved_bytes=held[0] if held else None,
                       seconds=time.perf_counter() - start)
