@@ -34,7 +34,8 @@ def derived(model_type: str, attn: str, mode: str, *, tp: int, sp: bool, vp: boo
             ffn: int = BASE["intermediate_size"], vocab: int = BASE["vocab_size"],
             layers: int = BASE["num_hidden_layers"]) -> dict[str, int]:
     """Bytes one rank saves for backward, by rule (``RULES``), for the llama / mistral / qwen2 / qwen3 decoder
-    (qwen3: per-head q/k RMSNorms) under ``apply_tp``. Derived from the modeling code, op by op (docs/tensor-parallel.md):
+    (qwen3: per-head q/k RMSNorms) under ``apply_tp``. Derived from the modeling code, op by op
+    (docs/tensor-parallel.md):
 
     - RMSNorm (``x.to(fp32)``; ``x * rsqrt(mean(x²) + eps)``; ``w * h.to(input_dtype)``) keeps the fp32 input
       (the fp32 residual stream itself, or its fp32 copy in bf16), the fp32 rsqrt (T × 1) and the normalised
