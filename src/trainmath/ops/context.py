@@ -49,9 +49,9 @@ class Router:
     @classmethod
     def from_config(cls, config: dict) -> Router:
         """The router switches of a Hugging Face config dict (missing keys: transformers' defaults)."""
-        v2 = config.get("model_type") == "deepseek_v2"
-        return cls(norm_topk_prob=bool(config.get("norm_topk_prob", _norm_topk_default(config.get("model_type", "")))),
-                   topk_method=config.get("topk_method") or ("greedy" if v2 else "noaux_tc"))
+        base = config_defaults(config.get("model_type", ""))
+        return cls(norm_topk_prob=bool(config.get("norm_topk_prob", base.get("norm_topk_prob", True))),
+                   topk_method=config.get("topk_method") or base.get("topk_method", "noaux_tc"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,16 +77,9 @@ class Family:
 
     @classmethod
     def default(cls, model_type: str) -> Family:
-        """transformers 5.24's config-class defaults for ``model_type``."""
-        if model_type == "gemma2":
-            return cls(final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
-        if model_type == "glm4_moe":
-            return cls(partial_rotary_factor=0.5)
-        if model_type == "cohere":
-            return cls(logit_scale=0.0625)
-        if model_type == "qwen3_next":
-            return cls(partial_rotary_factor=0.25)
-        return cls()
+        """transformers 5.24's config-class defaults for ``model_type`` (its row of the family table)."""
+        base = config_defaults(model_type)
+        return cls(**{k: v for k, v in base.items() if k in cls.__dataclass_fields__})
 
     @classmethod
     def from_config(cls, config: dict) -> Family:
@@ -103,14 +96,18 @@ class Family:
                    attn_temperature_tuning=bool(config.get("attn_temperature_tuning", base.attn_temperature_tuning)))
 
 
-def _norm_topk_default(model_type: str) -> bool:
-    """transformers' config-class default of ``norm_topk_prob`` (False for Qwen2-MoE and DeepSeek-V2)."""
-    return model_type not in ("qwen2_moe", "deepseek_v2")
+def config_defaults(model_type: str) -> dict:
+    """transformers' config-class defaults of the switches ``Family`` and ``Router`` read, from the family's row
+    (``ops.families.Style.config_defaults``; empty for a family not in the table)."""
+    from trainmath.ops.families import STYLES  # the family table imports the kernels, which import this module
+
+    row = STYLES.get(model_type)
+    return dict(row.config_defaults) if row is not None else {}
 
 
 def _norm_topk_default(model_type: str) -> bool:
     """transformers' config-class default of ``norm_topk_prob`` (False for Qwen2-MoE and DeepSeek-V2)."""
-    return model_type not in ("qwen2_moe", "deepseek_v2")
+    return bool(config_defaults(model_type).get("norm_topk_prob", True))
 
 
 @dataclass(frozen=True, kw_only=True)

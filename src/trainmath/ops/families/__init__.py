@@ -54,6 +54,9 @@ class Style:
     """The routing weights are the renormalised fp32 top-k values, always renormalised (Mixtral)."""
     experts_grouped: bool = True
     """transformers' ``grouped_mm`` expert path is modelled (else only the eager loop is)."""
+    config_defaults: tuple[tuple[str, object], ...] = ()
+    """transformers 5.24's config-class defaults of the switches that change what is saved but no parameter
+    (``context.Family``, ``context.Router``), used where a config omits them."""
 
 
 STYLES: dict[str, Style] = {
@@ -62,24 +65,28 @@ STYLES: dict[str, Style] = {
     "qwen2": Style(),
     "qwen3": Style(),
     "qwen3_moe": Style(),
-    "qwen2_moe": Style(),
+    "qwen2_moe": Style(config_defaults=(("norm_topk_prob", False),)),
     "mixtral": Style(fp32_routing=True),
     "phi3": Style(rotary="rotate_half_cat"),
     "olmo2": Style(norm="rms_fp32_weight", qk_norm="full", rope_fp32=True),
-    "gemma2": Style(norm="gemma", act="gelu_tanh", embed_scale=True, attention="eager"),
+    "gemma2": Style(norm="gemma", act="gelu_tanh", embed_scale=True, attention="eager",
+                    config_defaults=(("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0))),
     "gemma3_text": Style(norm="gemma", act="gelu_tanh", embed_scale=True, rope_sets_by_window=True),
-    "cohere": Style(norm="cohere", rotary="interleaved_fp32"),
+    "cohere": Style(norm="cohere", rotary="interleaved_fp32", config_defaults=(("logit_scale", 0.0625),)),
     "starcoder2": Style(norm="layer", act="gelu_tanh"),
     "gpt2": Style(norm="layer", act="gelu_new", rotary="none", positions="learned"),
     "falcon": Style(norm="layer", act="gelu"),
-    "deepseek_v2": Style(positions="freqs_cis", router="softmax_greedy", router_fp32=True),
+    "deepseek_v2": Style(positions="freqs_cis", router="softmax_greedy", router_fp32=True,
+                         config_defaults=(("norm_topk_prob", False), ("topk_method", "greedy"))),
     "deepseek_v3": Style(router="sigmoid_noaux", router_fp32=True),
-    "glm4_moe": Style(rotary="rotate_half_cat", router="sigmoid_noaux", router_fp32=True),
+    "glm4_moe": Style(rotary="rotate_half_cat", router="sigmoid_noaux", router_fp32=True,
+                      config_defaults=(("partial_rotary_factor", 0.5),)),
     "gpt_oss": Style(norm="rms_fp32_weight", rope_half=True, attention="eager", router="topk_softmax",
                      experts_grouped=False),
     "llama4_text": Style(positions="freqs_cis", rope_layers="windowed", router="sigmoid_scatter", qk_norm_kind="l2",
                          experts_grouped=False),
-    "qwen3_next": Style(norm="gemma", rotary="rotate_half_cat", experts_grouped=False),
+    "qwen3_next": Style(norm="gemma", rotary="rotate_half_cat", experts_grouped=False,
+                        config_defaults=(("partial_rotary_factor", 0.25),)),
     "nemotron_h": Style(norm="nemotron", act="relu2", rotary="none", positions="none", router="sigmoid_noaux",
                         router_fp32=True, experts_grouped=False),
 }
