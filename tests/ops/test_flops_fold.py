@@ -78,3 +78,38 @@ def test_llama4_executed_experts_are_all_tokens():
         linear_gemms_from_ops(layer_ops(spec, layer, batch=B, seq=S))
     with pytest.raises(TrainmathError, match="experts must be one of active, executed; got 'all'"):
         _fold(spec, layer, experts="all")
+
+
+@pytest.mark.parametrize("model", ["Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3", "nvidia/Nemotron-H-56B-Base-8K"])
+def test_count_flops_reads_the_op_lists(model):
+    """``trainmath flops`` takes the linears from the op fold (no fallback note for a catalog model with an op
+    list), listing each layer's GEMMs block by block as from the spec."""
+    from trainmath.flops import count_flops
+    from trainmath.flops.gemm import block_gemms
+
+    spec = load_spec(model)
+    report = count_flops(spec, batch=B, seq=S)
+    assert not [n for n in report.notes if "linears counted from the spec" in n]
+    for lt, (layer, _) in zip(report.layer_types, spec.layer_groups()):
+        assert list(lt.gemms) == [g for bl in layer.blocks for g in block_gemms(bl, batch=B, seq=S)]
+
+
+def test_count_flops_notes_a_config_the_op_list_does_not_model():
+    """MLA with equal q/k and v head dims: its op list refuses (SDPA's flash kernel's saved bytes are not
+    modelled), so the linears come from the spec's blocks, with a note; the numbers are the same GEMMs."""
+    from trainmath.flops import count_flops
+    from trainmath.model import spec_from_config
+
+    cfg = dict(model_type="deepseek_v3", hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+               q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24,
+               n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+               n_group=1, topk_group=1)
+    spec = spec_from_config(cfg, name="tiny-mla", source="test")
+    with pytest.raises(TrainmathError, match="equal q/k and v head dims"):
+        layer_ops(spec, spec.layers[0], batch=B, seq=S)
+    report = count_flops(spec, batch=B, seq=S)
+    assert [n for n in report.notes if "linears counted from the spec's blocks" in n]
+    linears = [g for lt in report.layer_types for g in lt.gemms if g.component != "attention_core"]
+    assert linears == [g for layer, _ in spec.layer_groups() for bl in layer.blocks
+                       for g in linear_gemms(bl, B * S)]
