@@ -186,7 +186,15 @@ def block_gemms(block: Block, *, batch: int, seq: int, causal: str = "executed",
     """Every GEMM of one block's forward pass over ``batch`` sequences of ``seq`` tokens. ``gdn_chunk`` and
     ``mamba_chunk`` are the chunk lengths of the linear-attention and Mamba-2 scans (transformers: 64, and the
     config's ``chunk_size``, 128 for Nemotron-H)."""
-    gemms = linear_gemms(block, batch * seq)
+    return linear_gemms(block, batch * seq) + core_gemms(block, batch=batch, seq=seq, causal=causal,
+                                                         gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk)
+
+
+def core_gemms(block: Block, *, batch: int, seq: int, causal: str = "executed", gdn_chunk: int = 64,
+               mamba_chunk: int = 128) -> list[Gemm]:
+    """The GEMMs of one block that are not its linears: the attention core, the depthwise conv and the chunked
+    scan (``block_gemms`` less ``linear_gemms``)."""
+    gemms: list[Gemm] = []
     if block.kind in ("attention", "mla"):
         gemms += attention_core_gemms(block.dims, batch=batch, seq=seq, causal=causal)
     elif block.kind == "linear_attention":

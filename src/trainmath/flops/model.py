@@ -10,6 +10,12 @@ activation recomputation repeats:
   Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.2) recompute;
   ``full`` re-runs the forward of every decoder layer (not the LM head), as Megatron-LM's full checkpointing does.
 
+The linears' GEMMs are a fold over each layer type's op list (``trainmath.ops.flops``, the ops ``trainmath
+memory`` folds too), equal to ``flops.gemm.linear_gemms`` over the spec's blocks for every catalog model
+(``tests/ops/test_flops_fold.py``); a family without an op list (Kimi-K2), or a config its emitter does not model
+(a note says which), counts them from the spec's blocks. The attention core, conv and scan GEMMs come from the
+blocks' dims (``flops.gemm.core_gemms``).
+
 Linear-attention (Gated DeltaNet) and Mamba-2 layers count their chunked cores as transformers' torch path runs
 them, over whole chunks (``gdn_chunk``, 64 in transformers; ``mamba_chunk``, the config's ``chunk_size``).
 
@@ -22,8 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
-from trainmath.flops.gemm import CAUSAL, Gemm, block_gemms, core_note, linear_gemms
-from trainmath.model.spec import Block, ModelSpec
+from trainmath.flops.gemm import CAUSAL, Gemm, _module, core_gemms, core_note, linear_gemms
+from trainmath.model.spec import Block, LayerSpec, ModelSpec
+from trainmath.ops import families
+from trainmath.ops.flops import layer_ops, layer_top_k, linear_gemms_from_ops
 from trainmath.tree import Node
 
 RECOMPUTE = ("none", "selective", "full")
@@ -114,6 +122,26 @@ def _tree(name: str, per_module: dict[str, dict[str, int]], notes: dict[str, str
     return Node.of(name, comps, "flops")
 
 
+def _op_linears(spec: ModelSpec, layer: LayerSpec, batch: int, seq: int) -> tuple[list[list[Gemm]] | None, str]:
+    """The linear GEMMs folded from a layer's op list, grouped by the spec block whose linear tensor each
+    multiplies by (in op order within a block), so that a layer lists each block's linears then its core; or
+    (None, why) when the family has no op list or its emitter does not model this config (its saved bytes are
+    unknown, e.g. MLA with equal q/k and v head dims): the linears are then counted from the spec's blocks."""
+    if spec.model_type not in families.LAYERS:
+        return None, ""
+    try:
+        ops = layer_ops(spec, layer, batch=batch, seq=seq)
+    except TrainmathError as e:
+        return None, f"{layer.label}: linears counted from the spec's blocks, as the op list does not model it ({e})"
+    folded = linear_gemms_from_ops(ops, top_k=layer_top_k(layer))
+    names = [{_module(t.name) for t in b.tensors if t.kind == "linear"} for b in layer.blocks]
+    groups = [[g for g in folded if g.name in mine] for mine in names]
+    if any(sum(g.name in mine for mine in names) != 1 for g in folded):
+        raise TrainmathError(f"{spec.name} {layer.label}: the op list's linears "
+                             f"{sorted(g.name for g in folded)} do not match its blocks' {sorted(set().union(*names))}")
+    return groups, ""
+
+
 def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "executed",
                 recompute: str = "none", gdn_chunk: int = 64, mamba_chunk: int | None = None) -> FlopsReport:
     """GEMM FLOPs of one training step of ``batch`` sequences of ``seq`` tokens (see the module docstring)."""
@@ -150,9 +178,14 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
     layer_types = []
     for layer, idx in spec.layer_groups():
         gemms: list[Gemm] = []
+        # the linears as a fold over the layer's op list (``trainmath.ops.flops``), listed by block
+        linears, why = _op_linears(spec, layer, batch, seq)
+        if why:
+            report_notes.append(why)
         for b in layer.blocks:
-            gemms += block_gemms(b, batch=batch, seq=seq, causal=causal, gdn_chunk=gdn_chunk,
-                                 mamba_chunk=mamba_chunk)
+            gemms += linear_gemms(b, tokens) if linears is None else linears.pop(0)
+            gemms += core_gemms(b, batch=batch, seq=seq, causal=causal, gdn_chunk=gdn_chunk,
+                                mamba_chunk=mamba_chunk)
             if core_note(b.kind) and core_note(b.kind) not in report_notes:
                 report_notes.append(core_note(b.kind))
         layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms)))
@@ -187,7 +220,7 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
                                       "selective": "attention core forward again (Korthikanti et al. 2022)",
                                       "full": "forward of every decoder layer again (LM head not)"}[recompute],
     )
-    if report_notes:  # a linear-attention or Mamba-2 layer
+    if any(core_note(k) in report_notes for k in ("linear_attention", "mamba")):
         conventions += (f"linear-attention / Mamba-2 cores: chunked as executed, chunk {gdn_chunk} / {mamba_chunk}, "
                         "padded to whole chunks",)
     return FlopsReport(model=spec.name, batch=batch, seq=seq, causal=causal, recompute=recompute, forward=forward,

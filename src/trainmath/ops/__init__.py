@@ -11,6 +11,7 @@
 - ``model``: the ops around the layers (embedding, the rotary tables every layer shares, final norm, LM head and
   loss), driven by the family's ``Style`` row.
 - ``fold``: saved bytes (distinct storages) and the per-layer tree, on one rank of a layout.
+- ``flops``: the linears' GEMMs (m, k, n per rank), which ``trainmath.flops.count_flops`` reads.
 
 ``trainmath.memory.activations.activation_bytes`` folds each layer type's op list; the oracle tests in
 ``tests/activations`` compare the folds with what transformers' own code saves, exactly.

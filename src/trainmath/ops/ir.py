@@ -138,7 +138,7 @@ class Op:
     """What autograd keeps for this op's backward (storages counted once across ops)."""
     kernel: str = ""
     """The implementation where it changes what is kept: ``sdpa``, ``eager``, ``sdpa_math``, ``grouped_mm``,
-    ``eager_loop`` ..."""
+    ``eager_loop``, ``all_tokens`` (every expert over every token) ..."""
     weight: TensorSpec | None = None
     """The parameter a ``linear`` multiplies by (its FLOPs and, under autocast, its cast)."""
     note: str = ""

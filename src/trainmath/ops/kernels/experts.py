@@ -54,10 +54,13 @@ def _t(name: str, axes, dtype: int, note: str = "", count: int = 1) -> Tensor:
 
 
 def expert_linear(prog: Program, ctx: Ctx, name: str, x: Tensor, out: Axis, weights: list[TensorSpec], *,
-                  copies: int | None, autocast: bool = True, out_dtype: int | None = None) -> Tensor:
+                  copies: int | None, autocast: bool = True, out_dtype: int | None = None,
+                  kernel: str | None = None) -> Tensor:
     """One (fused) expert projection over the routed rows: one op per spec weight (gate and up stored apart
     are one fused matmul in the module: one input cast, one output). Saves the input (its cast under autocast
-    when ``autocast``) and, with ``copies`` not None, the weights' autocast casts (``copies`` experts)."""
+    when ``autocast``) and, with ``copies`` not None, the weights' autocast casts (``copies`` experts). ``kernel``
+    defaults to ``grouped_mm`` (``copies`` None) or ``eager_loop``; ``all_tokens`` marks rows that are every
+    expert over every token (``ops.flops`` then counts the active T·top_k of them by default)."""
     c = ctx.p.compute
     xin = x
     if autocast and ctx.p.autocast and x.dtype_bytes != c:
@@ -69,7 +72,7 @@ def expert_linear(prog: Program, ctx: Ctx, name: str, x: Tensor, out: Axis, weig
         if wc is not None:
             saved.append(wc)
         prog.emit("linear", name, inputs=(x,), outputs=(y,) if i == 0 else (), saved=saved, weight=w,
-                  kernel="grouped_mm" if copies is None else "eager_loop",
+                  kernel=kernel or ("grouped_mm" if copies is None else "eager_loop"),
                   note="" if i == 0 else f"fused with {weights[0].name}: one matmul, one output")
     return y
 
@@ -167,9 +170,10 @@ def all_tokens_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, scores:
     prog.emit("copy", f"{prefix}.repeat", inputs=(x, scores), outputs=(rep, st))
     scaled = _t(f"{prefix}.scaled_input", (rows, d), max(rep.dtype_bytes, c))
     prog.emit("mul", f"{prefix}.score_mul", inputs=(rep, st), outputs=(scaled,), saved=(rep, st))
-    h = expert_linear(prog, ctx, f"{prefix}.gate_up_proj", scaled, Axis(2 * f, "tp"), first, copies=n)
+    h = expert_linear(prog, ctx, f"{prefix}.gate_up_proj", scaled, Axis(2 * f, "tp"), first, copies=n,
+                      kernel="all_tokens")
     prod = _gated(prog, prefix, h, f, act)
-    expert_linear(prog, ctx, f"{prefix}.down_proj", prod, d, [down], copies=n)
+    expert_linear(prog, ctx, f"{prefix}.down_proj", prod, d, [down], copies=n, kernel="all_tokens")
 
 
 def clamped_swiglu_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: Tensor, *, k: int, f: int,
