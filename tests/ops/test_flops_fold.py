@@ -56,13 +56,14 @@ def test_tp2_halves_column_and_row_gemms(model):
 
 
 @pytest.mark.parametrize("model", [m for m in EMITTED if layer_top_k(load_spec(m).layers[-1])])
-def test_ep2_halves_routed_rows(model):
+def test_ep2_leaves_each_ranks_gemms_unchanged(model):
+    """Expert-parallel ranks are drawn from data parallelism: each brings its own micro-batch, and under balanced
+    routing its n/ep experts receive T·top_k rows in all, so no GEMM of a rank changes (``ir.SHARDS``)."""
     spec = load_spec(model)
     for layer, _ in spec.layer_groups():
         one, two = _fold(spec, layer), _fold(spec, layer, Degrees(ep=2))
         assert (layer_top_k(layer) is None) == all(g.component != "experts" for g in one)
-        for g1, g2 in zip(one, two):
-            assert (g2.m * (2 if g1.component == "experts" else 1), g2.k, g2.n) == (g1.m, g1.k, g1.n), g1.name
+        assert [(g.name, g.m, g.k, g.n) for g in two] == [(g.name, g.m, g.k, g.n) for g in one]
 
 
 def test_llama4_executed_experts_are_all_tokens():
