@@ -2,12 +2,12 @@
 
 Each ``linear`` op with a weight is one GEMM (``flops.gemm.Gemm``): m = the rows of its input (the product of the
 input's axes but the last, on the rank: the tokens, or the routed rows of an expert op, whole under expert
-parallelism, whose ranks each bring their own micro-batch, see ``ir.SHARDS``), and k, n = the weight's in and
-out features (``flops.gemm._in_out``), each divided as the op's tensors are: n by the rule of the output's last axis (``tp``: a column-parallel Linear), k by the input's (``tp``: a
-row-parallel one). Names and components are the weight's, as ``flops.gemm.linear_gemms`` gives them, so the
-FLOPs trees keep their names. A fused expert projection whose gate and up are stored apart is one op per weight,
-the later ones without an output of their own: they produce the other columns of the first one's output, under
-its rule.
+parallelism, whose ranks each bring their own micro-batch, see ``ir.SHARDS``), and k, n = the weight's in and out
+features (``flops.gemm._in_out``), each divided as the op's tensors are: n by the rule of the output's last axis
+(``tp``: a column-parallel Linear), k by the input's (``tp``: a row-parallel one). Names and components are the
+weight's, as ``flops.gemm.linear_gemms`` gives them, so the FLOPs trees keep their names. A fused expert projection
+whose gate and up are stored apart is one op per weight, the later ones without an output of their own: they produce
+the other columns of the first one's output, under its rule.
 
 Experts (``experts``): ``active`` (default, the convention of ``trainmath flops``: each token runs its top_k
 experts) counts an ``all_tokens`` op (Llama 4, ``kernels.experts.all_tokens_experts``: every expert over every
