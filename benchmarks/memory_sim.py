@@ -9,21 +9,112 @@ with the prediction. Target (issue 9): every case within 2%. Run: ``python bench
 (``--quick``: one model). ``--fsdp W``: rank 0 of a W-rank FSDP2 run instead (``--zero 3 --dp W``, bf16, for-loop
 AdamW, over a fake process group). ``--moe``: Qwen3-30B-A3B cut to its first 4 layers (full width otherwise, as
 the issue's own GPU check did), grouped experts. Each full-width case takes minutes on two shared cores.
+
+``--families``: one catalog model per hf family (``trainmath.ops.families.STYLES``; the smallest catalog config of
+each, ``FAMILIES``), full width but cut to 2 decoder layers, b = 1, s = 512, single device (with ``--fsdp W``: rank 0
+of W FSDP2 ranks, bf16 only). The cut (``cut``) keeps one layer of each kind: ``layer_types`` lists are rebuilt with
+each distinct type once (gpt-oss: sliding + full; Gemma 3: sliding + full; Qwen3-Next: linear_attention + full);
+Nemotron-H keeps 3 layers, pattern ``M*-`` (Mamba-2, attention, MLP); DeepSeek-V2/V3 and GLM-4.5 get
+``first_k_dense_replace = 1`` (one dense layer, one MoE layer); Llama 4 runs its ``text_config`` (its first 2 layers:
+both chunked RoPE MoE layers). MoE experts: grouped
+where the family's grouped path is modelled, else eager (``trainmath.memory.training.experts_path``); fake
+``_grouped_mm`` takes bf16 only, so amp-bf16 MoE cases run eager experts (the experts column says which). A family
+whose simulation fails is a row with the error, not a crash. Attention: SDPA, except ``EAGER_ATTENTION`` (Gemma 2's
+softcapping and gpt-oss's sinks: transformers runs them eager only). ``--only a,b``: those families only. Each case
+takes seconds; the whole single-device table about 5 minutes on two shared cores.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from trainmath.layout import ParallelLayout
 from trainmath.memory.simulate import simulate
-from trainmath.memory.training import TrainingSetup, training_memory
+from trainmath.memory.training import TrainingSetup, experts_path, training_memory
 from trainmath.model import spec_from_config
 from trainmath.model.spec import MoEDims
 from trainmath.sources import resolve
 
 MODELS = ("Qwen/Qwen3-0.6B", "meta-llama/Llama-3.2-1B")
 CASES = [(p, r) for p in ("bf16", "amp-bf16") for r in ("none", "full")]
+FAMILIES = {  # family → the smallest catalog config of it (by width × experts)
+    "llama": "meta-llama/Llama-3.2-1B", "mistral": "mistralai/Mistral-7B-v0.3", "qwen2": "Qwen/Qwen2.5-7B",
+    "qwen3": "Qwen/Qwen3-0.6B", "qwen3_moe": "Qwen/Qwen3-30B-A3B", "qwen2_moe": "Qwen/Qwen1.5-MoE-A2.7B",
+    "mixtral": "mistralai/Mixtral-8x7B-v0.1", "phi3": "microsoft/Phi-3.5-mini-instruct",
+    "olmo2": "allenai/OLMo-2-1124-7B", "gemma2": "google/gemma-2-9b", "gemma3_text": "google/gemma-3-1b-it",
+    "cohere": "CohereForAI/aya-23-8B", "starcoder2": "bigcode/starcoder2-7b", "gpt2": "openai-community/gpt2",
+    "falcon": "tiiuae/falcon-7b", "deepseek_v2": "deepseek-ai/DeepSeek-V2-Lite",
+    "deepseek_v3": "deepseek-ai/DeepSeek-V3", "glm4_moe": "zai-org/GLM-4.5", "gpt_oss": "openai/gpt-oss-20b",
+    "llama4_text": "meta-llama/Llama-4-Scout-17B-16E-Instruct", "qwen3_next": "Qwen/Qwen3-Next-80B-A3B-Thinking",
+    "nemotron_h": "nvidia/Nemotron-H-56B-Base-8K"}
+
+EAGER_ATTENTION = ("gemma2", "gpt_oss")
+"""Families transformers refuses to run with SDPA."""
+
+
+def cut(config: dict) -> dict:
+    """``config`` at full width with 2 decoder layers, one of each kind (module docstring)."""
+    c = dict(config.get("text_config", config)) if config.get("model_type") == "llama4" else dict(config)
+    mt = c["model_type"]
+    if mt == "nemotron_h":
+        c.pop("layers_block_type", None)
+        return {**c, "hybrid_override_pattern": "M*-", "num_hidden_layers": 3}
+    c["n_layer" if mt == "gpt2" else "num_hidden_layers"] = 2
+    if "first_k_dense_replace" in c:
+        c["first_k_dense_replace"] = 1
+    if mt == "gemma3_text":
+        c["layer_types"] = ["sliding_attention", "full_attention"]
+    elif mt == "qwen3_next":
+        c["layer_types"] = ["linear_attention", "full_attention"]
+    elif isinstance(c.get("layer_types"), list):
+        kinds = list(dict.fromkeys(c["layer_types"]))
+        c["layer_types"] = (kinds * 2)[:2]
+    return c
+
+
+def families(world: int) -> None:
+    """The ``--families`` table (module docstring)."""
+    layout = ParallelLayout(dp=world, zero=3) if world > 1 else ParallelLayout()
+    cases = [("bf16", r) for r in ("none", "full")] if world > 1 else CASES
+    where = f"FSDP2 rank 0 of {world}" if world > 1 else "1 device"
+    print("| family | model (cut) | layout | precision | recompute | experts | predicted (B) | event | "
+          "simulated − buffers (B) | difference | sim s |")
+    print("|---|---|---|---|---|---|---:|---|---:|---:|---:|")
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else list(FAMILIES)
+    for family, name in ((f, n) for f, n in FAMILIES.items() if f in only):
+        layers = "3 layers" if family == "nemotron_h" else "2 layers"
+        layers += ", eager attention" if family in EAGER_ATTENTION else ""
+        try:
+            config = cut(resolve(name).config)
+            spec = spec_from_config(config, name=name, source=name)
+        except Exception as e:  # noqa: BLE001 - a row, not a crash
+            print(f"| {family} | {name}, {layers} | {where} | - | - | - | - | - | - | failed: "
+                  f"{type(e).__name__}: {str(e).splitlines()[0][:160]} | - |", flush=True)
+            continue
+        moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
+        for precision, recompute in cases:
+            setup = TrainingSetup(micro_batch=1, seq=512, precision=precision, recompute=recompute, device="cpu",
+                                  optimizer_impl="forloop" if world > 1 else "foreach",
+                                  attention="eager" if family in EAGER_ATTENTION else "sdpa")
+            experts = experts_path(spec, setup) if moe else "-"
+            if experts == "grouped" and precision != "bf16":
+                experts = "eager"  # fake _grouped_mm takes bf16 only
+            if moe:
+                setup = dataclasses.replace(setup, experts=experts)
+            try:
+                r = training_memory(spec, setup, layout)
+                sim = simulate(config, setup, layout, moe=moe)
+            except Exception as e:  # noqa: BLE001 - a row, not a crash
+                msg = str(e).strip().splitlines()[0][:160].replace("|", "/") if str(e).strip() else ""
+                print(f"| {family} | {name}, {layers} | {where} | {precision} | {recompute} | {experts} | - | - | - | "
+                      f"failed: {type(e).__name__}: {msg} | - |", flush=True)
+                continue
+            measured = sim.peak_bytes - sim.buffers_bytes
+            diff = 100 * (r.peak_bytes - measured) / measured
+            print(f"| {family} | {name}, {layers} | {where} | {precision} | {recompute} | {experts} | "
+                  f"{r.peak_bytes:,} | {r.stages[0].phase} | {measured:,} | {diff:+.3f}% | {sim.seconds:.0f} |",
+                  flush=True)
 
 
 def main() -> None:
@@ -32,6 +123,8 @@ def main() -> None:
     if "--moe" in sys.argv:
         models = ("Qwen/Qwen3-30B-A3B",)
     world = int(sys.argv[sys.argv.index("--fsdp") + 1]) if "--fsdp" in sys.argv else 1
+    if "--families" in sys.argv:
+        return families(world)
     layout = ParallelLayout(dp=world, zero=3) if world > 1 else ParallelLayout()
     cases = [("bf16", r) for r in ("none", "full")] if world > 1 else CASES
     batches = (1,)
