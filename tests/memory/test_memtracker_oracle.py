@@ -33,12 +33,12 @@ FAMILY = {
 
 
 def measure(model_type, *, precision, vocab, b, s, recompute="none", impl="foreach", lifetime="set_to_none",
-            experts="eager", keep="output"):
+            experts="eager", keep="output", tied=False):
     """(MemTracker's peak total on the CPU, the model's buffer bytes, the prediction)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     extra = FAMILY[model_type]
-    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=vocab, **BASE, **extra)
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=vocab, tie_word_embeddings=tied, **BASE, **extra)
     torch.manual_seed(0)
     kw = {"experts_implementation": {"eager": "eager", "grouped": "grouped_mm"}[experts]} \
         if model_type in ("qwen3_moe", "mixtral") else {}
@@ -241,3 +241,13 @@ def test_ddp_buckets_exact(bucket_view, vocab, b, s):
     assert peak["Total"] - buffers == r.peak_bytes
     assert r.breakdown.flat()["framework_overhead_bytes"] == (0 if bucket_view else r.stages[0].at(
         "optimizer step").flat()["gradients_bytes"])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "amp-bf16"])
+def test_tied_embedding_backward_peak(precision):
+    """Tied embeddings, a vocabulary large beside the model, few tokens: the peak is the embedding's backward,
+    where the weight holds the head's gradient, the lookup's backward makes a second and autograd's accumulation
+    their sum (three V·d tensors; the full-width benchmark found it, ``memory_sim.py --families``)."""
+    measured, buffers, r = measure("qwen3", precision=precision, vocab=4096, b=1, s=8, tied=True)
+    assert r.stages[0].phase == "backward: embedding"
+    assert abs(r.peak_bytes / (measured - buffers) - 1) < 0.01

@@ -245,7 +245,11 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
     if inp.first:
         grads += 0 if inp.tied_head else unit_grads.get("embed", 0)
         red = _flat_reduce(flat["root"]) if sharded_grads else 0
-        ev("backward: embedding", acts=_acts(inp, kept), grads=grads, gather=root,
+        # a tied embedding's weight already holds the head's gradient: the embedding's backward makes a second
+        # one and autograd's accumulation their sum, three vocabulary × hidden tensors at once (measured under
+        # MemTracker: "Temp" = 3·V·d at this moment; benchmarks/memory_sim.py --families)
+        tied = 2 * unit_grads.get("embed", 0) if inp.tied_head and not flat else 0
+        ev("backward: embedding", acts=_acts(inp, kept), grads=grads + tied, gather=root,
            reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad, buffers=red)
     batch = Node.of("activations_bytes", [Node(name="input batch", value=inp.batch, unit="bytes",
                                                note="held by the training loop until the step returns")],
