@@ -123,6 +123,11 @@ class Tensor:
         return Tensor(name=name, axes=tuple(axes), dtype_bytes=self.dtype_bytes, base=self, note=note)
 
 
+def tensor(name: str, axes, dtype_bytes: int, note: str = "", count: int = 1) -> Tensor:
+    """A new tensor (its own storage) of ``axes`` and dtype: what every kernel's outputs and saved copies are."""
+    return Tensor(name=name, axes=tuple(axes), dtype_bytes=dtype_bytes, note=note, count=count)
+
+
 @dataclass(frozen=True, kw_only=True, eq=False, slots=True)
 class Op:
     """One operation of the forward pass, as the model code runs it."""

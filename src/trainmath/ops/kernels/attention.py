@@ -30,7 +30,7 @@ from __future__ import annotations
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import AttentionDims, Block, TensorSpec
 from trainmath.ops.context import FP32, Ctx
-from trainmath.ops.ir import Axis, Program, Tensor
+from trainmath.ops.ir import Axis, Program, Tensor, tensor
 from trainmath.ops.kernels.linear import gather_seq, linear
 from trainmath.ops.kernels.norms import norm
 
@@ -48,8 +48,12 @@ def heads_axes(ctx: Ctx, heads: int, head_dim: int) -> tuple[Axis, ...]:
     return (*ctx.rows(sp=False), Axis(heads, "tp"), Axis(head_dim))
 
 
-def _act(name: str, axes, dtype: int, note: str = "") -> Tensor:
-    return Tensor(name=name, axes=tuple(axes), dtype_bytes=dtype, note=note)
+def rotary_embed(prog: Program, prefix: str, q: Tensor, k: Tensor, dtype: int, kind: str) -> tuple[Tensor, Tensor]:
+    """Rotary embedding of q and k (``ROTARY``; cos/sin need no gradient, so it keeps nothing): new q and k of
+    ``dtype`` (the wider of theirs and cos/sin's)."""
+    qr, kr = tensor(f"{prefix}.q_rot", q.axes, dtype), tensor(f"{prefix}.k_rot", k.axes, dtype)
+    prog.emit("rotary", f"{prefix}.rotary", inputs=(q, k), outputs=(qr, kr), kernel=kind)
+    return qr, kr
 
 
 def gqa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: str = "rotate_half",
@@ -84,35 +88,32 @@ def gqa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: s
         q = norm(prog, ctx, qk_norm_kind, f"{prefix}.q_norm", q, find(block, "q_norm"))
         k = norm(prog, ctx, qk_norm_kind, f"{prefix}.k_norm", k, find(block, "k_norm"))
         if qk_norm == "full":
-            q, k = (_act(t.name, heads_axes(ctx, n, hd), t.dtype_bytes) for t, n in ((q, h), (k, hkv)))
+            q, k = (tensor(t.name, heads_axes(ctx, n, hd), t.dtype_bytes) for t, n in ((q, h), (k, hkv)))
     if rotary != "none":
-        rd = max(q.dtype_bytes, ctx.p.residual)
-        qr, kr = _act(f"{prefix}.q_rot", q.axes, rd), _act(f"{prefix}.k_rot", k.axes, rd)
-        prog.emit("rotary", f"{prefix}.rotary", inputs=(q, k), outputs=(qr, kr), kernel=rotary)
-        q, k = qr, kr
+        q, k = rotary_embed(prog, prefix, q, k, max(q.dtype_bytes, ctx.p.residual), rotary)
     o_axes = heads_axes(ctx, h, hd)
     if not ctx.eager:
-        qs = q if q.dtype_bytes == c else _act("sdpa.query", q.axes, c, "rotary output (its cast under autocast)")
-        ks = k if k.dtype_bytes == c else _act("sdpa.key", k.axes, c)
-        out = _act("sdpa.output", o_axes, c, "also o_proj's input")
-        lse = _act("sdpa.logsumexp", (Axis(b), Axis(h, "tp"), Axis(s, "seq")), FP32)
+        qs = q if q.dtype_bytes == c else tensor("sdpa.query", q.axes, c, "rotary output (its cast under autocast)")
+        ks = k if k.dtype_bytes == c else tensor("sdpa.key", k.axes, c)
+        out = tensor("sdpa.output", o_axes, c, "also o_proj's input")
+        lse = tensor("sdpa.logsumexp", (Axis(b), Axis(h, "tp"), Axis(s, "seq")), FP32)
         prog.emit("attention", "sdpa", inputs=(q, k, v), outputs=(out,), saved=(qs, ks, v, out, lse), kernel="sdpa")
         o_in = out
         if rotary == "rotate_half_cat":
-            o_in = _act(f"{prefix}.o_proj.input", o_axes, c,
+            o_in = tensor(f"{prefix}.o_proj.input", o_axes, c,
                         "contiguous copy: the query (hence the output) is (b, h, s, h_d)")
             prog.emit("copy", "transpose_contiguous", inputs=(out,), outputs=(o_in,))
     else:
         scores = (Axis(b), Axis(h, "tp"), Axis(s, "seq"), Axis(s))
-        saved = [_act("eager.query", o_axes, c, "contiguous copy for bmm"),
-                 _act("eager.key", o_axes, c, "repeated to h heads")]
+        saved = [tensor("eager.query", o_axes, c, "contiguous copy for bmm"),
+                 tensor("eager.key", o_axes, c, "repeated to h heads")]
         if softcap:
-            saved.append(_act("eager.softcap_tanh", scores, c, "attention logit soft-capping"))
-        saved.append(_act("eager.softmax_fp32", scores, FP32))
+            saved.append(tensor("eager.softcap_tanh", scores, c, "attention logit soft-capping"))
+        saved.append(tensor("eager.softmax_fp32", scores, FP32))
         if c != FP32:
-            saved.append(_act("eager.probs", scores, c, "softmax cast to compute dtype"))
-        o_in = _act(f"{prefix}.o_proj.input", o_axes, c, "transpose(1, 2).contiguous() of the output")
-        saved += [_act("eager.value", o_axes, c, "repeated to h heads"), o_in]
+            saved.append(tensor("eager.probs", scores, c, "softmax cast to compute dtype"))
+        o_in = tensor(f"{prefix}.o_proj.input", o_axes, c, "transpose(1, 2).contiguous() of the output")
+        saved += [tensor("eager.value", o_axes, c, "repeated to h heads"), o_in]
         prog.emit("attention", "eager_attention", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager")
     flat = o_in.view(f"{prefix}.o_proj.in", *rows, Axis(h * hd, "tp"))
     return linear(prog, ctx, f"{prefix}.o_proj", flat, Axis(ctx.d), weight=find(block, "o_proj", "linear"))

@@ -23,14 +23,10 @@ from __future__ import annotations
 
 from trainmath.model.spec import Block
 from trainmath.ops.context import FP32, INT64, Ctx
-from trainmath.ops.ir import Axis, Program, Tensor
-from trainmath.ops.kernels.attention import find, heads_axes
+from trainmath.ops.ir import Axis, Program, Tensor, tensor
+from trainmath.ops.kernels.attention import find, heads_axes, rotary_embed
 from trainmath.ops.kernels.linear import gather_seq, linear
 from trainmath.ops.kernels.norms import norm
-
-
-def _t(name: str, axes, dtype: int, note: str = "") -> Tensor:
-    return Tensor(name=name, axes=tuple(axes), dtype_bytes=dtype, note=note)
 
 
 def _qkv(prog: Program, ctx: Ctx, block: Block, x: Tensor, prefix: str, q_mult: int = 1):
@@ -43,12 +39,6 @@ def _qkv(prog: Program, ctx: Ctx, block: Block, x: Tensor, prefix: str, q_mult: 
     v = linear(prog, ctx, f"{prefix}.v_proj", xg, Axis(hkv * hd, "tp"), weight=find(block, "v_proj", "linear"))
     return (qo, k.view(f"{prefix}.key", *heads_axes(ctx, hkv, hd)),
             v.view(f"{prefix}.value", *heads_axes(ctx, hkv, hd), note="v_proj output"))
-
-
-def _rotary(prog: Program, prefix: str, q: Tensor, k: Tensor, dtype: int, kind: str) -> tuple[Tensor, Tensor]:
-    qr, kr = _t(f"{prefix}.q_rot", q.axes, dtype), _t(f"{prefix}.k_rot", k.axes, dtype)
-    prog.emit("rotary", f"{prefix}.rotary", inputs=(q, k), outputs=(qr, kr), kernel=kind)
-    return qr, kr
 
 
 def _o_proj(prog: Program, ctx: Ctx, block: Block, o_in: Tensor, prefix: str) -> Tensor:
@@ -64,17 +54,17 @@ def sink_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: 
     h, hd = dims.heads, dims.head_dim
     qo, k, v = _qkv(prog, ctx, block, x, prefix)
     q = qo.view(f"{prefix}.query", *heads_axes(ctx, h, hd))
-    q, k = _rotary(prog, prefix, q, k, c, "rotate_half_cat")
+    q, k = rotary_embed(prog, prefix, q, k, c, "rotate_half_cat")
     o_axes = heads_axes(ctx, h, hd)
     rows = (Axis(ctx.b), Axis(h, "tp"), Axis(ctx.s, "seq"))
     soft = FP32 if ctx.p.autocast else c
-    saved = [q, _t("eager.key", o_axes, c, "repeated to h heads"),
-             _t("eager.row_max_indices", rows, INT64, "max(dim=-1) of the scores with the sink column"),
-             _t("eager.softmax_with_sink", (*rows, Axis(ctx.s + 1)), soft, "s + 1 columns: the sink's included")]
+    saved = [q, tensor("eager.key", o_axes, c, "repeated to h heads"),
+             tensor("eager.row_max_indices", rows, INT64, "max(dim=-1) of the scores with the sink column"),
+             tensor("eager.softmax_with_sink", (*rows, Axis(ctx.s + 1)), soft, "s + 1 columns: the sink's included")]
     if ctx.p.autocast:
-        saved.append(_t("eager.probs", (*rows, Axis(ctx.s)), c, "bf16 cast without the sink column"))
-    o_in = _t(f"{prefix}.o_proj.input", o_axes, c, "transpose(1, 2).contiguous() of the output")
-    saved += [_t("eager.value", o_axes, c, "repeated to h heads"), o_in]
+        saved.append(tensor("eager.probs", (*rows, Axis(ctx.s)), c, "bf16 cast without the sink column"))
+    o_in = tensor(f"{prefix}.o_proj.input", o_axes, c, "transpose(1, 2).contiguous() of the output")
+    saved += [tensor("eager.value", o_axes, c, "repeated to h heads"), o_in]
     prog.emit("attention", "eager_sinks", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager_sinks")
     return _o_proj(prog, ctx, block, o_in, prefix)
 
@@ -97,40 +87,42 @@ def sdpa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: 
     if qk_norm is not None and not qk_norm_after_rotary:
         q, k = qk_norms(q, k)
     if rotary == "complex":  # q.float() · freqs_cis, .type_as(q)
-        q, k = _rotary(prog, prefix, q, k, q.dtype_bytes, rotary)
+        q, k = rotary_embed(prog, prefix, q, k, q.dtype_bytes, rotary)
     elif rotary != "none":
-        q, k = _rotary(prog, prefix, q, k, max(q.dtype_bytes, ctx.p.residual), rotary)
+        q, k = rotary_embed(prog, prefix, q, k, max(q.dtype_bytes, ctx.p.residual), rotary)
     if qk_norm is not None and qk_norm_after_rotary:
         q, k = qk_norms(q, k)
     if query_scale:
-        scale = _t(f"{prefix}.attn_scales", (Axis(ctx.s, "seq"),), FP32, "(1, s, 1, 1) fp32, expanded over the batch")
-        scaled = _t(f"{prefix}.query_scaled", q.axes, FP32)
+        scale = tensor(f"{prefix}.attn_scales", (Axis(ctx.s, "seq"),), FP32,
+                       "(1, s, 1, 1) fp32, expanded over the batch")
+        scaled = tensor(f"{prefix}.query_scaled", q.axes, FP32)
         prog.emit("mul", f"{prefix}.temperature", inputs=(q, scale), outputs=(scaled,), saved=(scale,))
         q = scaled
     o_axes = heads_axes(ctx, h, hd)
-    qs = q if q.dtype_bytes == c else _t("sdpa.query", q.axes, c, "the query's cast")
-    ks = k if k.dtype_bytes == c else _t("sdpa.key", k.axes, c)
+    qs = q if q.dtype_bytes == c else tensor("sdpa.query", q.axes, c, "the query's cast")
+    ks = k if k.dtype_bytes == c else tensor("sdpa.key", k.axes, c)
     vs = v
     extra = []
     if mask:
-        extra.append(_t("sdpa.mask", (Axis(ctx.b), Axis(ctx.s, "seq"), Axis(ctx.s)), c, "the explicit mask, "
+        extra.append(tensor("sdpa.mask", (Axis(ctx.b), Axis(ctx.s, "seq"), Axis(ctx.s)), c, "the explicit mask, "
                                                                                        "one per layer"))
         if hkv < h:
-            ks = _t("sdpa.key", o_axes, c, "repeat_kv copy to h heads")
-            vs = _t("sdpa.value", o_axes, c, "repeat_kv copy to h heads")
-    out = _t("sdpa.output", o_axes, c, "also o_proj's input")
-    lse = _t("sdpa.logsumexp", (Axis(ctx.b), Axis(h, "tp"), Axis(ctx.s, "seq")), FP32)
+            ks = tensor("sdpa.key", o_axes, c, "repeat_kv copy to h heads")
+            vs = tensor("sdpa.value", o_axes, c, "repeat_kv copy to h heads")
+    out = tensor("sdpa.output", o_axes, c, "also o_proj's input")
+    lse = tensor("sdpa.logsumexp", (Axis(ctx.b), Axis(h, "tp"), Axis(ctx.s, "seq")), FP32)
     prog.emit("attention", "sdpa", inputs=(q, k, v), outputs=(out,), saved=(qs, ks, vs, *extra, out, lse),
               kernel="sdpa")
     o_in = out
     if rotary == "rotate_half_cat":
-        o_in = _t(f"{prefix}.attn_output", o_axes, c, "contiguous copy: the query (hence the output) is (b, h, s, h_d)")
+        o_in = tensor(f"{prefix}.attn_output", o_axes, c,
+                      "contiguous copy: the query (hence the output) is (b, h, s, h_d)")
         prog.emit("copy", "transpose_contiguous", inputs=(out,), outputs=(o_in,))
     if project_gate:
         gate = qo.view(f"{prefix}.gate", *o_axes, note="a view of q_proj's output")
-        sig = _t(f"{prefix}.gate.sigmoid", o_axes, c)
+        sig = tensor(f"{prefix}.gate.sigmoid", o_axes, c)
         prog.emit("act", f"{prefix}.gate.sigmoid", inputs=(gate,), outputs=(sig,), saved=(sig,), kernel="sigmoid")
-        prod = _t(f"{prefix}.o_proj.input", o_axes, c, "the gated output")
+        prod = tensor(f"{prefix}.o_proj.input", o_axes, c, "the gated output")
         prog.emit("mul", f"{prefix}.gate_mul", inputs=(o_in, sig), outputs=(prod,), saved=(o_in, sig))
         o_in = prod
     return _o_proj(prog, ctx, block, o_in, prefix)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import Block, TensorSpec
 from trainmath.ops.context import FP32, INT64, Ctx
-from trainmath.ops.ir import Axis, Program, Tensor
+from trainmath.ops.ir import Axis, Program, Tensor, tensor
 from trainmath.ops.kernels.linear import weight_copy
 
 EXPERT_PATHS = ("eager", "grouped")
@@ -49,10 +49,6 @@ def hit_copies(ctx: Ctx, n: int) -> int:
     return n if ctx.experts_hit is None else min(ctx.experts_hit, n)
 
 
-def _t(name: str, axes, dtype: int, note: str = "", count: int = 1) -> Tensor:
-    return Tensor(name=name, axes=tuple(axes), dtype_bytes=dtype, note=note, count=count)
-
-
 def expert_linear(prog: Program, ctx: Ctx, name: str, x: Tensor, out: Axis, weights: list[TensorSpec], *,
                   copies: int | None, autocast: bool = True, out_dtype: int | None = None,
                   kernel: str | None = None) -> Tensor:
@@ -64,8 +60,8 @@ def expert_linear(prog: Program, ctx: Ctx, name: str, x: Tensor, out: Axis, weig
     c = ctx.p.compute
     xin = x
     if autocast and ctx.p.autocast and x.dtype_bytes != c:
-        xin = _t(f"{name}.input_cast", x.axes, c, "autocast copy of the routed rows")
-    y = _t(f"{name}.out", (*x.axes[:-1], out), out_dtype or (c if autocast else x.dtype_bytes))
+        xin = tensor(f"{name}.input_cast", x.axes, c, "autocast copy of the routed rows")
+    y = tensor(f"{name}.out", (*x.axes[:-1], out), out_dtype or (c if autocast else x.dtype_bytes))
     for i, w in enumerate(weights):
         saved = [xin]
         wc = weight_copy(ctx, w, copies) if copies is not None else None
@@ -81,17 +77,17 @@ def _gated(prog: Program, prefix: str, h: Tensor, f: int, act: str) -> Tensor:
     """``act(gate) * up`` over views of the fused gate_up output; returns the product."""
     gate = h.view(f"{prefix}.gate", *h.axes[:-1], Axis(f, "tp"), note="gate and up are views of gate_up")
     up = h.view(f"{prefix}.up", *h.axes[:-1], Axis(f, "tp"))
-    a = _t(f"{prefix}.act_out", gate.axes, h.dtype_bytes)
+    a = tensor(f"{prefix}.act_out", gate.axes, h.dtype_bytes)
     prog.emit("act", f"{prefix}.act_fn", inputs=(gate,), outputs=(a,), saved=(gate,), kernel=act)
-    prod = _t(f"{prefix}.down_proj.input", gate.axes, h.dtype_bytes)
+    prod = tensor(f"{prefix}.down_proj.input", gate.axes, h.dtype_bytes)
     prog.emit("mul", f"{prefix}.gate_mul", inputs=(a, up), outputs=(prod,), saved=(a, up))
     return prod
 
 
 def _relu2(prog: Program, prefix: str, h: Tensor) -> Tensor:
-    r = _t(f"{prefix}.relu_out", h.axes, h.dtype_bytes, "saved by relu and by pow")
+    r = tensor(f"{prefix}.relu_out", h.axes, h.dtype_bytes, "saved by relu and by pow")
     prog.emit("act", f"{prefix}.relu", inputs=(h,), outputs=(r,), saved=(r,), kernel="relu")
-    sq = _t(f"{prefix}.down_proj.input", h.axes, h.dtype_bytes)
+    sq = tensor(f"{prefix}.down_proj.input", h.axes, h.dtype_bytes)
     prog.emit("act", f"{prefix}.square", inputs=(r,), outputs=(sq,), saved=(r,), kernel="pow")
     return sq
 
@@ -105,8 +101,8 @@ def eager_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: Ten
     n = down.experts
     rows = Axis(ctx.T * k)  # whole on an expert-parallel rank (module docstring)
     d = x.axes[-1]
-    idx = _t(f"{prefix}.token_slot_indices", (rows, Axis(2)), INT64, "torch.where's (n_e, 2) indices per expert")
-    xs = _t(f"{prefix}.gathered_input", (rows, d), x.dtype_bytes, "hidden_states[token_idx]")
+    idx = tensor(f"{prefix}.token_slot_indices", (rows, Axis(2)), INT64, "torch.where's (n_e, 2) indices per expert")
+    xs = tensor(f"{prefix}.gathered_input", (rows, d), x.dtype_bytes, "hidden_states[token_idx]")
     prog.emit("index", f"{prefix}.gather", inputs=(x,), outputs=(xs,), saved=(idx,))
     copies = hit_copies(ctx, n)
     gated = act != "relu2"
@@ -114,11 +110,11 @@ def eager_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: Ten
                       Axis((2 if gated else 1) * f, "tp"), first, copies=copies)
     prod = _gated(prog, prefix, h, f, act) if gated else _relu2(prog, prefix, h)
     y = expert_linear(prog, ctx, f"{prefix}.down_proj", prod, d, [down], copies=copies)
-    rw = _t(f"{prefix}.routing_weight", (rows, Axis(1)), weights.dtype_bytes, "top_k_weights[token_idx, slot]")
+    rw = tensor(f"{prefix}.routing_weight", (rows, Axis(1)), weights.dtype_bytes, "top_k_weights[token_idx, slot]")
     prog.emit("index", f"{prefix}.routing_weight", inputs=(weights,), outputs=(rw,), saved=(idx,))
-    wy = _t(f"{prefix}.weighted", (rows, d), max(y.dtype_bytes, rw.dtype_bytes))
+    wy = tensor(f"{prefix}.weighted", (rows, d), max(y.dtype_bytes, rw.dtype_bytes))
     prog.emit("mul", f"{prefix}.routing_mul", inputs=(y, rw), outputs=(wy,), saved=(y, rw))
-    src = _t(f"{prefix}.index_add_source", (rows, d), source_dtype or ctx.p.residual)
+    src = tensor(f"{prefix}.index_add_source", (rows, d), source_dtype or ctx.p.residual)
     prog.emit("index_add", f"{prefix}.index_add", inputs=(src, idx), saved=(src,))
 
 
@@ -129,19 +125,19 @@ def grouped_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: T
     n = down.experts
     rows = Axis(ctx.T * k)  # whole on an expert-parallel rank (module docstring)
     d = x.axes[-1]
-    sort = [_t(f"{prefix}.{nm}", (rows,), INT64, note) for nm, note in (
+    sort = [tensor(f"{prefix}.{nm}", (rows,), INT64, note) for nm, note in (
         ("sort_permutation", "argsort of the expert ids"), ("sort_inverse", "its inverse"),
         ("token_index", "the token of each sorted row"))]
-    offsets = _t(f"{prefix}.offsets", (Axis(n, "expert"),), 4, "int32 per-expert offsets")
-    xs = _t(f"{prefix}.gathered_input", (rows, d), x.dtype_bytes, "sorted rows, in the input's dtype")
+    offsets = tensor(f"{prefix}.offsets", (Axis(n, "expert"),), 4, "int32 per-expert offsets")
+    xs = tensor(f"{prefix}.gathered_input", (rows, d), x.dtype_bytes, "sorted rows, in the input's dtype")
     prog.emit("index", f"{prefix}.sort", inputs=(x,), outputs=(xs,), saved=(*sort, offsets))
     h = expert_linear(prog, ctx, f"{prefix}.gate_up_proj", xs, Axis(2 * f, "tp"), first, copies=None,
                       autocast=False)
     prod = _gated(prog, prefix, h, f, act)
     y = expert_linear(prog, ctx, f"{prefix}.down_proj", prod, d, [down], copies=None, autocast=False)
-    rw = _t(f"{prefix}.routing_weight", (rows, Axis(1)), weights.dtype_bytes)
+    rw = tensor(f"{prefix}.routing_weight", (rows, Axis(1)), weights.dtype_bytes)
     prog.emit("index", f"{prefix}.routing_weight", inputs=(weights,), outputs=(rw,), saved=(sort[0],))
-    wy = _t(f"{prefix}.weighted", (rows, d), max(y.dtype_bytes, rw.dtype_bytes))
+    wy = tensor(f"{prefix}.weighted", (rows, d), max(y.dtype_bytes, rw.dtype_bytes))
     prog.emit("mul", f"{prefix}.routing_mul", inputs=(y, rw), outputs=(wy,), saved=(y, rw))
 
 
@@ -165,10 +161,10 @@ def all_tokens_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, scores:
     rows = Axis(n * ctx.T)  # whole on an expert-parallel rank (module docstring)
     d = x.axes[-1]
     c = ctx.p.compute
-    rep = _t(f"{prefix}.repeated_input", (rows, d), x.dtype_bytes, "input repeated n times, saved by the product")
-    st = _t(f"{prefix}.scores_t", (rows, Axis(1)), c, "(n·T, 1) transposed copy of the scores")
+    rep = tensor(f"{prefix}.repeated_input", (rows, d), x.dtype_bytes, "input repeated n times, saved by the product")
+    st = tensor(f"{prefix}.scores_t", (rows, Axis(1)), c, "(n·T, 1) transposed copy of the scores")
     prog.emit("copy", f"{prefix}.repeat", inputs=(x, scores), outputs=(rep, st))
-    scaled = _t(f"{prefix}.scaled_input", (rows, d), max(rep.dtype_bytes, c))
+    scaled = tensor(f"{prefix}.scaled_input", (rows, d), max(rep.dtype_bytes, c))
     prog.emit("mul", f"{prefix}.score_mul", inputs=(rep, st), outputs=(scaled,), saved=(rep, st))
     h = expert_linear(prog, ctx, f"{prefix}.gate_up_proj", scaled, Axis(2 * f, "tp"), first, copies=n,
                       kernel="all_tokens")
@@ -186,29 +182,29 @@ def clamped_swiglu_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, wei
     d = x.axes[-1]
     c = ctx.p.compute
     g = FP32 if ctx.p.autocast else c  # bf16 product + fp32 bias
-    tok = _t(f"{prefix}.token_indices", (rows,), INT64, "saved by the gather and by index_add")
-    slot = _t(f"{prefix}.slot_indices", (rows,), INT64, "top-k positions, saved by the routing weights' gather")
-    xs = _t(f"{prefix}.gathered_input", (rows, d), x.dtype_bytes)
+    tok = tensor(f"{prefix}.token_indices", (rows,), INT64, "saved by the gather and by index_add")
+    slot = tensor(f"{prefix}.slot_indices", (rows,), INT64, "top-k positions, saved by the routing weights' gather")
+    xs = tensor(f"{prefix}.gathered_input", (rows, d), x.dtype_bytes)
     prog.emit("index", f"{prefix}.gather", inputs=(x,), outputs=(xs,), saved=(tok,))
     copies = hit_copies(ctx, n)
     h = expert_linear(prog, ctx, f"{prefix}.gate_up_proj", xs, Axis(2 * f, "tp"), first, copies=copies,
                       out_dtype=g)
     gate = h.view(f"{prefix}.gate", rows, Axis(f, "tp"), note="interleaved views of gate_up, kept by both clamps")
     up = h.view(f"{prefix}.up", rows, Axis(f, "tp"))
-    gc = _t(f"{prefix}.gate_clamped", gate.axes, g)
-    uc = _t(f"{prefix}.up_clamped", gate.axes, g)
+    gc = tensor(f"{prefix}.gate_clamped", gate.axes, g)
+    uc = tensor(f"{prefix}.up_clamped", gate.axes, g)
     prog.emit("act", f"{prefix}.clamp_gate", inputs=(gate,), outputs=(gc,), saved=(gate,), kernel="clamp")
     prog.emit("act", f"{prefix}.clamp_up", inputs=(up,), outputs=(uc,), saved=(up,), kernel="clamp")
-    sig = _t(f"{prefix}.sigmoid", gate.axes, g)
+    sig = tensor(f"{prefix}.sigmoid", gate.axes, g)
     prog.emit("act", f"{prefix}.sigmoid", inputs=(gc,), outputs=(sig,), saved=(sig,), kernel="sigmoid")
-    glu = _t(f"{prefix}.glu", gate.axes, g)
+    glu = tensor(f"{prefix}.glu", gate.axes, g)
     prog.emit("mul", f"{prefix}.glu", inputs=(gc, sig), outputs=(glu,), saved=(gc, sig))
-    up1 = _t(f"{prefix}.up_plus_one", gate.axes, g)
-    prod = _t(f"{prefix}.gated", gate.axes, g)
+    up1 = tensor(f"{prefix}.up_plus_one", gate.axes, g)
+    prod = tensor(f"{prefix}.gated", gate.axes, g)
     prog.emit("mul", f"{prefix}.gate_mul", inputs=(up1, glu), outputs=(prod,), saved=(up1, glu))
     y = expert_linear(prog, ctx, f"{prefix}.down_proj", prod, d, [down], copies=copies, out_dtype=g)
-    rw = _t(f"{prefix}.routing_weight", (rows, Axis(1)), weights.dtype_bytes)
+    rw = tensor(f"{prefix}.routing_weight", (rows, Axis(1)), weights.dtype_bytes)
     prog.emit("index", f"{prefix}.routing_weight", inputs=(weights,), outputs=(rw,), saved=(slot,))
-    wy = _t(f"{prefix}.index_add_source", (rows, d), g, "the weighted output, kept by index_add")
+    wy = tensor(f"{prefix}.index_add_source", (rows, d), g, "the weighted output, kept by index_add")
     prog.emit("mul", f"{prefix}.routing_mul", inputs=(y, rw), outputs=(wy,), saved=(y, rw))
     prog.emit("index_add", f"{prefix}.index_add", inputs=(wy, tok), saved=(wy,))

@@ -29,15 +29,11 @@ from __future__ import annotations
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import AttentionDims, Block
 from trainmath.ops.context import FP32, INT64, Ctx
-from trainmath.ops.ir import Axis, Program, Tensor
-from trainmath.ops.kernels.attention import ROTARY, find, heads_axes
+from trainmath.ops.ir import Axis, Program, Tensor, tensor
+from trainmath.ops.kernels.attention import ROTARY, find, heads_axes, rotary_embed
 from trainmath.ops.kernels.linear import gather_seq, linear
 
 SPLITS = ("view", "index", "broadcast")
-
-
-def _t(name: str, axes, dtype: int, note: str = "") -> Tensor:
-    return Tensor(name=name, axes=tuple(axes), dtype_bytes=dtype, note=note)
 
 
 def _split(prog: Program, ctx: Ctx, fused: Tensor, split: str, prefix: str, h: int, hkv: int, hd: int):
@@ -49,14 +45,14 @@ def _split(prog: Program, ctx: Ctx, fused: Tensor, split: str, prefix: str, h: i
         v = fused.view(f"{prefix}.value", *heads_axes(ctx, hkv, hd),
                        note="a view of the fused output, which it keeps whole")
         return q, k, v
-    idx = _t(f"{prefix}.kv_index", (Axis(2),), INT64, "the [-2] and [-1] index tensors, one int64 each")
-    k = _t(f"{prefix}.key_index_copy", heads_axes(ctx, hkv, hd), c)
-    v = _t(f"{prefix}.value_index_copy", heads_axes(ctx, hkv, hd), c)
+    idx = tensor(f"{prefix}.kv_index", (Axis(2),), INT64, "the [-2] and [-1] index tensors, one int64 each")
+    k = tensor(f"{prefix}.key_index_copy", heads_axes(ctx, hkv, hd), c)
+    v = tensor(f"{prefix}.value_index_copy", heads_axes(ctx, hkv, hd), c)
     prog.emit("index", f"{prefix}.split_heads", inputs=(fused,), outputs=(k, v), saved=(idx,))
     if split == "broadcast":
         k = k.view(f"{prefix}.key", *heads_axes(ctx, h, hd), note="broadcast to h heads")
         if hkv > 1:
-            flat = _t(f"{prefix}.value", heads_axes(ctx, h, hd), c, "index copy broadcast to h heads and flattened")
+            flat = tensor(f"{prefix}.value", heads_axes(ctx, h, hd), c, "index copy broadcast to h heads and flattened")
             prog.emit("copy", f"{prefix}.value_flatten", inputs=(v,), outputs=(flat,))
             v = flat
         else:
@@ -82,38 +78,35 @@ def fused_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, qkv: st
     fused = linear(prog, ctx, qkv, xg, Axis((h + 2 * hkv) * hd, "tp"), weight=find(block, qkv, "linear"))
     q, k, v = _split(prog, ctx, fused, split, prefix, h, hkv, hd)
     if rotary != "none":
-        rd = max(c, ctx.p.residual)  # times cos/sin in the embedding dtype
-        qr, kr = _t(f"{prefix}.q_rot", q.axes, rd), _t(f"{prefix}.k_rot", k.axes, rd)
-        prog.emit("rotary", f"{prefix}.rotary", inputs=(q, k), outputs=(qr, kr), kernel=rotary)
-        q, k = qr, kr
+        q, k = rotary_embed(prog, prefix, q, k, max(c, ctx.p.residual), rotary)  # times cos/sin (embedding dtype)
     key_heads = k.axes[2].size
     o_axes = heads_axes(ctx, h, hd)
     scores = (Axis(b), Axis(h, "tp"), Axis(s, "seq"), Axis(s))
     if ctx.eager:
         sm = FP32 if softmax_fp32 or ctx.p.autocast else c
-        saved = [_t("eager.query", o_axes, c, "contiguous copy for bmm"),
-                 _t("eager.key", o_axes, c, "contiguous copy of the transposed key for bmm"),
-                 _t("eager.softmax", scores, sm, "fp32" if sm == FP32 else "in the scores' dtype")]
+        saved = [tensor("eager.query", o_axes, c, "contiguous copy for bmm"),
+                 tensor("eager.key", o_axes, c, "contiguous copy of the transposed key for bmm"),
+                 tensor("eager.softmax", scores, sm, "fp32" if sm == FP32 else "in the scores' dtype")]
         if sm != c:
-            saved.append(_t("eager.probs", scores, c, "softmax cast to the compute dtype"))
-        o_in = _t(f"{o}.input", o_axes, c, "contiguous copy of the (b, h, s, h_d) output")
-        saved += [_t("eager.value", o_axes, c, "contiguous copy for bmm"), o_in]
+            saved.append(tensor("eager.probs", scores, c, "softmax cast to the compute dtype"))
+        o_in = tensor(f"{o}.input", o_axes, c, "contiguous copy of the (b, h, s, h_d) output")
+        saved += [tensor("eager.value", o_axes, c, "contiguous copy for bmm"), o_in]
         prog.emit("attention", "eager_attention", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager")
     elif key_heads < h and not enable_gqa:
-        o_in = _t(f"{o}.input", o_axes, c, "permute + reshape copy of the (b, h, s, h_d) output")
-        saved = [_t("sdpa_math.query_scaled", o_axes, FP32, "fp32 on CPU"),
-                 _t("sdpa_math.key", o_axes, FP32, "expanded to h heads"),
-                 _t("sdpa_math.softmax_fp32", scores, FP32),
-                 _t("sdpa_math.value", o_axes, FP32, "expanded to h heads"), o_in]
+        o_in = tensor(f"{o}.input", o_axes, c, "permute + reshape copy of the (b, h, s, h_d) output")
+        saved = [tensor("sdpa_math.query_scaled", o_axes, FP32, "fp32 on CPU"),
+                 tensor("sdpa_math.key", o_axes, FP32, "expanded to h heads"),
+                 tensor("sdpa_math.softmax_fp32", scores, FP32),
+                 tensor("sdpa_math.value", o_axes, FP32, "expanded to h heads"), o_in]
         prog.emit("attention", "sdpa_math", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="sdpa_math",
                   note=f"{key_heads} key heads for {h} query heads without enable_gqa: no fused kernel")
     else:
-        qs = q if q.dtype_bytes == c else _t("sdpa.query", q.axes, c, "rotary output (its cast under autocast)")
-        ks = k if k.dtype_bytes == c else _t("sdpa.key", k.axes, c)
-        out = _t("sdpa.output", o_axes, c, f"also {o}'s input")
-        saved = [qs, ks, v, out, _t("sdpa.logsumexp", (Axis(b), Axis(h, "tp"), Axis(s, "seq")), FP32)]
+        qs = q if q.dtype_bytes == c else tensor("sdpa.query", q.axes, c, "rotary output (its cast under autocast)")
+        ks = k if k.dtype_bytes == c else tensor("sdpa.key", k.axes, c)
+        out = tensor("sdpa.output", o_axes, c, f"also {o}'s input")
+        saved = [qs, ks, v, out, tensor("sdpa.logsumexp", (Axis(b), Axis(h, "tp"), Axis(s, "seq")), FP32)]
         if mask:
-            saved.append(_t("sdpa.attn_mask", (Axis(b), Axis(1), Axis(s, "seq"), Axis(s)), c,
+            saved.append(tensor("sdpa.attn_mask", (Axis(b), Axis(1), Axis(s, "seq"), Axis(s)), c,
                             "the (b, 1, s, s) additive mask as SDPA keeps it, one per layer"))
         prog.emit("attention", "sdpa", inputs=(q, k, v), outputs=(out,), saved=saved, kernel="sdpa")
         o_in = out

@@ -14,16 +14,12 @@ from __future__ import annotations
 
 from trainmath.model.spec import Block, LinearAttentionDims, MambaDims
 from trainmath.ops.context import FP32, Ctx
-from trainmath.ops.ir import Axis, Program, Tensor
+from trainmath.ops.ir import Axis, Program, Tensor, tensor
 from trainmath.ops.kernels.attention import find
 from trainmath.ops.kernels.linear import cast, gather_seq, linear, weight_copy
 
 GDN_CHUNK = 64
 """``torch_chunk_gated_delta_rule``'s default chunk size: the sequence is padded to a multiple of it."""
-
-
-def _t(name: str, axes, dtype: int, note: str = "", count: int = 1) -> Tensor:
-    return Tensor(name=name, axes=tuple(axes), dtype_bytes=dtype, note=note, count=count)
 
 
 def _conv(prog: Program, ctx: Ctx, block: Block, prefix: str, x: Tensor, channels: int, kernel: int,
@@ -32,13 +28,13 @@ def _conv(prog: Program, ctx: Ctx, block: Block, prefix: str, x: Tensor, channel
     output (c·b·channels·(s + K - 1)). Returns the SiLU output (b, s, channels)."""
     c = ctx.p.compute
     chan = Axis(channels, "tp")
-    padded = _t(f"{prefix}.conv1d.silu_input", (Axis(ctx.b), chan, Axis(ctx.s + kernel - 1, "seq")), c,
+    padded = tensor(f"{prefix}.conv1d.silu_input", (Axis(ctx.b), chan, Axis(ctx.s + kernel - 1, "seq")), c,
                 "the whole padded conv output")
     w = find(block, "conv1d.weight")
     wc = weight_copy(ctx, w) if w is not None else None
     prog.emit("conv", f"{prefix}.conv1d", inputs=(x,), outputs=(padded,), saved=(*saved, *([wc] if wc else [])),
               kernel="conv1d_depthwise")
-    out = _t(f"{prefix}.conv1d.silu_out", (*ctx.rows(sp=False), chan), c)
+    out = tensor(f"{prefix}.conv1d.silu_out", (*ctx.rows(sp=False), chan), c)
     prog.emit("act", f"{prefix}.conv1d.silu", inputs=(padded,), outputs=(out,), saved=(padded,), kernel="silu")
     return out
 
@@ -72,52 +68,55 @@ def gated_deltanet(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: 
     xg = gather_seq(prog, x, f"{prefix}.input")
     linear(prog, ctx, f"{prefix}.in_proj_qkvz", xg, Axis(2 * kd + 2 * vd, "tp"), weight=find(block, "in_proj_qkvz"))
     linear(prog, ctx, f"{prefix}.in_proj_ba", xg, Axis(2 * hv, "tp"), weight=find(block, "in_proj_ba"))
-    qkv = _t(f"{prefix}.conv1d.input", (*rows, Axis(cd, "tp")), c, "cat of q, k, v")
+    qkv = tensor(f"{prefix}.conv1d.input", (*rows, Axis(cd, "tp")), c, "cat of q, k, v")
     _conv(prog, ctx, block, prefix, qkv, cd, dims.conv_kernel, [qkv])
     per_head = (*rows, H)
     prog.emit("act", f"{prefix}.gates", saved=(
-        _t("beta.sigmoid", per_head, c), _t("g.softplus_input", per_head, FP32), _t("g.softplus_out", per_head, FP32),
-        _t("g.exp_A", (H,), FP32), _t("g.neg_exp_A", (H,), FP32)), kernel="sigmoid, softplus, exp")
+        tensor("beta.sigmoid", per_head, c), tensor("g.softplus_input", per_head, FP32),
+        tensor("g.softplus_out", per_head, FP32),
+        tensor("g.exp_A", (H,), FP32), tensor("g.neg_exp_A", (H,), FP32)), kernel="sigmoid, softplus, exp")
     G = (Axis(b), H)
     GL = (*G, Axis(L, "seq"))
-    saved = [_t("gdr.q_l2norm.x", (*per_head, Axis(dk)), FP32), _t("gdr.q_l2norm.rsqrt", per_head, FP32),
-             _t("gdr.k_l2norm.x", (*per_head, Axis(dk)), FP32), _t("gdr.k_l2norm.rsqrt", per_head, FP32),
-             _t("gdr.value_padded", (*GL, Axis(dv)), FP32), _t("gdr.key_padded", (*GL, Axis(dk)), FP32),
-             _t("gdr.query_padded", (*GL, Axis(dk)), FP32), _t("gdr.k_beta", (*GL, Axis(dk)), FP32),
-             _t("gdr.beta_padded", GL, FP32), _t("gdr.exp_cumsum", GL, FP32, "two exp(cumsum(g))", count=2),
-             _t("gdr.upper_mask", (Axis(C), Axis(C)), 1, "bool"),
-             _t("gdr.new_values", (*GL, Axis(dv)), FP32), _t("gdr.k_cumdecay", (*GL, Axis(dk)), FP32),
-             _t("gdr.exp_last_minus_cumsum", GL, FP32, "kept even when N = 1 (measured)"),
-             _t("gdr.chunk_decay", (*G, Axis(N)), FP32, "kept even when N = 1 (measured)")]
+    saved = [tensor("gdr.q_l2norm.x", (*per_head, Axis(dk)), FP32), tensor("gdr.q_l2norm.rsqrt", per_head, FP32),
+             tensor("gdr.k_l2norm.x", (*per_head, Axis(dk)), FP32), tensor("gdr.k_l2norm.rsqrt", per_head, FP32),
+             tensor("gdr.value_padded", (*GL, Axis(dv)), FP32), tensor("gdr.key_padded", (*GL, Axis(dk)), FP32),
+             tensor("gdr.query_padded", (*GL, Axis(dk)), FP32), tensor("gdr.k_beta", (*GL, Axis(dk)), FP32),
+             tensor("gdr.beta_padded", GL, FP32), tensor("gdr.exp_cumsum", GL, FP32, "two exp(cumsum(g))", count=2),
+             tensor("gdr.upper_mask", (Axis(C), Axis(C)), 1, "bool"),
+             tensor("gdr.new_values", (*GL, Axis(dv)), FP32), tensor("gdr.k_cumdecay", (*GL, Axis(dk)), FP32),
+             tensor("gdr.exp_last_minus_cumsum", GL, FP32, "kept even when N = 1 (measured)"),
+             tensor("gdr.chunk_decay", (*G, Axis(N)), FP32, "kept even when N = 1 (measured)")]
     chunk_v, chunk_k, state = (*G, Axis(C), Axis(dv)), (*G, Axis(C), Axis(dk)), (*G, Axis(dk), Axis(dv))
     GLC = (*GL, Axis(C))
     if not ctx.p.autocast:
-        saved += [_t("gdr.chunk_matrices", GLC, FP32, "decay exp, k_beta·kᵀ, q·kᵀ, ut_system, intra-chunk "
+        saved += [tensor("gdr.chunk_matrices", GLC, FP32, "decay exp, k_beta·kᵀ, q·kᵀ, ut_system, intra-chunk "
                                                       "attention", count=5),
-                  _t("gdr.v_new", chunk_v, FP32, "per chunk", count=N),
-                  _t("gdr.states", state, FP32, "the state each chunk reads", count=N)]
+                  tensor("gdr.v_new", chunk_v, FP32, "per chunk", count=N),
+                  tensor("gdr.states", state, FP32, "the state each chunk reads", count=N)]
         if N > 1:
-            saved += [_t("gdr.query_decayed", (*GL, Axis(dk)), FP32), _t("gdr.key_decayed", (*GL, Axis(dk)), FP32)]
+            saved += [tensor("gdr.query_decayed", (*GL, Axis(dk)), FP32),
+                      tensor("gdr.key_decayed", (*GL, Axis(dk)), FP32)]
     else:
-        saved += [_t("gdr.chunk_matrices_fp32", GLC, FP32, "decay exp, ut_system", count=2),
-                  _t("gdr.products_c", GLC, c, "k_beta·kᵀ and q·kᵀ in c, saved by the decay products", count=2),
-                  _t("gdr.intra_cast", GLC, c, "per-chunk casts of the intra-chunk attention"),
-                  _t("gdr.operand_casts", (*GL, Axis(dk)), c, "kᵀ twice, k_beta, q", count=4),
-                  _t("gdr.state_casts", state, c, "each chunk's state, cast by two products", count=2 * N),
-                  _t("gdr.v_new_casts", chunk_v, c, count=2 * N - 1)]
+        saved += [tensor("gdr.chunk_matrices_fp32", GLC, FP32, "decay exp, ut_system", count=2),
+                  tensor("gdr.products_c", GLC, c, "k_beta·kᵀ and q·kᵀ in c, saved by the decay products", count=2),
+                  tensor("gdr.intra_cast", GLC, c, "per-chunk casts of the intra-chunk attention"),
+                  tensor("gdr.operand_casts", (*GL, Axis(dk)), c, "kᵀ twice, k_beta, q", count=4),
+                  tensor("gdr.state_casts", state, c, "each chunk's state, cast by two products", count=2 * N),
+                  tensor("gdr.v_new_casts", chunk_v, c, count=2 * N - 1)]
         if N > 1:
-            saved += [_t("gdr.chunk_operand_casts", chunk_k, c, "k_cumdecay, decayed query and key slices of the "
+            saved += [tensor("gdr.chunk_operand_casts", chunk_k, c, "k_cumdecay, decayed query and key slices of the "
                                                                 "chunks after the first / before the last",
                          count=3 * (N - 1)),
-                      _t("gdr.states_fp32", state, FP32, "kept by the state decay products", count=N - 1)]
-    out = _t(f"{prefix}.core_out", (*per_head, Axis(dv)), FP32)
+                      tensor("gdr.states_fp32", state, FP32, "kept by the state decay products", count=N - 1)]
+    out = tensor(f"{prefix}.core_out", (*per_head, Axis(dv)), FP32)
     prog.emit("scan", f"{prefix}.chunk_gated_delta_rule", outputs=(out,), saved=saved, kernel="chunk_gated_delta_rule")
     wide = (*per_head, Axis(dv))
     prog.emit("norm", f"{prefix}.norm", inputs=(out,), saved=(
-        _t("norm.x_fp32", wide, FP32), _t("norm.rsqrt", per_head, FP32), _t("norm.normalized", wide, c),
-        _t("norm.weighted", wide, ctx.p.param), _t("norm.z_fp32", wide, FP32), _t("norm.silu_z", wide, FP32)),
+        tensor("norm.x_fp32", wide, FP32), tensor("norm.rsqrt", per_head, FP32), tensor("norm.normalized", wide, c),
+        tensor("norm.weighted", wide, ctx.p.param), tensor("norm.z_fp32", wide, FP32),
+        tensor("norm.silu_z", wide, FP32)),
         kernel="gated_rms", weight=find(block, "linear_attn.norm"))
-    o_in = _t(f"{prefix}.out_proj.input", (*rows, Axis(vd, "tp")), c)
+    o_in = tensor(f"{prefix}.out_proj.input", (*rows, Axis(vd, "tp")), c)
     return linear(prog, ctx, f"{prefix}.out_proj", o_in, Axis(ctx.d), weight=find(block, "out_proj"))
 
 
@@ -149,48 +148,48 @@ def mamba2(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: str = "m
     zxbcdt = linear(prog, ctx, f"{prefix}.in_proj", xg, Axis(I + cd + hm, "tp"), weight=find(block, "in_proj"))
     gate = zxbcdt.view(f"{prefix}.gate", *rows, Axis(I, "tp"), note="a view of in_proj's output")
     xbc = zxbcdt.view(f"{prefix}.xBC", *rows, Axis(cd, "tp"), note="a view of in_proj's output")
-    conv_in = _t(f"{prefix}.conv1d.input_cast", xbc.axes, c, "cast back from the fp32-weight copy") if ac else xbc
+    conv_in = tensor(f"{prefix}.conv1d.input_cast", xbc.axes, c, "cast back from the fp32-weight copy") if ac else xbc
     silu = _conv(prog, ctx, block, prefix, conv_in, cd, K, [conv_in])
     gate32 = cast(prog, gate, FP32, f"{prefix}.norm.gate_fp32", "gate.to(fp32), saved by silu")
     per_head = (*rows, H)
     prog.emit("act", f"{prefix}.dt", saved=(
-        _t("dt.softplus_input", per_head, c), _t("dt.clamp_input", per_head, c),
-        _t("dt.fp32", per_head, FP32, "dt.float(), once per use unless fp32", count=1 if c == FP32 else 2),
-        _t("A.exp", (H,), FP32), _t("A.neg", (H,), FP32)), kernel="softplus, clamp, exp")
+        tensor("dt.softplus_input", per_head, c), tensor("dt.clamp_input", per_head, c),
+        tensor("dt.fp32", per_head, FP32, "dt.float(), once per use unless fp32", count=1 if c == FP32 else 2),
+        tensor("A.exp", (H,), FP32), tensor("A.neg", (H,), FP32)), kernel="softplus, clamp, exp")
     xs = silu.view(f"{prefix}.x", *per_head, Axis(P), note="a view of the SiLU output")
     x32 = cast(prog, xs, FP32, "scan.x_fp32", "x.float() (in fp32 the whole SiLU output: x is a view of it)")
     bL = (Axis(b), Axis(L, "seq"))
     bLI, bLN, bhLQ = (*bL, H, Axis(P)), (*bL, H, Axis(N)), (Axis(b), H, Axis(L, "seq"), Axis(Q))
     kept = nc + 1 if nc == 1 else nc  # states[:, :-1] as the last einsum keeps it (measured)
     states, decay = (Axis(b), H, Axis(P), Axis(N)), (Axis(b), H, Axis(nc + 1), Axis(nc + 1))
-    saved = [x32, _t("scan.x_padded_for_D", bLI, FP32), _t("scan.exp_cumsum", (Axis(b), H, Axis(L, "seq")), FP32,
-                                                             count=2),
-             _t("scan.output_padded", bLI, FP32),
-             _t("scan.masks_chunk", (Axis(Q), Axis(Q)), 1, "bool", count=2),
-             _t("scan.masks_states", (Axis(nc + 1), Axis(nc + 1)), 1, "bool", count=2)]
+    saved = [x32, tensor("scan.x_padded_for_D", bLI, FP32),
+             tensor("scan.exp_cumsum", (Axis(b), H, Axis(L, "seq")), FP32, count=2),
+             tensor("scan.output_padded", bLI, FP32),
+             tensor("scan.masks_chunk", (Axis(Q), Axis(Q)), 1, "bool", count=2),
+             tensor("scan.masks_states", (Axis(nc + 1), Axis(nc + 1)), 1, "bool", count=2)]
     if not ac:
-        saved += [_t("scan.x_dt", bLI, FP32, "x·dt, plus an einsum copy with more than one chunk",
+        saved += [tensor("scan.x_dt", bLI, FP32, "x·dt, plus an einsum copy with more than one chunk",
                      count=1 if nc == 1 else 2),
-                  _t("scan.B_C", bLN, FP32, "einsum operand copies of B and C, B, B·decay", count=5),
-                  _t("scan.chunk_matrices", bhLQ, FP32, "exp(segsum), G, M", count=3),
-                  _t("scan.states", states, FP32, "the n_c + 1 states and the einsum copy of all but the last "
+                  tensor("scan.B_C", bLN, FP32, "einsum operand copies of B and C, B, B·decay", count=5),
+                  tensor("scan.chunk_matrices", bhLQ, FP32, "exp(segsum), G, M", count=3),
+                  tensor("scan.states", states, FP32, "the n_c + 1 states and the einsum copy of all but the last "
                                                   "(a view when n_c = 1)", count=nc + 1 + kept),
-                  _t("scan.decay_chunk", decay, FP32), _t("scan.C_times_states", bLI, FP32)]
+                  tensor("scan.decay_chunk", decay, FP32), tensor("scan.C_times_states", bLI, FP32)]
     else:
-        saved += [_t("scan.x_dt_casts", bLI, c, "one per einsum", count=2),
-                  _t("scan.B", bLN, FP32, "saved by B·decay"),
-                  _t("scan.B_C_casts", bLN, c, "C twice, B, B·decay", count=4),
-                  _t("scan.exp_segsum", bhLQ, FP32), _t("scan.G", bhLQ, c), _t("scan.M_cast", bhLQ, c),
-                  _t("scan.states_casts", states, c, "all states, then all but the last (whole when n_c = 1)",
+        saved += [tensor("scan.x_dt_casts", bLI, c, "one per einsum", count=2),
+                  tensor("scan.B", bLN, FP32, "saved by B·decay"),
+                  tensor("scan.B_C_casts", bLN, c, "C twice, B, B·decay", count=4),
+                  tensor("scan.exp_segsum", bhLQ, FP32), tensor("scan.G", bhLQ, c), tensor("scan.M_cast", bhLQ, c),
+                  tensor("scan.states_casts", states, c, "all states, then all but the last (whole when n_c = 1)",
                      count=nc + 1 + kept),
-                  _t("scan.decay_chunk", decay, FP32), _t("scan.decay_chunk_cast", decay, c),
-                  _t("scan.C_times_states", bLI, c)]
-    y = _t(f"{prefix}.scan_out", (*per_head, Axis(P)), FP32)
+                  tensor("scan.decay_chunk", decay, FP32), tensor("scan.decay_chunk_cast", decay, c),
+                  tensor("scan.C_times_states", bLI, c)]
+    y = tensor(f"{prefix}.scan_out", (*per_head, Axis(P)), FP32)
     prog.emit("scan", f"{prefix}.ssd_chunk_scan", inputs=(x32,), outputs=(y,), saved=saved, kernel="mamba2_chunk_scan")
     wide = (*rows, Axis(I, "tp"))
     prog.emit("norm", f"{prefix}.norm", inputs=(y, gate32), saved=(
-        gate32, _t("norm.silu_gate_out", wide, FP32), _t("norm.gated", wide, FP32),
-        _t("norm.rsqrt", (*rows, Axis(g, "tp")), FP32), _t("norm.normalized_fp32", wide, FP32)),
+        gate32, tensor("norm.silu_gate_out", wide, FP32), tensor("norm.gated", wide, FP32),
+        tensor("norm.rsqrt", (*rows, Axis(g, "tp")), FP32), tensor("norm.normalized_fp32", wide, FP32)),
         kernel="gated_rms_groups", weight=find(block, "mixer.norm"))
-    o_in = _t(f"{prefix}.out_proj.input", wide, c)
+    o_in = tensor(f"{prefix}.out_proj.input", wide, c)
     return linear(prog, ctx, f"{prefix}.out_proj", o_in, Axis(ctx.d), weight=find(block, "out_proj"))
