@@ -38,6 +38,27 @@ def _fmt(v: float) -> str:
     return f"{v:g}" if abs(v) >= 1 or v == 0 else f"{v:.2g}"
 
 
+def _open(c, width: int, height: int, chart_id: str) -> tuple[list[str], list[str]]:
+    """The ``<svg>`` element's opening, title and heading of a chart, tall enough for its wrapped notes; returns
+    (the lines so far, the note lines ``_close`` writes)."""
+    note_lines = [ln for note in c.notes for ln in textwrap.wrap(note, width // 6)]
+    full_h = height + 15 * len(note_lines) + (6 if note_lines else 0)
+    id_attr = f' id="{escape(chart_id)}"' if chart_id else ""
+    head = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {full_h:.0f}" role="img" class="chart"'
+            f'{id_attr} font-family="sans-serif" font-size="12">',
+            f'<title>{escape(c.title)}</title>',
+            f'<text x="{width / 2:.0f}" y="22" text-anchor="middle" font-size="15">{escape(c.title)}</text>']
+    return head, note_lines
+
+
+def _close(out: list[str], note_lines: list[str], height: int) -> str:
+    """The chart's notes under its plot, and the closing tag."""
+    for k, line in enumerate(note_lines):
+        out.append(f'<text x="8" y="{height + 8 + 15 * k}" font-size="10.5" fill="#444">{escape(line)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
 def bar_chart_svg(c: BarChart, *, width: int = 720, height: int = 380, chart_id: str = "") -> str:
     """One ``<svg>`` element: title, y axis with unit, stacked bars (bottom to top in ``c.stacks`` order),
     totals above the bars, the capacity line, a legend on the right and the notes underneath."""
@@ -57,13 +78,7 @@ def bar_chart_svg(c: BarChart, *, width: int = 720, height: int = 380, chart_id:
         return bottom - (bottom - top) * v / ymax
 
     bw = min(0.62 * band, 120)
-    note_lines = [ln for note in c.notes for ln in textwrap.wrap(note, width // 6)]
-    full_h = height + 15 * len(note_lines) + (6 if note_lines else 0)
-    id_attr = f' id="{escape(chart_id)}"' if chart_id else ""
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {full_h}" role="img" class="chart"'
-           f'{id_attr} font-family="sans-serif" font-size="12">',
-           f'<title>{escape(c.title)}</title>',
-           f'<text x="{width / 2:.0f}" y="22" text-anchor="middle" font-size="15">{escape(c.title)}</text>']
+    out, note_lines = _open(c, width, height, chart_id)
     for t in ticks:
         out.append(f'<line x1="{left}" x2="{right}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="#e4e4e4"/>'
                    f'<text x="{left - 6}" y="{y(t) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
@@ -105,10 +120,7 @@ def bar_chart_svg(c: BarChart, *, width: int = 720, height: int = 380, chart_id:
                 f'<rect x="{right + 16}" y="{ly}" width="14" height="11" fill="{col}"/>')
         out.append(f'<g class="legend-item">{mark}<text x="{right + 36}" y="{ly + 10}" font-size="11">'
                    f'{escape(name)}</text></g>')
-    for k, line in enumerate(note_lines):
-        out.append(f'<text x="8" y="{height + 8 + 15 * k}" font-size="10.5" fill="#444">{escape(line)}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+    return _close(out, note_lines, height)
 
 
 def _short(text: str, n: int = 22) -> str:
@@ -136,13 +148,7 @@ def line_chart_svg(c: LineChart, *, width: int = 720, height: int = 420, chart_i
     def py(v: float) -> float:
         return bottom - (bottom - top) * v / ymax
 
-    note_lines = [ln for note in c.notes for ln in textwrap.wrap(note, width // 6)]
-    full_h = height + 15 * len(note_lines) + (6 if note_lines else 0)
-    id_attr = f' id="{escape(chart_id)}"' if chart_id else ""
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {full_h:.0f}" role="img" class="chart"'
-           f'{id_attr} font-family="sans-serif" font-size="12">',
-           f'<title>{escape(c.title)}</title>',
-           f'<text x="{width / 2:.0f}" y="22" text-anchor="middle" font-size="15">{escape(c.title)}</text>']
+    out, note_lines = _open(c, width, height, chart_id)
     legend, seen = [], set()
     for b0, b1, phase in c.bands:
         out.append(f'<rect class="band" data-phase="{escape(phase)}" x="{px(b0):.1f}" y="{top}" '
@@ -197,10 +203,7 @@ def line_chart_svg(c: LineChart, *, width: int = 720, height: int = 420, chart_i
                           f'stroke-dasharray="4 3" stroke-width="1.6"/>'}[kind]
         out.append(f'<g class="legend-item">{mark}<text x="{right + 36}" y="{ly + 10}" font-size="11">'
                    f'{escape(name)}</text></g>')
-    for k, line in enumerate(note_lines):
-        out.append(f'<text x="8" y="{height + 8 + 15 * k}" font-size="10.5" fill="#444">{escape(line)}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+    return _close(out, note_lines, height)
 
 
 def chart_svg(c, *, chart_id: str = "") -> str:
