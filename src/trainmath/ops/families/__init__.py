@@ -95,12 +95,16 @@ STYLES: dict[str, Style] = {
 GROUPED_UNMODELLED = tuple(name for name, row in STYLES.items() if not row.experts_grouped)
 """MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is)."""
 
+DEFAULT_STYLE = Style()
+
 LAYERS: dict[str, Callable] = {}
 """model_type → layer emitter ``(prog, ctx, layer, style) -> None`` (filled in by the family modules below)."""
 
 
 def style(model_type: str) -> Style:
-    return STYLES[model_type]
+    """The family's row; a family without one (its layers not modelled) gets the default row, which is all the
+    head and loss read (a final RMSNorm, an LM head, the cross-entropy) for the megatron profile's logits."""
+    return STYLES.get(model_type, DEFAULT_STYLE)
 
 
 from trainmath.ops.families import (  # noqa: E402  (the family modules register their emitters in LAYERS)
