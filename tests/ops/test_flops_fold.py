@@ -1,6 +1,7 @@
-"""The linears' GEMM FLOPs as a fold over the op lists (``trainmath.ops.flops``): equal to ``flops.gemm``'s count
-from the ModelSpec's blocks (which ``tests/flops`` checks against FlopCounterMode) for every catalog model and
-layer type, and divided per rank exactly as the op tensors' sharding rules say."""
+"""GEMM FLOPs as folds over the op lists (``trainmath.ops.flops``): the linears equal ``flops.gemm``'s count from
+the ModelSpec's blocks for every catalog model and layer type (``tests/flops`` checks both against
+FlopCounterMode), and every GEMM, linears and cores, is divided per rank exactly as the op tensors' sharding
+rules say."""
 
 from collections import Counter
 
@@ -9,7 +10,7 @@ import pytest
 from trainmath.errors import TrainmathError
 from trainmath.flops.gemm import linear_gemms
 from trainmath.ops import families
-from trainmath.ops.flops import layer_ops, layer_top_k, linear_gemms_from_ops
+from trainmath.ops.flops import core_gemms_from_ops, layer_ops, layer_top_k, linear_gemms_from_ops
 from trainmath.ops.ir import Degrees
 from trainmath.sources import catalog_index, load_spec
 
@@ -19,7 +20,7 @@ EMITTED = [m for m in ALL if load_spec(m).model_type in families.LAYERS]
 
 
 def test_only_kimi_lacks_an_op_list():
-    """The catalog models without a layer emitter (``block_gemms`` counts them from the spec's blocks)."""
+    """The catalog models without a layer emitter of their own (they run another family's: ``RUNS_AS``)."""
     assert sorted({load_spec(m).model_type for m in ALL} - set(families.LAYERS)) == ["kimi_k2"]
 
 
@@ -81,25 +82,70 @@ def test_llama4_executed_experts_are_all_tokens():
         _fold(spec, layer, experts="all")
 
 
-@pytest.mark.parametrize("model", ["Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3", "nvidia/Nemotron-H-56B-Base-8K"])
+@pytest.mark.parametrize("model", ["Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3", "nvidia/Nemotron-H-56B-Base-8K",
+                                   "Qwen/Qwen3-Next-80B-A3B-Thinking", "moonshotai/Kimi-K2-Instruct"])
 def test_count_flops_reads_the_op_lists(model):
-    """``trainmath flops`` takes the linears from the op fold (no fallback note for a catalog model with an op
-    list), listing each layer's GEMMs block by block as from the spec."""
+    """``trainmath flops`` takes every layer GEMM from the op folds (no fallback note, Kimi K2 included through
+    DeepSeek-V3's op list), listing each block's linears, then the mixer's core after the mixer's linears."""
     from trainmath.flops import count_flops
-    from trainmath.flops.gemm import block_gemms
+    from trainmath.flops.model import MIXERS
 
     spec = load_spec(model)
     report = count_flops(spec, batch=B, seq=S)
-    assert not [n for n in report.notes if "linears counted from the spec" in n]
+    assert not [n for n in report.notes if "spec" in n]
     for lt, (layer, _) in zip(report.layer_types, spec.layer_groups()):
-        assert list(lt.gemms) == [g for bl in layer.blocks for g in block_gemms(bl, batch=B, seq=S)]
+        ops = layer_ops(spec, layer, batch=B, seq=S)
+        linears = _fold(spec, layer)
+        core = core_gemms_from_ops(ops)
+        expect = []
+        for bl in layer.blocks:
+            mine = {g.name for g in linear_gemms(bl, B * S)}
+            expect += [g for g in linears if g.name in mine] + (core if bl.kind in MIXERS else [])
+        assert list(lt.gemms) == expect and len(expect) == len(linears) + len(core)
+        assert bool(core) == any(bl.kind in MIXERS for bl in layer.blocks)
 
 
-def test_count_flops_notes_a_config_the_op_list_does_not_model():
-    """MLA with equal q/k and v head dims: its op list refuses (SDPA's flash kernel's saved bytes are not
-    modelled), so the linears come from the spec's blocks, with a note; the numbers are the same GEMMs."""
-    from trainmath.flops import count_flops
+def test_kimi_k2_runs_deepseek_v3s_op_list():
+    assert families.emitter("kimi_k2") == (families.LAYERS["deepseek_v3"], families.style("deepseek_v3"))
+    with pytest.raises(TrainmathError, match="no op list for model_type 'bert'; modelled: cohere, deepseek_v2"):
+        families.emitter("bert")
+
+
+@pytest.mark.parametrize("model", ALL)
+def test_core_gemms_per_rank_divide_heads_and_channels(model):
+    """At tp the attention core, conv and scan GEMMs of a rank keep their (m, k, n) and run count / tp products:
+    the query heads, conv channels and value/Mamba heads are ``tp`` axes (the catalog's divide every tp here)."""
+    from trainmath.infer.weights import validate_tp
+
+    spec = load_spec(model)
+    for tp in (2, 8):
+        try:
+            validate_tp(spec, tp)
+        except TrainmathError:
+            continue
+        for layer, _ in spec.layer_groups():
+            ops = layer_ops(spec, layer, batch=B, seq=S)
+            for causal in ("executed", "half"):
+                one, many = core_gemms_from_ops(ops, causal=causal), core_gemms_from_ops(ops, Degrees(tp=tp),
+                                                                                      causal=causal)
+                assert [(g.name, g.m, g.k, g.n, g.count // tp) for g in one] == \
+                       [(g.name, g.m, g.k, g.n, g.count) for g in many]
+                assert all(g.count % tp == 0 for g in one)
+
+
+def test_core_gemms_refuse_context_parallel_ranks():
+    spec = load_spec("Qwen/Qwen3-0.6B")
+    with pytest.raises(TrainmathError, match="per context-parallel rank are not modelled"):
+        core_gemms_from_ops(layer_ops(spec, spec.layers[0], batch=B, seq=S), Degrees(cp=2))
+
+
+def test_shapes_only_emits_what_the_saved_bytes_fold_refuses():
+    """MLA with equal q/k and v head dims: the memory profile's emission refuses (SDPA's flash kernel's saved
+    bytes are not modelled); the shapes-only op list has every linear of the spec's blocks and the attention op
+    (FlopCounterMode checks its FLOPs in ``tests/flops/test_oracle_shapes_only.py``)."""
     from trainmath.model import spec_from_config
+    from trainmath.ops.context import Ctx, Precision
+    from trainmath.ops.ir import Program
 
     cfg = dict(model_type="deepseek_v3", hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
@@ -107,10 +153,13 @@ def test_count_flops_notes_a_config_the_op_list_does_not_model():
                n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
                n_group=1, topk_group=1)
     spec = spec_from_config(cfg, name="tiny-mla", source="test")
+    layer = spec.layers[0]
     with pytest.raises(TrainmathError, match="equal q/k and v head dims"):
-        layer_ops(spec, spec.layers[0], batch=B, seq=S)
-    report = count_flops(spec, batch=B, seq=S)
-    assert [n for n in report.notes if "linears counted from the spec's blocks" in n]
-    linears = [g for lt in report.layer_types for g in lt.gemms if g.component != "attention_core"]
-    assert linears == [g for layer, _ in spec.layer_groups() for bl in layer.blocks
-                       for g in linear_gemms(bl, B * S)]
+        families.LAYERS["deepseek_v3"](Program(), Ctx(b=B, s=S, d=64, p=Precision(compute=2, param=2)), layer,
+                                       families.style("deepseek_v3"))
+    ops = layer_ops(spec, layer, batch=B, seq=S)
+    got = [(g.name, g.m, g.k, g.n) for g in _fold(spec, layer)]
+    assert Counter(got) == Counter((g.name, g.m, g.k, g.n) for bl in layer.blocks for g in linear_gemms(bl, B * S))
+    (att,) = [op for op in ops if op.kind == "attention"]
+    assert att.kernel == "sdpa" and att.saved == () and [t.name for t in att.cache] == \
+        ["latent_kv", "rope_keys", "keys", "values"]

@@ -10,11 +10,11 @@ activation recomputation repeats:
   Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.2) recompute;
   ``full`` re-runs the forward of every decoder layer (not the LM head), as Megatron-LM's full checkpointing does.
 
-The linears' GEMMs are a fold over each layer type's op list (``trainmath.ops.flops``, the ops ``trainmath
-memory`` folds too), equal to ``flops.gemm.linear_gemms`` over the spec's blocks for every catalog model
-(``tests/ops/test_flops_fold.py``); a family without an op list (Kimi-K2), or a config its emitter does not model
-(a note says which), counts them from the spec's blocks. The attention core, conv and scan GEMMs come from the
-blocks' dims (``flops.gemm.core_gemms``).
+Every GEMM of a decoder layer is a fold over its layer type's op list (``trainmath.ops.flops``, the ops
+``trainmath memory`` folds too): the linears, the attention core (with the op's window), the depthwise convs and
+the chunked scans. The op list is emitted for shapes only (``Ctx.shapes_only``), so a config whose saved bytes
+are not modelled (MLA with equal q/k and v head dims, Falcon with biases, Nemotron-H's latent MoE) still counts;
+Kimi K2 runs DeepSeek-V3's op list (``ops.families.RUNS_AS``). The LM head is a linear of the spec's ``post``.
 
 Linear-attention (Gated DeltaNet) and Mamba-2 layers count their chunked cores as transformers' torch path runs
 them, over whole chunks (``gdn_chunk``, 64 in transformers; ``mamba_chunk``, the config's ``chunk_size``).
@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
-from trainmath.flops.gemm import CAUSAL, Gemm, _module, core_gemms, core_note, linear_gemms
+from trainmath.flops.gemm import CAUSAL, Gemm, _module, core_note, linear_gemms
 from trainmath.model.spec import Block, LayerSpec, ModelSpec
-from trainmath.ops import families
-from trainmath.ops.flops import layer_ops, layer_top_k, linear_gemms_from_ops
+from trainmath.ops.flops import core_gemms_from_ops, layer_ops, layer_top_k, linear_gemms_from_ops
+from trainmath.ops.ir import SINGLE, Degrees
 from trainmath.tree import Node
 
 RECOMPUTE = ("none", "selective", "full")
@@ -122,24 +122,28 @@ def _tree(name: str, per_module: dict[str, dict[str, int]], notes: dict[str, str
     return Node.of(name, comps, "flops")
 
 
-def _op_linears(spec: ModelSpec, layer: LayerSpec, batch: int, seq: int) -> tuple[list[list[Gemm]] | None, str]:
-    """The linear GEMMs folded from a layer's op list, grouped by the spec block whose linear tensor each
-    multiplies by (in op order within a block), so that a layer lists each block's linears then its core; or
-    (None, why) when the family has no op list or its emitter does not model this config (its saved bytes are
-    unknown, e.g. MLA with equal q/k and v head dims): the linears are then counted from the spec's blocks."""
-    if spec.model_type not in families.LAYERS:
-        return None, ""
-    try:
-        ops = layer_ops(spec, layer, batch=batch, seq=seq)
-    except TrainmathError as e:
-        return None, f"{layer.label}: linears counted from the spec's blocks, as the op list does not model it ({e})"
-    folded = linear_gemms_from_ops(ops, top_k=layer_top_k(layer))
+MIXERS = ("attention", "mla", "linear_attention", "mamba")
+
+
+def layer_gemms(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, causal: str = "executed",
+                gdn_chunk: int = 64, mamba_chunk: int | None = None, deg: Degrees = SINGLE) -> list[Gemm]:
+    """The forward GEMMs of one layer, folded from its op list (``trainmath.ops.flops``) on one rank of ``deg``,
+    listed block by block as the spec orders them: each block's linears (in op order, matched by the weight
+    each multiplies by), the mixer's core (attention, conv, scan) after its linears."""
+    ops = layer_ops(spec, layer, batch=batch, seq=seq, gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk)
+    folded = linear_gemms_from_ops(ops, deg, top_k=layer_top_k(layer))
     names = [{_module(t.name) for t in b.tensors if t.kind == "linear"} for b in layer.blocks]
-    groups = [[g for g in folded if g.name in mine] for mine in names]
     if any(sum(g.name in mine for mine in names) != 1 for g in folded):
         raise TrainmathError(f"{spec.name} {layer.label}: the op list's linears "
                              f"{sorted(g.name for g in folded)} do not match its blocks' {sorted(set().union(*names))}")
-    return groups, ""
+    core = core_gemms_from_ops(ops, deg, causal=causal)
+    mixer = next((i for i, b in enumerate(layer.blocks) if b.kind in MIXERS), None)
+    if core and mixer is None:
+        raise TrainmathError(f"{spec.name} {layer.label}: attention or scan ops in a layer without a mixer block")
+    out: list[Gemm] = []
+    for i, mine in enumerate(names):
+        out += [g for g in folded if g.name in mine] + (core if i == mixer else [])
+    return out
 
 
 def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "executed",
@@ -177,15 +181,10 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
 
     layer_types = []
     for layer, idx in spec.layer_groups():
-        gemms: list[Gemm] = []
-        # the linears as a fold over the layer's op list (``trainmath.ops.flops``), listed by block
-        linears, why = _op_linears(spec, layer, batch, seq)
-        if why:
-            report_notes.append(why)
+        # every GEMM of the layer as a fold over its op list (``trainmath.ops.flops``), listed by block
+        gemms = layer_gemms(spec, layer, batch=batch, seq=seq, causal=causal, gdn_chunk=gdn_chunk,
+                            mamba_chunk=mamba_chunk)
         for b in layer.blocks:
-            gemms += linear_gemms(b, tokens) if linears is None else linears.pop(0)
-            gemms += core_gemms(b, batch=batch, seq=seq, causal=causal, gdn_chunk=gdn_chunk,
-                                mamba_chunk=mamba_chunk)
             if core_note(b.kind) and core_note(b.kind) not in report_notes:
                 report_notes.append(core_note(b.kind))
         layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms)))

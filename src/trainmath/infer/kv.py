@@ -1,6 +1,8 @@
 """The inference cache, term by term: K/V per token for attention layers, the latent for MLA, and the constant
 conv + recurrent state of linear-attention (Gated DeltaNet) and Mamba-2 layers. Every figure is per
-tensor-parallel rank and exact in bytes.
+tensor-parallel rank and exact in bytes, a fold over each layer's op list: every mixer op names the tensors the
+cache keeps of it (``trainmath.ops.cache``, their shapes and sharding rules); this module stores them in a
+``CacheFormat``.
 
 What is held after a prefill of ``context`` tokens (the oracle: transformers' ``DynamicCache`` built from the
 config, summed tensor by tensor, in ``tests/infer``):
@@ -26,10 +28,8 @@ from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
 from trainmath.infer.dtypes import DTYPE_BITS, KV_DTYPES, tensor_bytes
-from trainmath.model.spec import AttentionDims, LayerSpec, LinearAttentionDims, MambaDims, MLADims, ModelSpec
+from trainmath.model.spec import LayerSpec, ModelSpec
 from trainmath.tree import Node
-
-MIXERS = ("attention", "mla", "linear_attention", "mamba")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,94 +93,40 @@ def heads_per_rank(heads: int, tp: int, what: str) -> int:
     return heads // tp
 
 
-def cached_tokens(context: int, window: int | None, convention: str = "window-1") -> int:
-    """Tokens a layer holds after a prefill of ``context``: all of them for full attention, at most ``window - 1``
-    (transformers) or ``window`` for a sliding/chunked layer. Derived from ``DynamicSlidingWindowLayer.update``,
-    which keeps ``full_states[:, :, -window + 1:]``."""
-    if window is None:
-        return context
-    return min(context, window - 1 if convention == "window-1" else window)
+STORE = {"kv": "kv_dtype", "latent": "kv_dtype", "expanded": "kv_dtype", "conv": "conv_dtype",
+         "state": "state_dtype"}
+"""The ``CacheFormat`` field that gives each cache store (``ops.cache.CACHE_KINDS``) its dtype."""
 
 
-def attention_kv_bytes_per_token(dims: AttentionDims, kv_bits: int, tp: int) -> tuple[int, int]:
-    """(K, V) bytes per token of one attention layer on one TP rank: h_kv,rank·h_d and h_kv,rank·h_dv elements.
-    Seed (third article): KV cache = 2·b·s·N·h_kv·h_d·bytes; K and V are kept apart here because MLA and some
-    models have h_dv ≠ h_d."""
-    kv = kv_heads_per_rank(dims.kv_heads, tp)
-    return tensor_bytes(kv * dims.head_dim, kv_bits), tensor_bytes(kv * dims.v_head_dim, kv_bits)
+def _ops(spec: ModelSpec, layer: LayerSpec, *, batch: int, context: int) -> list:
+    from trainmath.ops.emit import layer_ops  # the op lists import the kernels: only when a cache is folded
+
+    return layer_ops(spec, layer, batch=batch, seq=context)
 
 
-def mla_kv_bytes_per_token(dims: MLADims, kv_bits: int, tp: int, mode: str) -> tuple[int, int]:
-    """(first, second) cached bytes per token of one MLA layer on one TP rank.
-    latent: (kv_lora_rank, qk_rope_head_dim) elements — DeepSeek-V2 §2.1.2, eq. 9-10: only c_KV and the decoupled
-    rotary key k^R are cached, (d_c + d_h^R)·l elements per token; the latent is shared by all heads, so every TP
-    rank keeps all of it. expanded: (h_rank·(qk_nope + qk_rope), h_rank·v_head_dim) elements, K and V per head."""
-    if mode == "latent":
-        return tensor_bytes(dims.kv_lora_rank, kv_bits), tensor_bytes(dims.qk_rope_head_dim, kv_bits)
-    h = heads_per_rank(dims.heads, tp, "num_attention_heads")
-    return tensor_bytes(h * dims.qk_head_dim, kv_bits), tensor_bytes(h * dims.v_head_dim, kv_bits)
+def layer_cache(spec: ModelSpec, layer: LayerSpec, *, batch: int, context: int, fmt: CacheFormat,
+                tp: int) -> tuple[Node, ...]:
+    """The cache tensors of one layer on one TP rank, as nodes in bytes (empty for a layer without a mixer): a
+    fold over the layer's op list (``ops.cache.cache_fold``), each tensor at its store's dtype."""
+    from trainmath.ops.cache import cache_fold
+    from trainmath.ops.ir import Degrees
 
-
-def _conv_columns(kernel: int, convention: str) -> int:
-    return kernel if convention == "kernel" else kernel - 1
-
-
-def gdn_state_bytes(dims: LinearAttentionDims, fmt: CacheFormat, tp: int) -> tuple[int, int]:
-    """(conv, recurrent) bytes per sequence of one Gated DeltaNet layer on one TP rank.
-    conv: (2·h_k·d_k + h_v·d_v)/tp channels (q, k, v go through the depthwise conv) × kernel columns;
-    recurrent: h_v/tp × d_k × d_v (one d_k × d_v matrix per value head; keys are repeated to the value heads).
-    Shapes from transformers ``Qwen3NextGatedDeltaNet.forward`` (``mixed_qkv`` into ``update_conv_state``,
-    ``last_recurrent_state`` (b, h_v, d_k, d_v) into ``update_recurrent_state``)."""
-    hk = heads_per_rank(dims.key_heads, tp, "linear_num_key_heads")
-    hv = heads_per_rank(dims.value_heads, tp, "linear_num_value_heads")
-    channels = 2 * hk * dims.key_head_dim + hv * dims.value_head_dim
-    conv = tensor_bytes(channels * _conv_columns(dims.conv_kernel, fmt.conv_tokens), DTYPE_BITS[fmt.conv_dtype])
-    rec = tensor_bytes(hv * dims.key_head_dim * dims.value_head_dim, DTYPE_BITS[fmt.state_dtype])
-    return conv, rec
-
-
-def mamba_state_bytes(dims: MambaDims, fmt: CacheFormat, tp: int) -> tuple[int, int]:
-    """(conv, ssm) bytes per sequence of one Mamba-2 layer on one TP rank.
-    conv: (I + 2·g·N)/tp channels (x, B, C go through the conv) × kernel columns; ssm: H/tp × P × N
-    (Dao & Gu 2024 §7: one P × N state per head). Shapes from transformers ``NemotronHMamba2Mixer``
-    (``hidden_states_B_C`` into ``update_conv_state``, ``final_state`` (b, H, P, N) into ``update_recurrent_state``).
-    tp must divide the heads and the groups (replicating groups when g < tp, as vLLM can, is not modelled)."""
-    h = heads_per_rank(dims.heads, tp, "mamba_num_heads")
-    g = heads_per_rank(dims.groups, tp, "n_groups")
-    channels = h * dims.head_dim + 2 * g * dims.state_size
-    conv = tensor_bytes(channels * _conv_columns(dims.conv_kernel, fmt.conv_tokens), DTYPE_BITS[fmt.conv_dtype])
-    ssm = tensor_bytes(h * dims.head_dim * dims.state_size, DTYPE_BITS[fmt.state_dtype])
-    return conv, ssm
-
-
-def layer_cache(layer: LayerSpec, *, batch: int, context: int, fmt: CacheFormat, tp: int) -> tuple[Node, ...]:
-    """The cache tensors of one layer on one TP rank, as nodes in bytes (empty for a layer without a mixer)."""
-    bits = DTYPE_BITS[fmt.kv_dtype]
-    out: list[Node] = []
-    for block in layer.blocks:
-        d = block.dims
-        if block.kind == "attention":
-            k, v = attention_kv_bytes_per_token(d, bits, tp)
-            n = batch * cached_tokens(context, d.sliding_window, fmt.sliding_tokens)
-            out += [Node(name="keys", value=k * n, unit="bytes"), Node(name="values", value=v * n, unit="bytes")]
-        elif block.kind == "mla":
-            k, v = mla_kv_bytes_per_token(d, bits, tp, fmt.mla_cache)
-            n = batch * context
-            names = ("latent_kv", "rope_keys") if fmt.mla_cache == "latent" else ("keys", "values")
-            out += [Node(name=names[0], value=k * n, unit="bytes"), Node(name=names[1], value=v * n, unit="bytes")]
-        elif block.kind in ("linear_attention", "mamba"):
-            conv, rec = (gdn_state_bytes if block.kind == "linear_attention" else mamba_state_bytes)(d, fmt, tp)
-            out += [Node(name="conv_state", value=batch * conv, unit="bytes"),
-                    Node(name="recurrent_state", value=batch * rec, unit="bytes")]
-    return tuple(out)
+    fold = cache_fold(_ops(spec, layer, batch=batch, context=context), Degrees(tp=tp), mla=fmt.mla_cache,
+                      sliding=fmt.sliding_tokens, conv=fmt.conv_tokens)
+    return tuple(Node(name=t.name, value=tensor_bytes(n, DTYPE_BITS[getattr(fmt, STORE[t.kind])]), unit="bytes")
+                 for t, n in fold)
 
 
 def cache_tree(spec: ModelSpec, *, batch: int, context: int, fmt: CacheFormat, tp: int) -> Node:
     """The whole cache on one TP rank: one child per layer type (its value over all layers of the type), each
-    with its tensors (keys, values, latent_kv, rope_keys, conv_state, recurrent_state) summed over those layers."""
+    with its tensors (keys, values, latent_kv, rope_keys, conv_state, recurrent_state) summed over those layers.
+    tp must divide the heads as ``infer.weights.validate_tp`` says (K/V heads: or be a multiple of them)."""
+    from trainmath.infer.weights import validate_tp  # weights imports this module's head rules
+
+    validate_tp(spec, tp)
     groups = []
     for layer, idx in spec.layer_groups():
-        per_layer = layer_cache(layer, batch=batch, context=context, fmt=fmt, tp=tp)
+        per_layer = layer_cache(spec, layer, batch=batch, context=context, fmt=fmt, tp=tp)
         children = [Node(name=c.name, value=c.value * len(idx), unit="bytes") for c in per_layer]
         groups.append(Node.of(f"{layer.label} x{len(idx)}", children, "bytes",
                               note=f"{sum(c.value for c in per_layer):,} bytes per layer"))
@@ -189,12 +135,10 @@ def cache_tree(spec: ModelSpec, *, batch: int, context: int, fmt: CacheFormat, t
 
 def grows_with_context(spec: ModelSpec, fmt: CacheFormat) -> bool:
     """Whether any layer's cache keeps growing with the context (full attention or MLA), i.e. whether the
-    largest context that fits is finite."""
-    for layer in spec.layers:
-        for b in layer.blocks:
-            if b.kind == "mla" or (b.kind == "attention" and b.dims.sliding_window is None):
-                return True
-    return False
+    largest context that fits is finite (``ops.cache.grows`` over each layer's op list)."""
+    from trainmath.ops.cache import grows
+
+    return any(grows(_ops(spec, layer, batch=1, context=1)) for layer, _ in spec.layer_groups())
 
 
 def kv_bytes_per_token(spec: ModelSpec, *, fmt: CacheFormat, tp: int) -> int:

@@ -1,14 +1,15 @@
 """What an op list is emitted for: the run's dtypes, batch, kernels and the config switches the spec lacks.
 
 ``Ctx`` is everything a family's emitter reads besides the ``ModelSpec``: micro-batch and sequence, the
-``Precision``, the attention kernel and expert path, the router and family switches, and the ``Degrees`` of the
-rank (read only by the folds, never by an emitter).
+``Precision``, the attention kernel and expert path, the router and family switches, the scans' chunk lengths,
+and the ``Degrees`` of the rank (read only by the folds, never by an emitter).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainmath.errors import TrainmathError
 from trainmath.ops.ir import SINGLE, Axis, Degrees
 
 INT64 = 8
@@ -131,6 +132,18 @@ class Ctx:
     family: Family = field(default_factory=Family)
     degrees: Degrees = SINGLE
     """The rank's parallel degrees: read by the folds only."""
+    gdn_chunk: int = 64
+    """Gated DeltaNet's chunk length (``torch_chunk_gated_delta_rule``'s default 64)."""
+    mamba_chunk: int | None = None
+    """Mamba-2's SSD chunk length (None: the config's ``chunk_size``, carried by the block's dims)."""
+    shapes_only: bool = False
+    """For the folds that read only shapes (FLOPs, the inference cache): emit every op even where this config's
+    saved bytes are not modelled (``unmodelled`` then raises nothing, and such ops save nothing)."""
+
+    def unmodelled(self, why: str) -> None:
+        """A config whose saved bytes the emitter does not model: one error line, unless ``shapes_only``."""
+        if not self.shapes_only:
+            raise TrainmathError(why)
 
     @property
     def T(self) -> int:

@@ -1,8 +1,9 @@
 """The op list: what one block computes, as ordered ops over named tensors with their sharding rules.
 
 A family emits, per decoder layer, a list of ``Op`` (``trainmath.ops.families``); every quantity that depends on
-what is computed is a fold over that list (``trainmath.ops.fold``): the bytes autograd saves for backward, the
-autocast weight copies, and what one rank of a parallel layout holds of each. Model code is single-device: a
+what is computed is a fold over that list: the bytes autograd saves for backward and the autocast weight copies
+(``trainmath.ops.fold``), the GEMM FLOPs (``trainmath.ops.flops``), the inference cache (``trainmath.ops.cache``),
+and what one rank of a parallel layout holds of each. Model code is single-device: a
 ``Tensor`` carries full sizes, and each axis names the rule (``Axis.shard``) by which a layout divides it; only
 ``Degrees.split`` reads a parallel degree.
 
@@ -95,7 +96,8 @@ class Tensor:
     """Equal tensors of this shape that share the name (one per chunk, per use, per expert hit)."""
     kind: str = "activation"
     """``activation``; ``weight_copy`` (an autocast cast of a parameter, kept for backward); ``gathered`` (the
-    sequence all-gather entering a tensor-parallel region: a view of its input unless the sequence is split)."""
+    sequence all-gather entering a tensor-parallel region: a view of its input unless the sequence is split);
+    for a tensor an op leaves in the inference cache (``Op.cache``), its store (``ops.cache.CACHE_KINDS``)."""
     note: str = ""
 
     def storage_on(self, deg: Degrees = SINGLE) -> Tensor:
@@ -145,7 +147,13 @@ class Op:
     """The implementation where it changes what is kept: ``sdpa``, ``eager``, ``sdpa_math``, ``grouped_mm``,
     ``eager_loop``, ``all_tokens`` (every expert over every token) ..."""
     weight: TensorSpec | None = None
-    """The parameter a ``linear`` multiplies by (its FLOPs and, under autocast, its cast)."""
+    """The parameter a ``linear`` multiplies by (its FLOPs and, under autocast, its cast); a ``conv``'s kernel."""
+    window: int | None = None
+    """An ``attention`` op's sliding window or attention chunk (None: full causal attention)."""
+    chunk: int | None = None
+    """A chunked ``scan``'s chunk length (its sequence axes are padded to whole chunks)."""
+    cache: tuple[Tensor, ...] = ()
+    """What the inference cache holds of this op after a prefill of the op list's tokens (``ops.cache``)."""
     note: str = ""
 
 
@@ -156,8 +164,9 @@ class Program:
     ops: list[Op] = field(default_factory=list)
 
     def emit(self, kind: str, name: str, *, inputs=(), outputs=(), saved=(), kernel: str = "",
-             weight: TensorSpec | None = None, note: str = "") -> Op:
+             weight: TensorSpec | None = None, window: int | None = None, chunk: int | None = None, cache=(),
+             note: str = "") -> Op:
         op = Op(kind=kind, name=name, inputs=tuple(inputs), outputs=tuple(outputs), saved=tuple(saved),
-                kernel=kernel, weight=weight, note=note)
+                kernel=kernel, weight=weight, window=window, chunk=chunk, cache=tuple(cache), note=note)
         self.ops.append(op)
         return op

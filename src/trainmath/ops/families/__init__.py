@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trainmath.errors import TrainmathError
+
 
 @dataclass(frozen=True, kw_only=True)
 class Style:
@@ -99,6 +101,21 @@ DEFAULT_STYLE = Style()
 
 LAYERS: dict[str, Callable] = {}
 """model_type → layer emitter ``(prog, ctx, layer, style) -> None`` (filled in by the family modules below)."""
+
+
+RUNS_AS: dict[str, str] = {"kimi_k2": "deepseek_v3"}
+"""Families whose modeling code is another family's (Kimi K2's remote code is DeepSeek-V3's): the shape folds
+(FLOPs, the inference cache) emit that family's op list; the saved-bytes profile, which has no row for them,
+refuses them until a test checks them against their own code."""
+
+
+def emitter(model_type: str) -> tuple[Callable, Style]:
+    """(layer emitter, table row) the shape folds use for ``model_type``; one error line for a family without."""
+    key = model_type if model_type in LAYERS else RUNS_AS.get(model_type)
+    if key is None:
+        raise TrainmathError(f"no op list for model_type {model_type!r}; modelled: "
+                             f"{', '.join(sorted([*LAYERS, *RUNS_AS]))}")
+    return LAYERS[key], style(key)
 
 
 def style(model_type: str) -> Style:

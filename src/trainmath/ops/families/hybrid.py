@@ -63,10 +63,11 @@ def nemotron_h_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) ->
         plain_mlp(prog, ctx, mixer, h, width=mixer.dims.intermediate, up="up_proj", down="down_proj",
                   prefix="mixer", act=style.act)
     elif mixer.kind == "moe":
-        if any("latent" in t.name for t in mixer.tensors):
-            raise TrainmathError("nemotron_h with moe_latent_size is not yet modelled (use --profile megatron)")
+        latent = any("latent" in t.name for t in mixer.tensors)
+        if latent:
+            ctx.unmodelled("nemotron_h with moe_latent_size is not yet modelled (use --profile megatron)")
         check_experts_path(ctx, "nemotron_h")
-        moe_block(prog, ctx, mixer, h, style)
+        moe_block(prog, ctx, mixer, h, style, latent=latent)
     else:
         raise TrainmathError(f"nemotron_h layer {layer.label!r} has an unknown mixer {mixer.kind!r}")
 

@@ -74,19 +74,28 @@ def check_experts_path(ctx: Ctx, model_type: str) -> None:
                              f"(transformers' experts_implementation='eager')")
 
 
-def moe_block(prog: Program, ctx: Ctx, block: Block, h: Tensor, style: Style) -> None:
-    """The sparse block reading ``h`` (the post-attention norm's output)."""
+def moe_block(prog: Program, ctx: Ctx, block: Block, h: Tensor, style: Style, *, latent: bool = False) -> None:
+    """The sparse block reading ``h`` (the post-attention norm's output). ``latent`` (Nemotron-H's
+    ``moe_latent_size``, shapes only): the routed experts run between ``fc1_latent_proj`` (d → latent) and
+    ``fc2_latent_proj`` (latent → d) on every token."""
     dims = block.dims
     if not isinstance(dims, MoEDims):
         raise TrainmathError(f"moe block without MoEDims: {block.kind}")
     xg = gather_seq(prog, h, "mlp.input")
     weights, prefix = routing(prog, ctx, block, xg, style)
     k, f = dims.top_k, dims.expert_intermediate
+    xe = xg
+    if latent:
+        fc1, fc2 = find(block, "fc1_latent_proj", "linear"), find(block, "fc2_latent_proj", "linear")
+        xe = linear(prog, ctx, f"{prefix}.fc1_latent_proj", xg, Axis(fc1.shape[0]), weight=fc1)
     if dims.gated:
-        routed_experts(prog, ctx, block, xg, weights, k=k, f=f, prefix=f"{prefix}.experts", act=style.act)
+        routed_experts(prog, ctx, block, xe, weights, k=k, f=f, prefix=f"{prefix}.experts", act=style.act)
     else:  # non-gated relu² experts (eager only); the weighted output keeps the routing weights' dtype
-        eager_experts(prog, ctx, block, xg, weights, k=k, f=f, prefix=f"{prefix}.experts", act="relu2",
+        eager_experts(prog, ctx, block, xe, weights, k=k, f=f, prefix=f"{prefix}.experts", act="relu2",
                       source_dtype=weights.dtype_bytes)
+    if latent:
+        out = Tensor(name=f"{prefix}.experts.output", axes=xe.axes, dtype_bytes=xe.dtype_bytes)
+        linear(prog, ctx, f"{prefix}.fc2_latent_proj", out, Axis(ctx.d), weight=fc2)
     sp = shared_prefix(block)
     if not dims.shared_intermediate or sp is None:
         return

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import AttentionDims, Block, TensorSpec
+from trainmath.ops.cache import kv_cache
 from trainmath.ops.context import FP32, Ctx
 from trainmath.ops.ir import Axis, Program, Tensor, tensor
 from trainmath.ops.kernels.linear import gather_seq, linear
@@ -92,12 +93,14 @@ def gqa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: s
     if rotary != "none":
         q, k = rotary_embed(prog, prefix, q, k, max(q.dtype_bytes, ctx.p.residual), rotary)
     o_axes = heads_axes(ctx, h, hd)
+    at = dict(window=dims.sliding_window, cache=kv_cache(ctx, hkv, hd, dims.v_head_dim))
     if not ctx.eager:
         qs = q if q.dtype_bytes == c else tensor("sdpa.query", q.axes, c, "rotary output (its cast under autocast)")
         ks = k if k.dtype_bytes == c else tensor("sdpa.key", k.axes, c)
         out = tensor("sdpa.output", o_axes, c, "also o_proj's input")
         lse = tensor("sdpa.logsumexp", (Axis(b), Axis(h, "tp"), Axis(s, "seq")), FP32)
-        prog.emit("attention", "sdpa", inputs=(q, k, v), outputs=(out,), saved=(qs, ks, v, out, lse), kernel="sdpa")
+        prog.emit("attention", "sdpa", inputs=(q, k, v), outputs=(out,), saved=(qs, ks, v, out, lse), kernel="sdpa",
+                  **at)
         o_in = out
         if rotary == "rotate_half_cat":
             o_in = tensor(f"{prefix}.o_proj.input", o_axes, c,
@@ -114,6 +117,7 @@ def gqa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: s
             saved.append(tensor("eager.probs", scores, c, "softmax cast to compute dtype"))
         o_in = tensor(f"{prefix}.o_proj.input", o_axes, c, "transpose(1, 2).contiguous() of the output")
         saved += [tensor("eager.value", o_axes, c, "repeated to h heads"), o_in]
-        prog.emit("attention", "eager_attention", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager")
+        prog.emit("attention", "eager_attention", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager",
+                  **at)
     flat = o_in.view(f"{prefix}.o_proj.in", *rows, Axis(h * hd, "tp"))
     return linear(prog, ctx, f"{prefix}.o_proj", flat, Axis(ctx.d), weight=find(block, "o_proj", "linear"))

@@ -22,6 +22,7 @@ rather than a family (derived from the modeling code, checked by ``tests/activat
 from __future__ import annotations
 
 from trainmath.model.spec import Block
+from trainmath.ops.cache import kv_cache
 from trainmath.ops.context import FP32, INT64, Ctx
 from trainmath.ops.ir import Axis, Program, Tensor, tensor
 from trainmath.ops.kernels.attention import find, heads_axes, rotary_embed
@@ -65,7 +66,8 @@ def sink_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: 
         saved.append(tensor("eager.probs", (*rows, Axis(ctx.s)), c, "bf16 cast without the sink column"))
     o_in = tensor(f"{prefix}.o_proj.input", o_axes, c, "transpose(1, 2).contiguous() of the output")
     saved += [tensor("eager.value", o_axes, c, "repeated to h heads"), o_in]
-    prog.emit("attention", "eager_sinks", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager_sinks")
+    prog.emit("attention", "eager_sinks", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager_sinks",
+              window=dims.sliding_window, cache=kv_cache(ctx, dims.kv_heads, hd, dims.v_head_dim))
     return _o_proj(prog, ctx, block, o_in, prefix)
 
 
@@ -112,7 +114,7 @@ def sdpa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: 
     out = tensor("sdpa.output", o_axes, c, "also o_proj's input")
     lse = tensor("sdpa.logsumexp", (Axis(ctx.b), Axis(h, "tp"), Axis(ctx.s, "seq")), FP32)
     prog.emit("attention", "sdpa", inputs=(q, k, v), outputs=(out,), saved=(qs, ks, vs, *extra, out, lse),
-              kernel="sdpa")
+              kernel="sdpa", window=dims.sliding_window, cache=kv_cache(ctx, hkv, hd, dims.v_head_dim))
     o_in = out
     if rotary == "rotate_half_cat":
         o_in = tensor(f"{prefix}.attn_output", o_axes, c,

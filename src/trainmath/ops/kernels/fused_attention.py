@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import AttentionDims, Block
+from trainmath.ops.cache import kv_cache
 from trainmath.ops.context import FP32, INT64, Ctx
 from trainmath.ops.ir import Axis, Program, Tensor, tensor
 from trainmath.ops.kernels.attention import ROTARY, find, heads_axes, rotary_embed
@@ -82,6 +83,7 @@ def fused_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, qkv: st
     key_heads = k.axes[2].size
     o_axes = heads_axes(ctx, h, hd)
     scores = (Axis(b), Axis(h, "tp"), Axis(s, "seq"), Axis(s))
+    at = dict(window=dims.sliding_window, cache=kv_cache(ctx, hkv, hd, dims.v_head_dim))
     if ctx.eager:
         sm = FP32 if softmax_fp32 or ctx.p.autocast else c
         saved = [tensor("eager.query", o_axes, c, "contiguous copy for bmm"),
@@ -91,14 +93,15 @@ def fused_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, qkv: st
             saved.append(tensor("eager.probs", scores, c, "softmax cast to the compute dtype"))
         o_in = tensor(f"{o}.input", o_axes, c, "contiguous copy of the (b, h, s, h_d) output")
         saved += [tensor("eager.value", o_axes, c, "contiguous copy for bmm"), o_in]
-        prog.emit("attention", "eager_attention", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager")
+        prog.emit("attention", "eager_attention", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager",
+                  **at)
     elif key_heads < h and not enable_gqa:
         o_in = tensor(f"{o}.input", o_axes, c, "permute + reshape copy of the (b, h, s, h_d) output")
         saved = [tensor("sdpa_math.query_scaled", o_axes, FP32, "fp32 on CPU"),
                  tensor("sdpa_math.key", o_axes, FP32, "expanded to h heads"),
                  tensor("sdpa_math.softmax_fp32", scores, FP32),
                  tensor("sdpa_math.value", o_axes, FP32, "expanded to h heads"), o_in]
-        prog.emit("attention", "sdpa_math", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="sdpa_math",
+        prog.emit("attention", "sdpa_math", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="sdpa_math", **at,
                   note=f"{key_heads} key heads for {h} query heads without enable_gqa: no fused kernel")
     else:
         qs = q if q.dtype_bytes == c else tensor("sdpa.query", q.axes, c, "rotary output (its cast under autocast)")
@@ -108,7 +111,7 @@ def fused_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, qkv: st
         if mask:
             saved.append(tensor("sdpa.attn_mask", (Axis(b), Axis(1), Axis(s, "seq"), Axis(s)), c,
                             "the (b, 1, s, s) additive mask as SDPA keeps it, one per layer"))
-        prog.emit("attention", "sdpa", inputs=(q, k, v), outputs=(out,), saved=saved, kernel="sdpa")
+        prog.emit("attention", "sdpa", inputs=(q, k, v), outputs=(out,), saved=saved, kernel="sdpa", **at)
         o_in = out
     flat = o_in.view(f"{o}.in", *ctx.rows(sp=False), Axis(h * hd, "tp"))
     return linear(prog, ctx, o, flat, Axis(ctx.d), weight=find(block, o, "linear"))

@@ -21,16 +21,18 @@ from __future__ import annotations
 
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import Block, MLADims
+from trainmath.ops.cache import mla_cache
 from trainmath.ops.context import FP32, Ctx
-from trainmath.ops.ir import Axis, Program, Tensor
-from trainmath.ops.kernels.attention import find
+from trainmath.ops.ir import Axis, Program, Tensor, tensor
+from trainmath.ops.kernels.attention import find, heads_axes
 from trainmath.ops.kernels.linear import gather_seq, linear
 from trainmath.ops.kernels.norms import norm
 
 
 def sdpa_math(prog: Program, ctx: Ctx, q: Tensor, k: Tensor, v: Tensor, *, heads: int, qk_dim: int,
-              v_dim: int, prefix: str = "self_attn") -> Tensor:
-    """PyTorch's math SDPA on CPU (fp32 internally); returns o_proj's (b, s, h·v) input in the compute dtype."""
+              v_dim: int, prefix: str = "self_attn", cache: tuple[Tensor, ...] = ()) -> Tensor:
+    """PyTorch's math SDPA on CPU (fp32 internally) over per-head (b, s, h, ·) q, k, v; returns o_proj's
+    (b, s, h·v) input in the compute dtype. ``cache``: what the inference cache holds of the op."""
     rows = ctx.rows(sp=False)
     hq = (*rows, Axis(heads, "tp"))
     scores = (Axis(ctx.b), Axis(heads, "tp"), Axis(ctx.s, "seq"), Axis(ctx.s))
@@ -40,7 +42,8 @@ def sdpa_math(prog: Program, ctx: Ctx, q: Tensor, k: Tensor, v: Tensor, *, heads
              Tensor(name="sdpa_math.value", axes=(*hq, Axis(v_dim)), dtype_bytes=FP32, note="contiguous fp32 copy"))
     out = Tensor(name=f"{prefix}.o_proj.input", axes=(*rows, Axis(heads * v_dim, "tp")), dtype_bytes=ctx.p.compute,
                  note="contiguous copy of the (b, h, s, v) output")
-    prog.emit("attention", "sdpa_math", inputs=(q, k, v), outputs=(out,), saved=saved, kernel="sdpa_math")
+    prog.emit("attention", "sdpa_math", inputs=(q, k, v), outputs=(out,), saved=saved, kernel="sdpa_math",
+              cache=cache)
     return out
 
 
@@ -52,9 +55,10 @@ def mla_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, norm_kind
         raise TrainmathError(f"mla block without MLADims: {block.kind}")
     if ctx.eager:
         raise TrainmathError("the eager profile has no rule for MLA attention; use profile='hf' (SDPA)")
-    if dims.qk_head_dim == dims.v_head_dim:
-        raise TrainmathError(f"MLA with equal q/k and v head dims ({dims.qk_head_dim}) runs SDPA's flash kernel, "
-                             f"which the hf profile does not model for MLA")
+    flash = dims.qk_head_dim == dims.v_head_dim
+    if flash:
+        ctx.unmodelled(f"MLA with equal q/k and v head dims ({dims.qk_head_dim}) runs SDPA's flash kernel, "
+                       f"which the hf profile does not model for MLA")
     h, qk, vd = dims.heads, dims.qk_head_dim, dims.v_head_dim
     rows = ctx.rows(sp=False)
     xg = gather_seq(prog, x, f"{prefix}.input")
@@ -75,5 +79,15 @@ def mla_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, norm_kind
     kvn = norm(prog, ctx, norm_kind, f"{prefix}.kv_a_layernorm", kv_latent, find(block, "kv_a_layernorm"))
     kv = linear(prog, ctx, f"{prefix}.kv_b_proj", kvn, Axis(h * (dims.qk_nope_head_dim + vd), "tp"),
                 weight=w("kv_b_proj"))
-    o_in = sdpa_math(prog, ctx, q, kv, kv, heads=h, qk_dim=qk, v_dim=vd, prefix=prefix)
+    # per head: the query, the key assembled from kv_b_proj's k_nope and the shared rotary key (``copy_``), v
+    q4 = q.view(f"{prefix}.query", *heads_axes(ctx, h, qk))
+    k4 = tensor(f"{prefix}.key", heads_axes(ctx, h, qk), ctx.p.compute, "k_nope and the rotary key, by copy_")
+    v4 = kv.view(f"{prefix}.value", *heads_axes(ctx, h, vd), note="a view of kv_b_proj's output")
+    cache = mla_cache(ctx, kv_lora_rank=latent, rope_dim=dims.qk_rope_head_dim, heads=h, qk_dim=qk, v_dim=vd)
+    if flash:  # shapes only (``Ctx.shapes_only``): what the flash kernel saves here is not modelled
+        o_in = tensor(f"{prefix}.o_proj.input", (*rows, Axis(h * vd, "tp")), ctx.p.compute)
+        prog.emit("attention", "sdpa", inputs=(q4, k4, v4), outputs=(o_in,), kernel="sdpa", cache=cache,
+                  note="saved bytes not modelled")
+    else:
+        o_in = sdpa_math(prog, ctx, q4, k4, v4, heads=h, qk_dim=qk, v_dim=vd, prefix=prefix, cache=cache)
     return linear(prog, ctx, f"{prefix}.o_proj", o_in, Axis(ctx.d), weight=w("o_proj"))

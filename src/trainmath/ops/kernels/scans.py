@@ -13,19 +13,18 @@ per rank and these sizes under ``cp`` > 1 are an upper bound, not exact.
 from __future__ import annotations
 
 from trainmath.model.spec import Block, LinearAttentionDims, MambaDims
+from trainmath.ops.cache import conv_state, recurrent_state
 from trainmath.ops.context import FP32, Ctx
 from trainmath.ops.ir import Axis, Program, Tensor, tensor
 from trainmath.ops.kernels.attention import find
 from trainmath.ops.kernels.linear import cast, gather_seq, linear, weight_copy
 
-GDN_CHUNK = 64
-"""``torch_chunk_gated_delta_rule``'s default chunk size: the sequence is padded to a multiple of it."""
-
 
 def _conv(prog: Program, ctx: Ctx, block: Block, prefix: str, x: Tensor, channels: int, kernel: int,
           saved: list[Tensor]) -> Tensor:
     """``causal_conv1d_fn``'s torch path: ``silu(conv1d(x)[..., :s])``; the SiLU keeps the whole padded conv
-    output (c·b·channels·(s + K - 1)). Returns the SiLU output (b, s, channels)."""
+    output (c·b·channels·(s + K - 1)); the inference cache keeps the (b, channels, K) conv state. Returns the SiLU
+    output (b, s, channels)."""
     c = ctx.p.compute
     chan = Axis(channels, "tp")
     padded = tensor(f"{prefix}.conv1d.silu_input", (Axis(ctx.b), chan, Axis(ctx.s + kernel - 1, "seq")), c,
@@ -33,7 +32,7 @@ def _conv(prog: Program, ctx: Ctx, block: Block, prefix: str, x: Tensor, channel
     w = find(block, "conv1d.weight")
     wc = weight_copy(ctx, w) if w is not None else None
     prog.emit("conv", f"{prefix}.conv1d", inputs=(x,), outputs=(padded,), saved=(*saved, *([wc] if wc else [])),
-              kernel="conv1d_depthwise")
+              kernel="conv1d_depthwise", weight=w, cache=(conv_state(ctx, channels, kernel),))
     out = tensor(f"{prefix}.conv1d.silu_out", (*ctx.rows(sp=False), chan), c)
     prog.emit("act", f"{prefix}.conv1d.silu", inputs=(padded,), outputs=(out,), saved=(padded,), kernel="silu")
     return out
@@ -43,24 +42,24 @@ def gated_deltanet(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: 
     """Qwen3-Next's Gated DeltaNet reading ``x`` (the input norm's output); returns out_proj's output.
 
     Symbols: h_v value heads, d_k/d_v head dims, kd = h_k·d_k, vd = h_v·d_v, cd = 2·kd + vd conv channels, K conv
-    kernel, C = 64 chunk, L = s padded to a multiple of C, N = L/C chunks, G = b·h_v. The depthwise conv keeps its
-    input (the cat of q, k, v) and SiLU the padded conv output; beta = sigmoid(b) keeps c·T·h_v; the decay
-    g = -exp(A_log)·softplus(a + dt_bias) keeps the fp32 softplus input and output and exp(A_log) and its
-    negation. The chunked rule runs in fp32: the L2 norms of q and k (repeated to h_v heads) keep their fp32
-    inputs and rsqrt; the padded value, key, query and k·beta, padded beta and two exp(cumsum(g)); the (C, C) bool
-    mask; five (G, L, C) fp32 tensors (the decay exp, k_beta·kᵀ, q·kᵀ, their product, intra-chunk attention); the
+    kernel, C the chunk (``Ctx.gdn_chunk``, 64 in transformers), L = s padded to a multiple of C, N = L/C chunks, G =
+    b·h_v. The depthwise conv keeps its input (the cat of q, k, v) and SiLU the padded conv output; beta = sigmoid(b)
+    keeps c·T·h_v; the decay g = -exp(A_log)·softplus(a + dt_bias) keeps the fp32 softplus input and output and
+    exp(A_log) and its negation. The chunked rule runs in fp32: the L2 norms of q and k (repeated to h_v heads) keep
+    their fp32 inputs and rsqrt; the padded value, key, query and k·beta, padded beta and two exp(cumsum(g)); the (C, C)
+    bool mask; five (G, L, C) fp32 tensors (the decay exp, k_beta·kᵀ, q·kᵀ, their product, intra-chunk attention); the
     two triangular solves' results; per chunk v_new and the state the chunk reads. With N > 1 the state carries
-    gradient, adding the decayed query and key. exp(g_last - cumsum) and the per-chunk decay stay alive even with
-    one chunk (measured). Under autocast every ``@`` runs in c on casts of its fp32 operands (the casts are kept
-    instead of some fp32 products). Output: the gated RMSNorm (``x.float()``, rsqrt per (token, head),
-    ``w * y.to(c)``, then ``· silu(z.float())``) and out_proj's input."""
+    gradient, adding the decayed query and key. exp(g_last - cumsum) and the per-chunk decay stay alive even with one
+    chunk (measured). Under autocast every ``@`` runs in c on casts of its fp32 operands (the casts are kept instead of
+    some fp32 products). Output: the gated RMSNorm (``x.float()``, rsqrt per (token, head), ``w * y.to(c)``, then ``·
+    silu(z.float())``) and out_proj's input."""
     dims = block.dims
     assert isinstance(dims, LinearAttentionDims)
     c, b = ctx.p.compute, ctx.b
     hv, dk, dv = dims.value_heads, dims.key_head_dim, dims.value_head_dim
     kd, vd = dims.key_heads * dk, hv * dv
     cd = 2 * kd + vd
-    C = GDN_CHUNK
+    C = ctx.gdn_chunk
     N = -(-ctx.s // C)
     L = N * C
     rows = ctx.rows(sp=False)
@@ -77,10 +76,11 @@ def gated_deltanet(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: 
         tensor("g.exp_A", (H,), FP32), tensor("g.neg_exp_A", (H,), FP32)), kernel="sigmoid, softplus, exp")
     G = (Axis(b), H)
     GL = (*G, Axis(L, "seq"))
+    v_pad, k_pad, q_pad = (tensor(f"gdr.{n}_padded", (*GL, Axis(w)), FP32)
+                           for n, w in (("value", dv), ("key", dk), ("query", dk)))
     saved = [tensor("gdr.q_l2norm.x", (*per_head, Axis(dk)), FP32), tensor("gdr.q_l2norm.rsqrt", per_head, FP32),
              tensor("gdr.k_l2norm.x", (*per_head, Axis(dk)), FP32), tensor("gdr.k_l2norm.rsqrt", per_head, FP32),
-             tensor("gdr.value_padded", (*GL, Axis(dv)), FP32), tensor("gdr.key_padded", (*GL, Axis(dk)), FP32),
-             tensor("gdr.query_padded", (*GL, Axis(dk)), FP32), tensor("gdr.k_beta", (*GL, Axis(dk)), FP32),
+             v_pad, k_pad, q_pad, tensor("gdr.k_beta", (*GL, Axis(dk)), FP32),
              tensor("gdr.beta_padded", GL, FP32), tensor("gdr.exp_cumsum", GL, FP32, "two exp(cumsum(g))", count=2),
              tensor("gdr.upper_mask", (Axis(C), Axis(C)), 1, "bool"),
              tensor("gdr.new_values", (*GL, Axis(dv)), FP32), tensor("gdr.k_cumdecay", (*GL, Axis(dk)), FP32),
@@ -109,7 +109,8 @@ def gated_deltanet(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: 
                          count=3 * (N - 1)),
                       tensor("gdr.states_fp32", state, FP32, "kept by the state decay products", count=N - 1)]
     out = tensor(f"{prefix}.core_out", (*per_head, Axis(dv)), FP32)
-    prog.emit("scan", f"{prefix}.chunk_gated_delta_rule", outputs=(out,), saved=saved, kernel="chunk_gated_delta_rule")
+    prog.emit("scan", f"{prefix}.chunk_gated_delta_rule", inputs=(q_pad, k_pad, v_pad), outputs=(out,), saved=saved,
+              kernel="chunk_gated_delta_rule", chunk=C, cache=(recurrent_state(ctx, hv, dk, dv),))
     wide = (*per_head, Axis(dv))
     prog.emit("norm", f"{prefix}.norm", inputs=(out,), saved=(
         tensor("norm.x_fp32", wide, FP32), tensor("norm.rsqrt", per_head, FP32), tensor("norm.normalized", wide, c),
@@ -124,20 +125,21 @@ def mamba2(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: str = "m
     """Nemotron-H's Mamba-2 mixer (``causal_conv1d_fn`` + the torch SSD chunk scan) reading ``x``; returns
     out_proj's output.
 
-    Symbols: h_m heads, P head dim, I = h_m·P, g groups, N state size, K conv kernel, Q chunk size, L = s padded
-    to a multiple of Q, n_c = L/Q chunks, W = 2I + 2gN + h_m the in_proj width. The in_proj output (gate, x/B/C
-    and dt are views of it) is kept whole by the conv in fp32 and in a bf16 model; under autocast
-    ``x/B/C.to(fp32 weight)`` then conv1d's cast back keep the cast and the weight's cast. dt + dt_bias → softplus
-    → clamp keep c·T·h_m twice and dt.float() once per use unless fp32; A = -exp(A_log) keeps 4·h_m twice. The
-    scan runs in fp32: the SSM input x in fp32 (in fp32 a view of the whole SiLU output), its padded copy for D,
-    x·dt padded; B and C (einsum operand copies, B·decay); exp(segsum), G, M = G·L; two exp(cumsum); the chunk
-    states and their decayed mix and the (n_c + 1)² decay; C·states and the padded scan output; four bool masks.
-    Under autocast every einsum runs in c on casts of its fp32 operands. Gated RMSNorm (``norm_before_gate=
-    False``): silu of the fp32 gate, the product, rsqrt per group, the fp32 normalised y; out_proj's input."""
+    Symbols: h_m heads, P head dim, I = h_m·P, g groups, N state size, K conv kernel, Q chunk size (``Ctx.mamba_chunk``,
+    else the config's), L = s padded to a multiple of Q, n_c = L/Q chunks, W = 2I + 2gN + h_m the in_proj width. The
+    in_proj output (gate, x/B/C and dt are views of it) is kept whole by the conv in fp32 and in a bf16 model; under
+    autocast ``x/B/C.to(fp32 weight)`` then conv1d's cast back keep the cast and the weight's cast. dt + dt_bias →
+    softplus → clamp keep c·T·h_m twice and dt.float() once per use unless fp32; A = -exp(A_log) keeps 4·h_m twice. The
+    scan runs in fp32: the SSM input x in fp32 (in fp32 a view of the whole SiLU output), its padded copy for D, x·dt
+    padded; B and C (einsum operand copies, B·decay); exp(segsum), G, M = G·L; two exp(cumsum); the chunk states and
+    their decayed mix and the (n_c + 1)² decay; C·states and the padded scan output; four bool masks. Under autocast
+    every einsum runs in c on casts of its fp32 operands. Gated RMSNorm (``norm_before_gate= False``): silu of the fp32
+    gate, the product, rsqrt per group, the fp32 normalised y; out_proj's input."""
     dims = block.dims
     assert isinstance(dims, MambaDims)
     c, b, ac = ctx.p.compute, ctx.b, ctx.p.autocast
-    hm, P, g, N, K, Q = dims.heads, dims.head_dim, dims.groups, dims.state_size, dims.conv_kernel, dims.chunk_size
+    hm, P, g, N, K = dims.heads, dims.head_dim, dims.groups, dims.state_size, dims.conv_kernel
+    Q = ctx.mamba_chunk or dims.chunk_size
     I = hm * P  # noqa: E741  (Dao & Gu's and the docstring's name for the SSM width)
     cd = I + 2 * g * N
     nc = -(-ctx.s // Q)
@@ -185,7 +187,10 @@ def mamba2(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: str = "m
                   tensor("scan.decay_chunk", decay, FP32), tensor("scan.decay_chunk_cast", decay, c),
                   tensor("scan.C_times_states", bLI, c)]
     y = tensor(f"{prefix}.scan_out", (*per_head, Axis(P)), FP32)
-    prog.emit("scan", f"{prefix}.ssd_chunk_scan", inputs=(x32,), outputs=(y,), saved=saved, kernel="mamba2_chunk_scan")
+    # the chunks read x·dt and B padded to L, B repeated from groups to heads
+    x_pad, b_heads = tensor("scan.x_padded", bLI, FP32), tensor("scan.B_heads", bLN, FP32)
+    prog.emit("scan", f"{prefix}.ssd_chunk_scan", inputs=(x_pad, b_heads), outputs=(y,), saved=saved,
+              kernel="mamba2_chunk_scan", chunk=Q, cache=(recurrent_state(ctx, hm, P, N),))
     wide = (*rows, Axis(I, "tp"))
     prog.emit("norm", f"{prefix}.norm", inputs=(y, gate32), saved=(
         gate32, tensor("norm.silu_gate_out", wide, FP32), tensor("norm.gated", wide, FP32),

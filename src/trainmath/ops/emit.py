@@ -1,0 +1,30 @@
+"""The op list of one decoder layer for the folds that read only shapes: the FLOPs (``ops.flops``) and the
+inference cache (``ops.cache``, ``infer.kv``)."""
+
+from __future__ import annotations
+
+from trainmath.model.spec import LayerSpec, ModelSpec
+from trainmath.ops import families
+from trainmath.ops.context import Ctx, Family, Precision, Router
+from trainmath.ops.ir import Op, Program
+
+
+def layer_ops(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, experts: str = "eager",
+              gdn_chunk: int = 64, mamba_chunk: int | None = None) -> list[Op]:
+    """The op list of one decoder layer of ``spec`` for the folds that read shapes (FLOPs, the inference cache):
+    a bf16 model (dtypes change no FLOPs; the cache's are a serving format), the kernel transformers picks, the
+    family switches of the spec's config (``spec.options``), every op emitted even where the config's saved bytes
+    are not modelled (``Ctx.shapes_only``)."""
+    emit, style = families.emitter(spec.model_type)
+    config = {**spec.options, "model_type": spec.model_type}
+    ctx = Ctx(b=batch, s=seq, d=spec.hidden_size, p=Precision(compute=2, param=2),
+              eager=style.attention == "eager", experts=experts, router=Router.from_config(config),
+              family=Family.from_config(config), gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk, shapes_only=True)
+    prog = Program()
+    emit(prog, ctx, layer, style)
+    return prog.ops
+
+
+def layer_top_k(layer: LayerSpec) -> int | None:
+    """The routed experts per token of a layer's MoE block (None without one)."""
+    return next((b.dims.top_k for b in layer.blocks if getattr(b.dims, "top_k", 0)), None)
