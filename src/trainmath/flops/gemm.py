@@ -1,4 +1,5 @@
-"""The GEMMs each block of a model runs, per step: name, shape (m, k, n) and batch count.
+"""The GEMMs of a model, per step: name, shape (m, k, n) and batch count; the linears of a spec block, and the
+formulas the op folds (``trainmath.ops.flops``) count the rest with.
 
 A GEMM multiplies an (m, k) matrix by a (k, n) one, ``count`` times: 2·m·k·n·count FLOPs (one multiply and one
 add per term). Only matrix products are counted, as ``torch.utils.flop_counter.FlopCounterMode`` does (it sees
@@ -10,19 +11,19 @@ Shapes, per block kind (b = batch, s = sequence, t = b·s tokens):
   A bias is added by the same ``addmm`` and adds no FLOPs here.
 - routed experts (MoE): m = t·top_k in total across experts (each token runs top_k experts), k and n as above;
   the router is an ordinary linear (m = t, k = d, n = experts); shared experts run on every token.
-- attention core (``attention``, ``mla``): scores Q·Kᵀ with m = s, k = head_dim (MLA: qk_nope + qk_rope),
-  n = s_kv, and values P·V with m = s, k = s_kv, n = v_head_dim, each ``count`` = b·heads times (K/V heads are
-  repeated to the query heads first, so GQA runs h products, not h_kv).
+- attention core (an ``attention`` op of any kernel, ``ops.flops.attention_gemms``): scores Q·Kᵀ with m = s,
+  k = head_dim (MLA: qk_nope + qk_rope), n = s_kv, and values P·V with m = s, k = s_kv, n = v_head_dim, each
+  ``count`` = b·heads times (K/V heads are repeated to the query heads first, so GQA runs h products, not h_kv).
 - ``linear_attention`` (Gated DeltaNet) and ``mamba`` (Mamba-2): projections as above, the depthwise causal
   conv1d (counted like FlopCounterMode counts a convolution: 2·b·(s + K − 1)·K per channel, the output before
-  trimming the K − 1 padded positions), and the chunked core as transformers' torch path executes it
-  (sequence padded to whole chunks; ``gated_deltanet_core_gemms``, ``mamba2_core_gemms``). Fused kernels
+  trimming the K − 1 padded positions, ``ops.flops.conv_gemm``), and the chunked core as transformers' torch
+  path executes it (sequence padded to whole chunks; ``ops.flops.scan_gemms``). Fused kernels
   (fla, mamba_ssm) run the same chunked algorithm; their exact FLOPs may differ by masked or padded work.
 
 What FlopCounterMode (torch 2.13) sees, checked by ``tests/flops`` on tiny transformers 5.24 models:
 every ``nn.Linear``/``F.linear`` (the MoE router included), eager attention's two matmuls, the eager per-expert
 loop (``experts_implementation="eager"``; the default ``grouped_mm`` is invisible to it), depthwise conv1d, and
-the chunked einsums/matmuls of Gated DeltaNet and Mamba-2, all equal to this module's forward count. It does not
+the chunked einsums/matmuls of Gated DeltaNet and Mamba-2, all equal to the folds' forward count. It does not
 see CPU SDPA (``_scaled_dot_product_flash_attention_for_cpu``) nor triangular solves; it counts a depthwise
 conv's backward as (C + 1)× its forward (``groups`` ignored). Llama 4 in transformers runs every expert on every
 token, num_experts / top_k times the active expert FLOPs counted here.
@@ -37,9 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
-from trainmath.model.spec import AttentionDims, Block, LinearAttentionDims, MambaDims, MLADims, TensorSpec
+from trainmath.model.spec import Block, TensorSpec
 
 CAUSAL = ("executed", "half")
 
@@ -117,99 +117,6 @@ def attended_pairs(seq: int, kv_seq: int, *, causal: str, window: int | None) ->
     # queries i < c see i + 1 + offset keys, the other seq − c see the full window
     c = max(0, min(window - offset, seq))
     return c * (c + 1) // 2 + c * offset + (seq - c) * window
-
-
-def attention_core_gemms(dims: AttentionDims | MLADims, *, batch: int, seq: int, causal: str) -> list[Gemm]:
-    """Scores Q·Kᵀ and values P·V of one attention layer, for ``batch`` sequences of ``seq`` tokens.
-
-    With ``causal="half"`` the products are counted as their number of attended pairs (an m·n that need not
-    factor), expressed with m = pairs, n = 1 so that 2·m·k·n stays exact."""
-    if isinstance(dims, MLADims):
-        qk, v, window = dims.qk_head_dim, dims.v_head_dim, None
-    else:
-        qk, v, window = dims.head_dim, dims.v_head_dim, dims.sliding_window
-    count = batch * dims.heads
-    if causal == "executed":
-        attended_pairs(seq, seq, causal=causal, window=window)  # validates
-        return [Gemm(name="attention.scores", component="attention_core", m=seq, k=qk, n=seq, count=count,
-                     weighted=False),
-                Gemm(name="attention.values", component="attention_core", m=seq, k=seq, n=v, count=count,
-                     weighted=False)]
-    pairs = attended_pairs(seq, seq, causal=causal, window=window)
-    return [Gemm(name="attention.scores", component="attention_core", m=pairs, k=qk, n=1, count=count,
-                 weighted=False),
-            Gemm(name="attention.values", component="attention_core", m=pairs, k=1, n=v, count=count,
-                 weighted=False)]
-
-
-def depthwise_conv_gemm(name: str, component: str, *, channels: int, kernel: int, batch: int, seq: int) -> Gemm:
-    """A depthwise causal Conv1d (padding K − 1, output trimmed to ``seq`` afterwards), counted as
-    FlopCounterMode's ``conv_flop_count`` does: 2 · batch · (seq + K − 1) output positions · K taps per channel."""
-    return Gemm(name=name, component=component, m=batch * (seq + kernel - 1), k=kernel, n=1, count=channels)
-
-
-def gated_deltanet_core_gemms(dims: LinearAttentionDims, *, batch: int, seq: int, chunk: int = 64) -> list[Gemm]:
-    """Gated DeltaNet's chunked delta rule (Yang et al. 2024, "Gated Delta Networks", §3; transformers'
-    ``torch_chunk_gated_delta_rule``, chunk 64), per chunk of C tokens and value head (keys repeated to the value
-    heads), with d_k, d_v the head dims: intra-chunk (β⊙K)·Kᵀ and Q·Kᵀ (C × d_k × C each), then in the scan
-    over chunks K_cum·S and Q·S (C × d_k × d_v), A·V_new (C × C × d_v) and the state update Kᵀ·V_new
-    (d_k × C × d_v). The two triangular solves are not matrix products and FlopCounterMode does not count them."""
-    c = ceil_div(seq, chunk)
-    count = batch * dims.value_heads * c
-    dk, dv, comp = dims.key_head_dim, dims.value_head_dim, "linear_attention"
-    return [Gemm(name=f"linear_attn.core.{n}", component=comp, m=m, k=k, n=nn, count=count, weighted=False)
-            for n, m, k, nn in (("kbeta_kT", chunk, dk, chunk), ("q_kT", chunk, dk, chunk),
-                                ("kcum_state", chunk, dk, dv), ("q_state", chunk, dk, dv),
-                                ("attn_vnew", chunk, chunk, dv), ("state_update", dk, chunk, dv))]
-
-
-def mamba2_core_gemms(dims: MambaDims, *, batch: int, seq: int, chunk: int) -> list[Gemm]:
-    """Mamba-2's chunked SSD (Dao & Gu 2024, "Transformers are SSMs", §6, the four-step chunked algorithm;
-    transformers' ``torch_forward``), per chunk of L tokens and head, with N the state size and P the head dim
-    (B and C repeated from groups to heads): C·Bᵀ (L × N × L), the diagonal block Y = (L∘CBᵀ)·X (L × L × P),
-    chunk states Xᵀ·B (P × L × N), the state passing across c + 1 chunk boundaries ((c+1) × (c+1) × P·N per
-    head), and C·states (L × N × P)."""
-    c = ceil_div(seq, chunk)
-    h, n, p, comp = dims.heads, dims.state_size, dims.head_dim, "mamba"
-    per_chunk = batch * c * h
-    return [Gemm(name="mixer.ssd.C_Bt", component=comp, m=chunk, k=n, n=chunk, count=per_chunk, weighted=False),
-            Gemm(name="mixer.ssd.y_diag", component=comp, m=chunk, k=chunk, n=p, count=per_chunk, weighted=False),
-            Gemm(name="mixer.ssd.chunk_states", component=comp, m=p, k=chunk, n=n, count=per_chunk,
-                 weighted=False),
-            Gemm(name="mixer.ssd.state_passing", component=comp, m=c + 1, k=c + 1, n=p * n, count=batch * h,
-                 weighted=False),
-            Gemm(name="mixer.ssd.C_states", component=comp, m=chunk, k=n, n=p, count=per_chunk, weighted=False)]
-
-
-def block_gemms(block: Block, *, batch: int, seq: int, causal: str = "executed", gdn_chunk: int = 64,
-                mamba_chunk: int = 128) -> list[Gemm]:
-    """Every GEMM of one block's forward pass over ``batch`` sequences of ``seq`` tokens. ``gdn_chunk`` and
-    ``mamba_chunk`` are the chunk lengths of the linear-attention and Mamba-2 scans (transformers: 64, and the
-    config's ``chunk_size``, 128 for Nemotron-H)."""
-    return linear_gemms(block, batch * seq) + core_gemms(block, batch=batch, seq=seq, causal=causal,
-                                                         gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk)
-
-
-def core_gemms(block: Block, *, batch: int, seq: int, causal: str = "executed", gdn_chunk: int = 64,
-               mamba_chunk: int = 128) -> list[Gemm]:
-    """The GEMMs of one block that are not its linears: the attention core, the depthwise conv and the chunked
-    scan (``block_gemms`` less ``linear_gemms``)."""
-    gemms: list[Gemm] = []
-    if block.kind in ("attention", "mla"):
-        gemms += attention_core_gemms(block.dims, batch=batch, seq=seq, causal=causal)
-    elif block.kind == "linear_attention":
-        d = block.dims
-        channels = 2 * d.key_heads * d.key_head_dim + d.value_heads * d.value_head_dim
-        gemms.append(depthwise_conv_gemm("linear_attn.conv1d", "linear_attention", channels=channels,
-                                         kernel=d.conv_kernel, batch=batch, seq=seq))
-        gemms += gated_deltanet_core_gemms(d, batch=batch, seq=seq, chunk=gdn_chunk)
-    elif block.kind == "mamba":
-        d = block.dims
-        channels = d.intermediate + 2 * d.groups * d.state_size
-        gemms.append(depthwise_conv_gemm("mixer.conv1d", "mamba", channels=channels, kernel=d.conv_kernel,
-                                         batch=batch, seq=seq))
-        gemms += mamba2_core_gemms(d, batch=batch, seq=seq, chunk=mamba_chunk)
-    return gemms
 
 
 def core_note(kind: str) -> str:
