@@ -14,7 +14,8 @@ Every GEMM of a decoder layer is a fold over its layer type's op list (``trainma
 ``trainmath memory`` folds too): the linears, the attention core (with the op's window), the depthwise convs and
 the chunked scans. The op list is emitted for shapes only (``Ctx.shapes_only``), so a config whose saved bytes
 are not modelled (MLA with equal q/k and v head dims, Falcon with biases, Nemotron-H's latent MoE) still counts;
-Kimi K2 runs DeepSeek-V3's op list (``ops.families.RUNS_AS``). The LM head is a linear of the spec's ``post``.
+Kimi K2 runs DeepSeek-V3's op list (``ops.families.RUNS_AS``). The LM head is the linear of the head's op list
+(``ops.model.head_ops``, the one ``trainmath memory`` folds for the logits).
 
 Linear-attention (Gated DeltaNet) and Mamba-2 layers count their chunked cores as transformers' torch path runs
 them, over whole chunks (``gdn_chunk``, 64 in transformers; ``mamba_chunk``, the config's ``chunk_size``).
@@ -28,8 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
-from trainmath.flops.gemm import CAUSAL, Gemm, _module, core_note, linear_gemms
-from trainmath.model.spec import Block, LayerSpec, ModelSpec
+from trainmath.flops.gemm import CAUSAL, Gemm, _module, core_note
+from trainmath.model.spec import LayerSpec, ModelSpec
+from trainmath.ops.emit import head_ops
 from trainmath.ops.flops import core_gemms_from_ops, layer_ops, layer_top_k, linear_gemms_from_ops
 from trainmath.ops.ir import SINGLE, Degrees
 from trainmath.tree import Node
@@ -167,7 +169,6 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
     if problems:
         raise TrainmathError("; ".join(problems))
 
-    tokens = batch * seq
     fwd: dict[str, dict[str, int]] = {}
     rec: dict[str, dict[str, int]] = {}
     notes: dict[str, str] = {}
@@ -194,7 +195,7 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
             if recompute == "full" or (recompute == "selective" and g.component == "attention_core"):
                 add(rec, g, len(idx))
 
-    head = linear_gemms(Block(kind="head", tensors=tuple(t for t in spec.post if t.kind == "linear")), tokens)
+    head = linear_gemms_from_ops(head_ops(spec, batch=batch, seq=seq))
     for g in head:
         add(fwd, g, 1)
         add(bwd, g, 1, g.backward_flops)
