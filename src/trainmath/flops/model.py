@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from trainmath.errors import TrainmathError
 from trainmath.flops.gemm import CAUSAL, Gemm, _module, core_note
 from trainmath.model.spec import LayerSpec, ModelSpec
-from trainmath.ops.emit import head_ops
-from trainmath.ops.flops import core_gemms_from_ops, layer_ops, layer_top_k, linear_gemms_from_ops
+from trainmath.ops import flops as op_flops  # the module, not its names: ops.flops imports flops.gemm
+from trainmath.ops.emit import head_ops, layer_ops, layer_top_k
 from trainmath.ops.ir import SINGLE, Degrees
 from trainmath.tree import Node
 
@@ -133,12 +133,12 @@ def layer_gemms(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, caus
     listed block by block as the spec orders them: each block's linears (in op order, matched by the weight
     each multiplies by), the mixer's core (attention, conv, scan) after its linears."""
     ops = layer_ops(spec, layer, batch=batch, seq=seq, gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk)
-    folded = linear_gemms_from_ops(ops, deg, top_k=layer_top_k(layer))
+    folded = op_flops.linear_gemms_from_ops(ops, deg, top_k=layer_top_k(layer))
     names = [{_module(t.name) for t in b.tensors if t.kind == "linear"} for b in layer.blocks]
     if any(sum(g.name in mine for mine in names) != 1 for g in folded):
         raise TrainmathError(f"{spec.name} {layer.label}: the op list's linears "
                              f"{sorted(g.name for g in folded)} do not match its blocks' {sorted(set().union(*names))}")
-    core = core_gemms_from_ops(ops, deg, causal=causal)
+    core = op_flops.core_gemms_from_ops(ops, deg, causal=causal)
     mixer = next((i for i, b in enumerate(layer.blocks) if b.kind in MIXERS), None)
     if core and mixer is None:
         raise TrainmathError(f"{spec.name} {layer.label}: attention or scan ops in a layer without a mixer block")
@@ -195,7 +195,7 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
             if recompute == "full" or (recompute == "selective" and g.component == "attention_core"):
                 add(rec, g, len(idx))
 
-    head = linear_gemms_from_ops(head_ops(spec, batch=batch, seq=seq))
+    head = op_flops.linear_gemms_from_ops(head_ops(spec, batch=batch, seq=seq))
     for g in head:
         add(fwd, g, 1)
         add(bwd, g, 1, g.backward_flops)
