@@ -23,8 +23,17 @@ def test_every_mixer_op_names_its_cache(model):
         mixer = next((b for b in layer.blocks if b.kind in KINDS), None)
         assert [t.kind for op in ops for t in op.cache] == (KINDS[mixer.kind] if mixer else []), layer.label
         for op in ops:
-            if op.kind == "attention":
+            if op.kind == "attention":  # the cache and the FLOPs read one op: its window, its key/value tokens
                 assert op.window == getattr(mixer.dims, "sliding_window", None)
+                q, k, v = op.inputs[:3]
+                tokens = [next(a.size for a in t.axes if a.shard == "seq") for t in op.cache]
+                assert tokens == [k.axes[1].size] * len(op.cache) == [100] * len(op.cache)
+                if mixer.kind == "attention":
+                    assert [t.axes[1].size for t in op.cache] == [mixer.dims.kv_heads] * 2
+                    assert op.cache[1].axes[3].size == v.axes[3].size
+            if op.kind == "scan":  # the recurrent state's heads are the heads the chunks run over
+                heads = op.inputs[0].axes[1 if op.kernel == "chunk_gated_delta_rule" else 2]
+                assert op.cache[0].axes[1] == heads
         assert grows(ops) == (mixer is not None and mixer.kind in ("attention", "mla")
                               and getattr(mixer.dims, "sliding_window", None) is None)
 
