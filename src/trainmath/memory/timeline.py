@@ -139,6 +139,11 @@ class StepInputs:
     """unit → ``flat_zero.FlatUnit`` under our flat-buffer ZeRO-1/2 (``zero_impl="trainmath"``), else empty."""
     flat_stage: int = 0
     """1, 2 or 3 with ``flat``: the ZeRO stage our runtime runs (see ``flat_zero``)."""
+    fsdp2: dict = field(default_factory=dict)
+    """``root`` / ``layer.<i>`` → ``fsdp2.Unit`` under ZeRO-3 as FSDP2 runs it (``fsdp2.step_timeline``), else
+    empty."""
+    positions: int = 0
+    """Bytes of the model's int64 position ids, alive through the forward (FSDP2's forward all-gathers)."""
 
 
 def _acts(inp: StepInputs, kept: list[int], live_layer: int | None = None) -> Node:
@@ -169,6 +174,10 @@ def _layer_units(inp: StepInputs) -> list[str]:
 
 def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
     """The events of one step on one rank (see the module docstring), in order."""
+    if inp.fsdp2:
+        from trainmath.memory import fsdp2
+
+        return fsdp2.step_timeline(inp)
     all_grads = sum(inp.unit_grads.values())
     root = sum(inp.unit_gathered.get(u, 0) for u in ("embed", "head"))
     events: list[Event] = []

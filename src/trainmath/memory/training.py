@@ -21,6 +21,7 @@ from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, validate_layout
 from trainmath.memory import flat_zero as fz
+from trainmath.memory import fsdp2
 from trainmath.memory import states as st
 from trainmath.memory import timeline as tl
 from trainmath.memory.optimizers import check_optimizer, step_temporary_bytes
@@ -368,6 +369,9 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         if layout.zero >= 2:
             persist = False  # each micro-step reduces its full gradients; the shards live all step (flat_zero)
             full_grads = {}  # counted as gradients until each unit's reduce (FSDP2's zero3_grad_reduce_bytes)
+    fsdp = {}
+    if layout.zero >= 3 and layout.zero_degree > 1 and not flat and setup.offload == "none":
+        fsdp = fsdp2.units(pl, layout, prec, granularity=gran)  # ZeRO-3 as FSDP2 runs it
     persistent = {"weights_bytes": weights, "master_weights_bytes": master, "optimizer_states_bytes": states,
                   "framework_overhead_bytes": overhead}
     inp = tl.StepInputs(
@@ -382,7 +386,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                                                                   layout.sp),
         ffn_transient=ffn, weight_copies=copies, unit_grads=grads, unit_gathered=gathered, unit_full_grads=full_grads,
         tied_head=layout.pp == 1 and any(t.tied for t in spec.post), persistent=persistent, grads_persist=persist,
-        optimizer_temporaries=temps, fp32_grad_copies=fp32g, flat=flat, flat_stage=layout.zero if flat else 0)
+        optimizer_temporaries=temps, fp32_grad_copies=fp32g, flat=flat, flat_stage=layout.zero if flat else 0,
+        fsdp2=fsdp, positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0)
     events = tl.step_timeline(inp)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
     return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=peak.name, timeline=events,
