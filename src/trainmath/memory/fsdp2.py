@@ -63,28 +63,40 @@ class Unit:
         return sum(self.grad_bytes.values())
 
 
+def runtime_shape(t) -> tuple[int, ...]:
+    """The shape FSDP2 shards: a per-expert tensor (``{e}`` in its checkpoint name, ``copies`` experts on the
+    rank) is one fused (experts, ...) parameter in transformers 5's modeling code, so dim 0 is the experts
+    (Qwen1.5-MoE's 60 experts pad to 64 at W = 8)."""
+    if t.copies > 1 or (t.expert and "{e}" in t.spec.name):
+        return (t.copies, *t.shape)
+    return t.shape
+
+
 def units(placement: Placement, layout: ParallelLayout, prec: Precision, *, granularity: int,
-          param_bytes: int | None = None, reduce_bytes: int | None = None) -> dict[str, Unit]:
-    """``root`` and ``layer.<i>`` → ``Unit``. ``param_bytes``: the all-gather dtype (``MixedPrecisionPolicy``'s
-    ``param_dtype``; default the weights'); ``reduce_bytes``: its ``reduce_dtype`` (default the gradients')."""
-    pb = param_bytes or prec.weight_bytes
-    rb = reduce_bytes or prec.grad_bytes
+          param_bytes: int | None = None, reduce_bytes: int | None = None, fp32_router: bool = False
+          ) -> dict[str, Unit]:
+    """``root``, ``layer.<i>`` (and ``layer.<i>.router``) → ``Unit``. ``param_bytes``: the all-gather dtype
+    (``MixedPrecisionPolicy``'s ``param_dtype``; default the weights'); ``reduce_bytes``: its ``reduce_dtype``
+    (default the gradients'). ``fp32_router``: the family keeps its router weight fp32 (``Style.router_fp32``);
+    with lower-precision weights it is its own unit (``runtime.fsdp.shard_model``), all in fp32."""
     acc: dict[str, dict] = {}
     for t in placement.tensors:
-        name = "root" if t.unit in ROOT else t.unit
+        own = fp32_router and prec.weight_bytes != 4 and t.spec.component == "router" and t.spec.kind == "linear"
+        name = f"{t.unit}.router" if own else "root" if t.unit in ROOT else t.unit
+        pb, rb, gb = (4, 4, 4) if own else (param_bytes or prec.weight_bytes, reduce_bytes or prec.grad_bytes,
+                                            prec.grad_bytes)
         degree = layout.expert_zero_degree if t.expert else layout.zero_degree
-        padded = numel(st.zero_shard_shape(t.shape, degree)) * degree  # dim 0 padded to a multiple of W
-        a = acc.setdefault(name, {"elems": 0, "unsharded": 0, "grads": {}})
-        a["elems"] += t.copies * padded
-        a["unsharded"] += t.copies * st.alloc_bytes(padded * pb, granularity)
-        a["grads"][t.unit] = a["grads"].get(t.unit, 0) + t.copies * st.alloc_bytes(t.numel * pb, granularity)
-    out = {}
-    for name, a in acc.items():
-        world = layout.zero_degree
-        out[name] = Unit(unsharded_bytes=a["unsharded"], all_gather_bytes=st.alloc_bytes(a["elems"] * pb, granularity),
-                         grad_bytes=a["grads"], reduce_scatter_bytes=st.alloc_bytes(a["elems"] * rb, granularity),
-                         sharded_grad_bytes=st.alloc_bytes(a["elems"] // world * prec.grad_bytes, granularity))
-    return out
+        shape = runtime_shape(t)
+        padded = numel(st.zero_shard_shape(shape, degree)) * degree  # dim 0 padded to a multiple of W
+        a = acc.setdefault(name, {"ag": 0, "rs": 0, "shard": 0, "unsharded": 0, "grads": {}})
+        a["ag"] += padded * pb
+        a["rs"] += padded * rb
+        a["shard"] += padded // degree * gb
+        a["unsharded"] += st.alloc_bytes(padded * pb, granularity)
+        a["grads"][t.unit] = a["grads"].get(t.unit, 0) + st.alloc_bytes(numel(shape) * pb, granularity)
+    return {name: Unit(unsharded_bytes=a["unsharded"], all_gather_bytes=st.alloc_bytes(a["ag"], granularity),
+                       grad_bytes=a["grads"], reduce_scatter_bytes=st.alloc_bytes(a["rs"], granularity),
+                       sharded_grad_bytes=st.alloc_bytes(a["shard"], granularity)) for name, a in acc.items()}
 
 
 def step_timeline(inp) -> tuple:
@@ -95,6 +107,7 @@ def step_timeline(inp) -> tuple:
     none = Unit(unsharded_bytes=0, all_gather_bytes=0)
     root = u.get("root", none)
     layers = [u[f"layer.{i}"] for i in inp.layers]
+    routers = [u.get(f"layer.{i}.router") for i in inp.layers]
     p_root = root.unsharded_bytes
     s_all = sum(x.sharded_grad_bytes for x in u.values())
     events: list = []
@@ -126,10 +139,11 @@ def step_timeline(inp) -> tuple:
         ev(f"forward layer {i} all-gather", acts=with_nodes(_acts(inp, kept), hidden_in, *positions),
            gather=p_root + prev_ag + lay.all_gather_bytes + lay.unsharded_bytes, copies=inp.weight_copies)
         kept.append(i)
+        # a router unit's all-gather (inside the layer) frees the layer's buffer and keeps its own
+        prev_ag = routers[pos].all_gather_bytes if routers[pos] else lay.all_gather_bytes
         ev(f"forward layer {i}", acts=with_nodes(_acts(inp, kept), *positions),
-           gather=p_root + lay.unsharded_bytes + lay.all_gather_bytes, copies=inp.weight_copies)
-        prev_ag = lay.all_gather_bytes
-    last_ag = layers[-1].all_gather_bytes if layers else 0
+           gather=p_root + lay.unsharded_bytes + prev_ag, copies=inp.weight_copies)
+    last_ag = prev_ag if layers else 0
     if inp.last:
         ev("forward: loss", acts=with_nodes(_acts(inp, kept), *positions), gather=p_root + last_ag,
            logits=inp.head_saved + inp.logits, up=inp.logits_fp32, copies=inp.weight_copies)
@@ -145,15 +159,20 @@ def step_timeline(inp) -> tuple:
     sharded = 0
     rs_prev = 0  # the reduce-scatter input of the layer after, kept until this layer's post-backward
     for pos in range(len(inp.layers) - 1, -1, -1):
-        i, lay = inp.layers[pos], layers[pos]
+        i, lay, router = inp.layers[pos], layers[pos], routers[pos]
         before = layers[pos - 1].all_gather_bytes if pos else 0  # prefetched in this layer's pre-backward
         g = lay.grads
         ev(f"backward layer {i} all-gather", acts=_acts(inp, kept), gather=p_root + lay.all_gather_bytes
            + lay.unsharded_bytes, reduce=root_grads + rs_prev, sharded=sharded, logits=held,
            hidden=inp.hidden_grad, copies=inp.weight_copies)
-        ev(f"backward layer {i}", acts=_acts(inp, kept, live_layer=i), gather=p_root + lay.unsharded_bytes + before,
-           reduce=root_grads + rs_prev, sharded=sharded, logits=held,
-           hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies)
+        # with a router unit the layer prefetches the router (next in reverse post-forward order), and the
+        # router's pre-backward the layer before
+        ev(f"backward layer {i}", acts=_acts(inp, kept, live_layer=i), gather=p_root + lay.unsharded_bytes
+           + (router.all_gather_bytes if router else before), reduce=root_grads + rs_prev, sharded=sharded,
+           logits=held, hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies)
+        if router:  # its post-backward (inside the layer's backward) frees rs_prev and keeps its own
+            sharded += router.sharded_grad_bytes
+            rs_prev = router.reduce_scatter_bytes
         kept.pop()
         ev(f"backward layer {i} done", acts=_acts(inp, kept), gather=p_root + lay.unsharded_bytes + before,
            reduce=root_grads + rs_prev + g, sharded=sharded, logits=held, hidden=inp.hidden_grad,

@@ -299,8 +299,8 @@ def unit_bytes(placement: Placement, layout: ParallelLayout, prec: Precision, *,
     gathered: dict[str, int] = {}
     full_grads: dict[str, int] = {}
     for t in placement.tensors:
-        shard = st.held_shape(t, layout, 2)
-        g = t.copies * st.alloc_bytes(numel(shard) * prec.grad_bytes, granularity)
+        shard, n = st.held_tensors(t, layout, 2)
+        g = n * st.alloc_bytes(numel(shard) * prec.grad_bytes, granularity)
         grads[t.unit] = grads.get(t.unit, 0) + g
         degree = layout.expert_zero_degree if t.expert else layout.zero_degree
         if layout.zero >= 3 and degree > 1:

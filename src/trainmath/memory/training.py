@@ -371,7 +371,11 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
             full_grads = {}  # counted as gradients until each unit's reduce (FSDP2's zero3_grad_reduce_bytes)
     fsdp = {}
     if layout.zero >= 3 and layout.zero_degree > 1 and not flat and setup.offload == "none":
-        fsdp = fsdp2.units(pl, layout, prec, granularity=gran)  # ZeRO-3 as FSDP2 runs it
+        from trainmath.ops.families import STYLES
+
+        style = STYLES.get(spec.model_type)
+        fsdp = fsdp2.units(pl, layout, prec, granularity=gran,  # ZeRO-3 as FSDP2 runs it
+                           fp32_router=bool(style and style.router_fp32))
     persistent = {"weights_bytes": weights, "master_weights_bytes": master, "optimizer_states_bytes": states,
                   "framework_overhead_bytes": overhead}
     inp = tl.StepInputs(
