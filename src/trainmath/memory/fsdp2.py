@@ -73,18 +73,19 @@ def runtime_shape(t) -> tuple[int, ...]:
 
 
 def units(placement: Placement, layout: ParallelLayout, prec: Precision, *, granularity: int,
-          param_bytes: int | None = None, reduce_bytes: int | None = None, fp32_router: bool = False
-          ) -> dict[str, Unit]:
+          param_bytes: int | None = None, reduce_bytes: int | None = None, shard_bytes: int | None = None,
+          fp32_router: bool = False) -> dict[str, Unit]:
     """``root``, ``layer.<i>`` (and ``layer.<i>.router``) → ``Unit``. ``param_bytes``: the all-gather dtype
     (``MixedPrecisionPolicy``'s ``param_dtype``; default the weights'); ``reduce_bytes``: its ``reduce_dtype``
-    (default the gradients'). ``fp32_router``: the family keeps its router weight fp32 (``Style.router_fp32``);
+    (default the gradients'); ``shard_bytes``: the sharded gradients' (the parameters' original dtype; default the
+    gradients'). ``fp32_router``: the family keeps its router weight fp32 (``Style.router_fp32``);
     with lower-precision weights it is its own unit (``runtime.fsdp.shard_model``), all in fp32."""
     acc: dict[str, dict] = {}
     for t in placement.tensors:
         own = fp32_router and prec.weight_bytes != 4 and t.spec.component == "router" and t.spec.kind == "linear"
         name = f"{t.unit}.router" if own else "root" if t.unit in ROOT else t.unit
         pb, rb, gb = (4, 4, 4) if own else (param_bytes or prec.weight_bytes, reduce_bytes or prec.grad_bytes,
-                                            prec.grad_bytes)
+                                            shard_bytes or prec.grad_bytes)
         degree = layout.expert_zero_degree if t.expert else layout.zero_degree
         shape = runtime_shape(t)
         padded = numel(st.zero_shard_shape(shape, degree)) * degree  # dim 0 padded to a multiple of W
@@ -130,55 +131,72 @@ def step_timeline(inp) -> tuple:
     positions = [] if any("position_ids" in n.name for n in inp.resident) or not inp.positions else [
         Node(name="position ids", value=inp.positions, unit="bytes", note="the model's (1, s) int64, forward only")]
     if p_root:
-        ev("forward: root all-gather", acts=with_nodes(loop, *positions), gather=root.all_gather_bytes + p_root)
+        ev("forward: root all-gather", acts=loop, gather=root.all_gather_bytes + p_root)
     kept: list[int] = []
     prev_ag = root.all_gather_bytes
+    raf = inp.fsdp2_reshard
+
+    def kept_unsharded(upto: int) -> int:
+        """Without ``reshard_after_forward`` (FSDP2's ZeRO-2), the layers before position ``upto`` (and their
+        routers) stay unsharded from their forward to their post-backward."""
+        return 0 if raf else sum(layers[j].unsharded_bytes + (routers[j].unsharded_bytes if routers[j] else 0)
+                                 for j in range(upto))
+
     for pos, i in enumerate(inp.layers):
         lay = layers[pos]
         hidden_in = Node(name=f"layer {i} input", value=inp.hidden_grad, unit="bytes", note="the hidden states")
         ev(f"forward layer {i} all-gather", acts=with_nodes(_acts(inp, kept), hidden_in, *positions),
-           gather=p_root + prev_ag + lay.all_gather_bytes + lay.unsharded_bytes, copies=inp.weight_copies)
+           gather=p_root + kept_unsharded(pos) + prev_ag + lay.all_gather_bytes + lay.unsharded_bytes,
+           copies=inp.weight_copies)
         kept.append(i)
         # a router unit's all-gather (inside the layer) frees the layer's buffer and keeps its own
         prev_ag = routers[pos].all_gather_bytes if routers[pos] else lay.all_gather_bytes
         ev(f"forward layer {i}", acts=with_nodes(_acts(inp, kept), *positions),
-           gather=p_root + lay.unsharded_bytes + prev_ag, copies=inp.weight_copies)
+           gather=p_root + kept_unsharded(pos + 1) + (lay.unsharded_bytes if raf else 0) + prev_ag,
+           copies=inp.weight_copies)
     last_ag = prev_ag if layers else 0
+    top = p_root + kept_unsharded(len(layers))  # what stays unsharded from the loss on
+    prefetch = last_ag if raf else 0  # the root's pre-backward all-gathers the last layer (ZeRO-2: unsharded)
     if inp.last:
-        ev("forward: loss", acts=with_nodes(_acts(inp, kept), *positions), gather=p_root + last_ag,
+        ev("forward: loss", acts=with_nodes(_acts(inp, kept), *positions), gather=top + last_ag,
            logits=inp.head_saved + inp.logits, up=inp.logits_fp32, copies=inp.weight_copies)
-        ev("backward: loss", acts=_acts(inp, kept), gather=p_root + last_ag,
+        ev("backward: loss", acts=_acts(inp, kept), gather=top + prefetch,
            logits=inp.head_saved - inp.loss_freed + inp.output_held, ce=inp.cross_entropy_grads,
            copies=inp.weight_copies)
     held = inp.output_held if inp.last else 0
     root_grads = 0  # the root's unsharded gradients so far: they stay until the root's post-backward
     if inp.last:
         root_grads = root.grad_bytes.get("head", 0) + (root.grad_bytes.get("embed", 0) if inp.tied_head else 0)
-        ev("backward: head", acts=_acts(inp, kept), gather=p_root + last_ag, reduce=root_grads,
+        ev("backward: head", acts=_acts(inp, kept), gather=top + prefetch, reduce=root_grads,
            logits=inp.head_saved + held, hidden=inp.hidden_grad, copies=inp.weight_copies)
     sharded = 0
     rs_prev = 0  # the reduce-scatter input of the layer after, kept until this layer's post-backward
     for pos in range(len(inp.layers) - 1, -1, -1):
         i, lay, router = inp.layers[pos], layers[pos], routers[pos]
-        before = layers[pos - 1].all_gather_bytes if pos else 0  # prefetched in this layer's pre-backward
+        before = layers[pos - 1].all_gather_bytes if pos and raf else 0  # prefetched in its pre-backward
+        mine = p_root + (lay.unsharded_bytes if raf else kept_unsharded(pos + 1))
         g = lay.grads
-        ev(f"backward layer {i} all-gather", acts=_acts(inp, kept), gather=p_root + lay.all_gather_bytes
-           + lay.unsharded_bytes, reduce=root_grads + rs_prev, sharded=sharded, logits=held,
-           hidden=inp.hidden_grad, copies=inp.weight_copies)
+        if raf:
+            ev(f"backward layer {i} all-gather", acts=_acts(inp, kept), gather=p_root + lay.all_gather_bytes
+               + lay.unsharded_bytes, reduce=root_grads + rs_prev, sharded=sharded, logits=held,
+               hidden=inp.hidden_grad, copies=inp.weight_copies)
         # with a router unit the layer prefetches the router (next in reverse post-forward order), and the
         # router's pre-backward the layer before
-        ev(f"backward layer {i}", acts=_acts(inp, kept, live_layer=i), gather=p_root + lay.unsharded_bytes
-           + (router.all_gather_bytes if router else before), reduce=root_grads + rs_prev, sharded=sharded,
-           logits=held, hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies)
+        ev(f"backward layer {i}", acts=_acts(inp, kept, live_layer=i), gather=mine
+           + (router.all_gather_bytes if router and raf else before), reduce=root_grads + rs_prev,
+           sharded=sharded, logits=held, hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0),
+           copies=inp.weight_copies)
         if router:  # its post-backward (inside the layer's backward) frees rs_prev and keeps its own
             sharded += router.sharded_grad_bytes
             rs_prev = router.reduce_scatter_bytes
+            mine -= 0 if raf else router.unsharded_bytes
         kept.pop()
-        ev(f"backward layer {i} done", acts=_acts(inp, kept), gather=p_root + lay.unsharded_bytes + before,
+        ev(f"backward layer {i} done", acts=_acts(inp, kept), gather=mine + before,
            reduce=root_grads + rs_prev + g, sharded=sharded, logits=held, hidden=inp.hidden_grad,
            copies=inp.weight_copies)
-        ev(f"backward layer {i} reduce-scatter", acts=_acts(inp, kept), gather=p_root + before,
-           reduce=root_grads + g + lay.reduce_scatter_bytes, sharded=sharded, logits=held, hidden=inp.hidden_grad)
+        ev(f"backward layer {i} reduce-scatter", acts=_acts(inp, kept),
+           gather=mine - lay.unsharded_bytes + before, reduce=root_grads + g + lay.reduce_scatter_bytes,
+           sharded=sharded, logits=held, hidden=inp.hidden_grad)
         sharded += lay.sharded_grad_bytes
         rs_prev = lay.reduce_scatter_bytes
     if inp.first:

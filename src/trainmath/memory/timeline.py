@@ -142,6 +142,8 @@ class StepInputs:
     fsdp2: dict = field(default_factory=dict)
     """``root`` / ``layer.<i>`` → ``fsdp2.Unit`` under ZeRO-3 as FSDP2 runs it (``fsdp2.step_timeline``), else
     empty."""
+    fsdp2_reshard: bool = True
+    """FSDP2's ``reshard_after_forward``: True for ZeRO-3, False for its ZeRO-2 (``zero_impl="fsdp2"``)."""
     positions: int = 0
     """Bytes of the model's int64 position ids, alive through the forward (FSDP2's forward all-gathers)."""
 
