@@ -39,10 +39,9 @@ buckets, so the gradients are allocated for the whole step and the buckets add n
 (one reduce bucket for the whole step; ZeRO-2's partitioned gradients appear during backward like any other), or,
 with ``zero_impl="trainmath"``, our runtime's flat buffers (``flat_zero``: no bucket; the reduce, step and
 all-gather as events; our ZeRO-3 likewise, without FSDP2's prefetch).
-ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer and at the root, ``reshard_after_forward=True``): the root's
-parameters (embeddings, final norm, LM head) stay unsharded from the first forward to the end of backward; each
-layer's are all-gathered for its forward and again for its backward, with the next layer prefetched (the last
-layer already before the loss's backward); a layer's unsharded gradients live until its reduce-scatter. Checked:
+ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer and at the root, ``reshard_after_forward=True``), whose events
+are ``fsdp2.step_timeline``'s (all-gather outputs, unsharded parameters and gradients, reduce-scatter buffers as
+torch's ``_fully_shard`` holds them; also FSDP2's ZeRO-2 with ``zero_impl="fsdp2"``). Checked:
 DDP (both bucket modes) and FSDP2 against MemTracker / FSDPMemTracker over a fake process group
 (``tests/memory/test_memtracker_oracle.py``); our flat ZeRO-1/2 against MemTracker on gloo ranks
 (``tests/train/test_measure.py``); DeepSpeed's ZeRO-1/2 buffers are not checked. torch's ZeRO-1 (DDP with
