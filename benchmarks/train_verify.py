@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--fsdp", action="store_true", help="only torch's FSDP2 runs (strategy zero2/zero3, impl torch)")
+    ap.add_argument("--detail", action="store_true", help="also print every field outside its tolerance")
     a = ap.parse_args()
     keys = ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab")
     overrides = dict(zip(keys, map(int, a.shrink.split(",")))) if a.shrink else {}
@@ -57,6 +59,8 @@ def main() -> None:
           f"adamw unless stated; step 2 measured; peak: MemTracker on CPU, max_memory_allocated on CUDA")
     print(f"{'run':<52} {'fields ok':>9} {'peak pred':>11} {'peak meas':>11} {'err':>6} {'tok/s':>8}  outside")
     for run in RUNS:
+        if a.fsdp and not (run["impl"] == "torch" and run["strategy"] in ("zero2", "zero3")):
+            continue
         cfg = validate(TrainConfig(model=a.model, overrides=overrides, micro_batch=a.micro_batch, seq=a.seq,
                                    steps=a.steps, measure=True, **run), a.nproc)
         prepare(cfg)
@@ -72,6 +76,9 @@ def main() -> None:
         print(f"{label:<52} {sum(f.ok for f in fields):>4}/{len(fields):<4} {peak.predicted:>11,.0f} "
               f"{peak.measured:>11,.0f} {peak.rel_error:>6.3f} {rate:>8.0f}  {', '.join(bad) or '-'}"
               f"  ({time.time() - t:.1f} s)")
+        for f in fields if a.detail else ():
+            if not f.ok or f.name.startswith("peak"):
+                print(f"    {f.name}: predicted {f.predicted:,.0f} measured {f.measured:,.0f}")
 
 
 if __name__ == "__main__":

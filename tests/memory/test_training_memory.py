@@ -116,21 +116,31 @@ def test_peak_never_grows_with_dp_at_fixed_stage(zero, dp, tp, pp, precision):
         assert check_sums(m.breakdown) == []
 
 
-def test_zero3_gathers_the_root_and_two_layers():
-    """FSDP2 (per layer and at the root): Qwen3-0.6B's root (the tied 151936×1024 embedding and the final norm,
-    bf16) stays unsharded through forward and backward; a layer's forward adds its own unsharded parameters and
-    the next layer's, prefetched; the last layer is gathered again before the loss's backward. The sharded weights
-    are smaller than ZeRO-2's."""
+def test_zero3_gathers_as_fsdp2():
+    """FSDP2 (per layer and at the root; ``memory/fsdp2.py``): Qwen3-0.6B's root (the tied 151936×1024 embedding
+    and the final norm, bf16) stays unsharded through forward and backward; while a layer is copied out of its
+    all-gather buffer, the previous unit's buffer is still alive (the root's, for layer 0); a layer's buffer
+    lives through its forward (the last one's through the loss); the root's backward prefetch all-gathers the
+    last layer before the loss's backward. The sharded weights are smaller than ZeRO-2's."""
     spec = SPECS["qwen3-0.6b"]
     setup = TrainingSetup(micro_batch=1, seq=1024, granularity=1)
     z2 = training_memory(spec, setup, ParallelLayout(dp=2, zero=2), activation_model=standin)
     z3 = training_memory(spec, setup, ParallelLayout(dp=2, zero=3), activation_model=standin)
     root = 151936 * 1024 * 2 + 1024 * 2
     layer = 2 * sum(t.params for t in place(spec, ParallelLayout()).tensors if t.unit == "layer.0")
-    assert z3.stages[0].at("backward: loss").flat()["zero3_gather_bytes"] == root + layer
-    assert z3.stages[0].at("forward layer 0").flat()["zero3_gather_bytes"] == root + 2 * layer
-    assert z3.stages[0].at("forward layer 27").flat()["zero3_gather_bytes"] == root + layer
-    assert z3.breakdown.flat()["weights_bytes"] < z2.breakdown.flat()["weights_bytes"]
+    gather = {e: z3.stages[0].at(e).flat()["zero3_gather_bytes"] for e in (
+        "forward: root all-gather", "forward layer 0 all-gather", "forward layer 27", "forward: loss",
+        "backward: loss", "backward layer 27 all-gather", "backward layer 27", "backward layer 0",
+        "backward: root reduce-scatter")}
+    assert gather == {"forward: root all-gather": 2 * root, "forward layer 0 all-gather": 2 * root + 2 * layer,
+                      "forward layer 27": root + 2 * layer, "forward: loss": root + layer,
+                      "backward: loss": root + layer, "backward layer 27 all-gather": root + 2 * layer,
+                      "backward layer 27": root + 2 * layer, "backward layer 0": root + layer,
+                      "backward: root reduce-scatter": 0}
+    # mixed-bf16 under FSDP2: the fp32 shards are the weights and the master weights at once
+    z2f, z3f = z2.breakdown.flat(), z3.breakdown.flat()
+    assert z3f["master_weights_bytes"] == 0 and z3f["weights_bytes"] == z2f["master_weights_bytes"]
+    assert z3f["weights_bytes"] + z3f["master_weights_bytes"] < z2f["weights_bytes"] + z2f["master_weights_bytes"]
 
 
 def test_pipeline_first_stage_holds_pp_micro_batches():

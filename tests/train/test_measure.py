@@ -11,7 +11,7 @@ import pytest
 
 from tests.train.runs import STRATEGIES, cached, config
 from trainmath.runtime.train.model import model_spec, shrunk_config
-from trainmath.runtime.train.verify import STATE_FIELDS, compare, peak_tolerance, predict
+from trainmath.runtime.train.verify import STATE_FIELDS, compare, peak_tolerance, predict, zero_impl
 
 
 def _fields(nproc, strategy, impl):
@@ -32,12 +32,10 @@ def test_state_bytes_exact_on_every_rank(strategy, impl, nproc):
     for name, f in state.items():
         if (strategy, impl) == ("zero2", "torch") and name.startswith("weights_bytes"):
             # FSDP2 with reshard_after_forward=False still reshards after backward: between steps a rank holds
-            # its 1/n shard of the weights (the full ones only during forward and backward). The calculator's
-            # ZeRO-2 keeps full weights; the measurement is exactly ZeRO-3's figure instead.
+            # its 1/n shard of the weights, ZeRO-3's figure (``zero_impl="fsdp2"``), not DeepSpeed ZeRO-2's whole
             zero3 = predict(model_spec(*shrunk_config(config().model, config().overrides)),
                             config(strategy="zero3"), nproc)["weights_bytes"]
-            assert f.measured == zero3 < f.predicted
-            continue
+            assert f.measured == f.predicted == zero3
         if f.upper_bound:  # FSDP2's optimizer states on ranks > 0: unpadded local shards
             assert (strategy, impl) in (("zero2", "torch"), ("zero3", "torch")) and f.ok, name
             continue
@@ -74,7 +72,8 @@ def test_peak_within_stated_tolerance(strategy, impl, nproc, recompute):
     the peak is not a unit's reduce inside a layer's backward (0.4% for DDP at 4 ranks, one sequence each; our ZeRO-1
     had been 35% above at 4 ranks: it kept the full gradients beside their reduced shard and the ring kept a copy of the
     whole gradient buffer; with recompute the FLOP counter's module hooks had kept every recomputed layer alive: 17-45%
-    above on the benchmark's model); FSDP2 within 25% and never above the prediction."""
+    above on the benchmark's model); FSDP2 (torch's ZeRO-2/3, ``memory/fsdp2.py``) within 0.1% on the benchmark's
+    model and 1% on this tinier one on rank 0 (it had been 1-10% below the measurement)."""
     res = cached(nproc, strategy=strategy, impl=impl, **({"recompute": recompute} if recompute != "none" else {}))
     cfg = config(strategy=strategy, impl=impl, measure=True, recompute=recompute)
     name, conf = shrunk_config(cfg.model, cfg.overrides)
@@ -84,10 +83,12 @@ def test_peak_within_stated_tolerance(strategy, impl, nproc, recompute):
     assert len(peaks) == nproc and all(f.measured > 0 for f in peaks)
     tol, kind = peak_tolerance(cfg)
     assert all(f.ok and f.tolerance == tol for f in peaks), [(f.name, f.rel_error) for f in peaks]
-    if kind == "fsdp2":
-        assert all(f.measured < f.predicted for f in peaks)
     phase = _phase(cfg, nproc)
-    if kind == "modelled" and not (phase.startswith("backward layer") and phase.endswith("done")):
+    if impl == "torch" and strategy in ("zero2", "zero3"):  # rank 0 holds full ⌈d/n⌉-row chunks; later ranks'
+        # optimizer states follow their unpadded local shards (at 4 ranks rank 3's peak is 0.4-1% lower)
+        assert peaks[0].rel_error < 0.01 and all(f.measured <= peaks[0].measured for f in peaks), \
+            [(f.name, f.rel_error) for f in peaks]
+    elif kind == "modelled" and not (phase.startswith("backward layer") and phase.endswith("done")):
         assert all(f.rel_error < 0.01 for f in peaks), (phase, [(f.name, f.rel_error) for f in peaks])
 
 
@@ -99,7 +100,7 @@ def _phase(cfg, nproc) -> str:
     spec = model_spec(*shrunk_config(cfg.model, cfg.overrides))
     setup = TrainingSetup(micro_batch=cfg.micro_batch_for(nproc), seq=cfg.seq, precision=cfg.precision,
                           optimizer_impl="forloop", recompute=cfg.recompute, device="cpu", loop_keeps="loss",
-                          zero_impl="trainmath" if cfg.impl == "trainmath" else "deepspeed")
+                          zero_impl=zero_impl(cfg))
     r = training_memory(spec, setup, ParallelLayout(dp=nproc, zero=cfg.zero))
     return r.stages[0].phase
 

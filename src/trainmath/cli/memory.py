@@ -53,10 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", choices=("hf", "megatron"), default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")
     p.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
-    p.add_argument("--zero-impl", choices=("deepspeed", "trainmath"), default="deepspeed",
+    p.add_argument("--zero-impl", choices=("deepspeed", "trainmath", "fsdp2"), default="deepspeed",
                    help="whose ZeRO: deepspeed (ZeRO-1/2 with a reduce bucket of min(5e8, params) elements for "
-                        "the whole step; ZeRO-3 as FSDP2) or trainmath (trainmath train --impl trainmath: flat "
-                        "padded buffers at the reduce and the all-gather only; ZeRO-3 without prefetch)")
+                        "the whole step; ZeRO-3 as FSDP2), trainmath (trainmath train --impl trainmath: flat "
+                        "padded buffers at the reduce and the all-gather only; ZeRO-3 without prefetch) or fsdp2 "
+                        "(torch's FSDP2 also for ZeRO-2: reshard_after_forward=False)")
     p.add_argument("--dp", type=integer, default=None,
                    help="data-parallel degree (default: --world-size / (tp·pp·cp), else 1)")
     p.add_argument("--tp", type=integer, default=1,

@@ -39,7 +39,7 @@ from trainmath.memory import states as st
 from trainmath.memory.precision import Precision
 from trainmath.placement import Placement
 
-ZERO_IMPLS = ("deepspeed", "trainmath")
+ZERO_IMPLS = ("deepspeed", "trainmath", "fsdp2")
 
 RING_SEGMENT_BYTES = 4 << 20
 RING_MAX_SEGMENTS = 8

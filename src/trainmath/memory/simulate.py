@@ -156,7 +156,6 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
         import torch.distributed as dist
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         if dist.is_initialized():
@@ -192,11 +191,11 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
                 from trainmath.runtime.checkpointing import apply_selective
 
                 apply_selective(model)
-            if fsdp:
+            if fsdp:  # the runtime's wrapping: an fp32 router in a bf16 model is its own unit (runtime.fsdp)
+                from trainmath.runtime.fsdp import shard_model
+
                 layers = model.model.layers if hasattr(model, "model") else model.transformer.h
-                for layer in layers:
-                    fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-                fully_shard(model, mesh=mesh)
+                shard_model(model, list(layers), mesh=mesh, reshard_after_forward=True)
             if tp:
                 apply_tp(model, mesh, sp=layout.sp, vocab_parallel=layout.vocab_parallel)
             loss_ctx = (lambda: loss_context(layout.vocab_parallel)) if tp else contextlib.nullcontext

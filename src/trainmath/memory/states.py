@@ -45,6 +45,17 @@ def held_shape(t: RankTensor, layout: ParallelLayout, min_stage: int) -> tuple[i
     return zero_shard_shape(t.shape, _degree(t, layout)) if layout.zero >= min_stage else t.shape
 
 
+def held_tensors(t: RankTensor, layout: ParallelLayout, min_stage: int) -> tuple[tuple[int, ...], int]:
+    """(shape, count): the tensors a rank holds of ``t`` for a state ZeRO shards from stage ``min_stage`` on. A
+    per-expert tensor (``{e}``, ``copies`` experts) is one fused (experts, ...) parameter in transformers 5's
+    modeling code, so once sharded its dim 0 is the experts: a rank holds ceil(copies / N) of them (Qwen1.5-MoE's
+    60 experts: 8 on rank 0 of 8, FSDP2's padded shard), as one tensor."""
+    degree = _degree(t, layout)
+    if t.copies > 1 and layout.zero >= min_stage and degree > 1:
+        return (ceil_div(t.copies, degree), *t.shape), 1
+    return held_shape(t, layout, min_stage), t.copies
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelStates:
     """Bytes of the persistent training state one rank holds (allocator-rounded per tensor)."""
@@ -74,17 +85,19 @@ def model_states(placement: Placement, layout: ParallelLayout, prec: Precision, 
     any_8bit = False
     scalar_units: dict[str, set] = {}
     for t in placement.tensors:
-        w += t.copies * alloc_bytes(numel(held_shape(t, layout, 3)) * prec.weight_bytes, granularity)
-        g += t.copies * alloc_bytes(numel(held_shape(t, layout, 2)) * prec.grad_bytes, granularity)
-        shard = held_shape(t, layout, 1)
-        m += t.copies * alloc_bytes(numel(shard) * prec.master_bytes, granularity)
+        shape, n = held_tensors(t, layout, 3)
+        w += n * alloc_bytes(numel(shape) * prec.weight_bytes, granularity)
+        shape, n = held_tensors(t, layout, 2)
+        g += n * alloc_bytes(numel(shape) * prec.grad_bytes, granularity)
+        shard, n = held_tensors(t, layout, 1)
+        m += n * alloc_bytes(numel(shard) * prec.master_bytes, granularity)
         per_expert = t.expert and "{e}" in t.spec.name
         for st in state_tensors(optimizer, shard, state_bytes=prec.state_bytes, impl=impl, block_size=block_size):
             if st.on_device or device == "cpu":
                 if per_expert and st.numel == 1:
                     scalar_units.setdefault(t.unit, set()).add(t.spec.name.rsplit(".", 2)[-2])
                     continue
-                s += t.copies * alloc_bytes(st.nbytes, granularity)
+                s += n * alloc_bytes(st.nbytes, granularity)
             any_8bit |= st.elem_bytes == 1
     for names in scalar_units.values():
         s += runtime_expert_params(names) * alloc_bytes(4, granularity)
@@ -102,7 +115,7 @@ def runtime_expert_params(names: set) -> int:
 
 def optimizer_shard_shapes(placement: Placement, layout: ParallelLayout) -> list[tuple[int, ...]]:
     """The shapes the optimizer updates on this rank (ZeRO-1 shards), one per tensor copy."""
-    return [held_shape(t, layout, 1) for t in placement.tensors for _ in range(t.copies)]
+    return [shape for t in placement.tensors for shape, n in [held_tensors(t, layout, 1)] for _ in range(n)]
 
 
 def optimizer_temporaries_bytes(placement: Placement, layout: ParallelLayout, prec: Precision, optimizer: str,

@@ -39,10 +39,9 @@ buckets, so the gradients are allocated for the whole step and the buckets add n
 (one reduce bucket for the whole step; ZeRO-2's partitioned gradients appear during backward like any other), or,
 with ``zero_impl="trainmath"``, our runtime's flat buffers (``flat_zero``: no bucket; the reduce, step and
 all-gather as events; our ZeRO-3 likewise, without FSDP2's prefetch).
-ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer and at the root, ``reshard_after_forward=True``): the root's
-parameters (embeddings, final norm, LM head) stay unsharded from the first forward to the end of backward; each
-layer's are all-gathered for its forward and again for its backward, with the next layer prefetched (the last
-layer already before the loss's backward); a layer's unsharded gradients live until its reduce-scatter. Checked:
+ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer and at the root, ``reshard_after_forward=True``), whose events
+are ``fsdp2.step_timeline``'s (all-gather outputs, unsharded parameters and gradients, reduce-scatter buffers as
+torch's ``_fully_shard`` holds them; also FSDP2's ZeRO-2 with ``zero_impl="fsdp2"``). Checked:
 DDP (both bucket modes) and FSDP2 against MemTracker / FSDPMemTracker over a fake process group
 (``tests/memory/test_memtracker_oracle.py``); our flat ZeRO-1/2 against MemTracker on gloo ranks
 (``tests/train/test_measure.py``); DeepSpeed's ZeRO-1/2 buffers are not checked. torch's ZeRO-1 (DDP with
@@ -139,6 +138,13 @@ class StepInputs:
     """unit → ``flat_zero.FlatUnit`` under our flat-buffer ZeRO-1/2 (``zero_impl="trainmath"``), else empty."""
     flat_stage: int = 0
     """1, 2 or 3 with ``flat``: the ZeRO stage our runtime runs (see ``flat_zero``)."""
+    fsdp2: dict = field(default_factory=dict)
+    """``root`` / ``layer.<i>`` → ``fsdp2.Unit`` under ZeRO-3 as FSDP2 runs it (``fsdp2.step_timeline``), else
+    empty."""
+    fsdp2_reshard: bool = True
+    """FSDP2's ``reshard_after_forward``: True for ZeRO-3, False for its ZeRO-2 (``zero_impl="fsdp2"``)."""
+    positions: int = 0
+    """Bytes of the model's int64 position ids, alive through the forward (FSDP2's forward all-gathers)."""
 
 
 def _acts(inp: StepInputs, kept: list[int], live_layer: int | None = None) -> Node:
@@ -169,6 +175,10 @@ def _layer_units(inp: StepInputs) -> list[str]:
 
 def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
     """The events of one step on one rank (see the module docstring), in order."""
+    if inp.fsdp2:
+        from trainmath.memory import fsdp2
+
+        return fsdp2.step_timeline(inp)
     all_grads = sum(inp.unit_grads.values())
     root = sum(inp.unit_gathered.get(u, 0) for u in ("embed", "head"))
     events: list[Event] = []
@@ -290,8 +300,8 @@ def unit_bytes(placement: Placement, layout: ParallelLayout, prec: Precision, *,
     gathered: dict[str, int] = {}
     full_grads: dict[str, int] = {}
     for t in placement.tensors:
-        shard = st.held_shape(t, layout, 2)
-        g = t.copies * st.alloc_bytes(numel(shard) * prec.grad_bytes, granularity)
+        shard, n = st.held_tensors(t, layout, 2)
+        g = n * st.alloc_bytes(numel(shard) * prec.grad_bytes, granularity)
         grads[t.unit] = grads.get(t.unit, 0) + g
         degree = layout.expert_zero_degree if t.expert else layout.zero_degree
         if layout.zero >= 3 and degree > 1:

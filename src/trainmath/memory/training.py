@@ -15,12 +15,13 @@ stage holds pp).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, validate_layout
 from trainmath.memory import flat_zero as fz
+from trainmath.memory import fsdp2
 from trainmath.memory import states as st
 from trainmath.memory import timeline as tl
 from trainmath.memory.optimizers import check_optimizer, step_temporary_bytes
@@ -352,6 +353,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if ddp and setup.bucket_view:
         persist = True  # the gradients are views of DDP's buckets, allocated once
     weights, master, states = ms.weights_bytes, ms.master_weights_bytes, ms.optimizer_states_bytes
+    router = _fp32_router_states(spec, pl, layout, prec, setup, gran)
+    weights, states = weights + router[0], states + router[1]
     temps = st.optimizer_temporaries_bytes(pl, layout, prec, setup.optimizer, impl=setup.optimizer_impl)
     fp32g = st.fp32_grad_copies_bytes(pl, layout, prec)
     if setup.offload in ("optimizer", "params"):
@@ -368,6 +371,21 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         if layout.zero >= 2:
             persist = False  # each micro-step reduces its full gradients; the shards live all step (flat_zero)
             full_grads = {}  # counted as gradients until each unit's reduce (FSDP2's zero3_grad_reduce_bytes)
+    fsdp = {}
+    fsdp_stage = layout.zero >= 3 or (layout.zero == 2 and setup.zero_impl == "fsdp2")
+    if fsdp_stage and layout.zero_degree > 1 and not flat and setup.offload == "none":
+        # FSDP2's mixed precision (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)) over fp32 parameters:
+        # the sharded fp32 parameters are the master weights and the optimizer's, gradients reduce into fp32 shards
+        mp = prec.master_bytes > 0
+        fsdp = fsdp2.units(pl, layout, prec, granularity=gran, fp32_router=fp32_router(spec, prec),
+                           reduce_bytes=prec.master_bytes or None, shard_bytes=prec.master_bytes or None)
+        overhead = 0  # no DeepSpeed bucket: FSDP2's buffers are events of its timeline
+        if mp:
+            weights, master, fp32g = master, 0, 0
+        elif layout.zero == 2:  # FSDP2 reshards after backward: between steps a rank holds its weight shards
+            weights = st.model_states(pl, replace(layout, zero=3), prec, setup.optimizer, impl=setup.optimizer_impl,
+                                      granularity=gran, device=setup.device).weights_bytes \
+                + _fp32_router_states(spec, pl, replace(layout, zero=3), prec, setup, gran)[0]
     persistent = {"weights_bytes": weights, "master_weights_bytes": master, "optimizer_states_bytes": states,
                   "framework_overhead_bytes": overhead}
     inp = tl.StepInputs(
@@ -382,11 +400,38 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                                                                   layout.sp),
         ffn_transient=ffn, weight_copies=copies, unit_grads=grads, unit_gathered=gathered, unit_full_grads=full_grads,
         tied_head=layout.pp == 1 and any(t.tied for t in spec.post), persistent=persistent, grads_persist=persist,
-        optimizer_temporaries=temps, fp32_grad_copies=fp32g, flat=flat, flat_stage=layout.zero if flat else 0)
+        optimizer_temporaries=temps, fp32_grad_copies=fp32g, flat=flat, flat_stage=layout.zero if flat else 0,
+        fsdp2=fsdp, fsdp2_reshard=layout.zero >= 3,
+        positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0)
     events = tl.step_timeline(inp)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
     return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=peak.name, timeline=events,
                        breakdown=_event_tree(peak, stage))
+
+
+def fp32_router(spec: ModelSpec, prec) -> bool:
+    """transformers keeps the family's router weight fp32 (``Style.router_fp32``: DeepSeek-V2/V3, GLM-4.5) and
+    the model's weights are lower precision (bf16, no fp32 master copy)."""
+    from trainmath.ops.families import STYLES
+
+    style = STYLES.get(spec.model_type)
+    return bool(style and style.router_fp32) and prec.weight_bytes < 4 and not prec.master_bytes
+
+
+def _fp32_router_states(spec: ModelSpec, pl, layout: ParallelLayout, prec, setup: TrainingSetup,
+                        gran: int) -> tuple[int, int]:
+    """(weight bytes, optimizer-state bytes) an fp32 router weight adds over its count at the model's precision
+    (its optimizer states are ``zeros_like`` an fp32 tensor). Measured: FSDPMemTracker's sharded parameters and
+    states of DeepSeek-V3 in bf16 (``tests/memory/test_fsdp2_oracle.py``)."""
+    if not fp32_router(spec, prec):
+        return 0, 0
+    from trainmath.placement import Placement
+
+    routers = Placement(stage=pl.stage, layers=pl.layers, tensors=tuple(
+        t for t in pl.tensors if t.spec.component == "router" and t.spec.kind == "linear"))
+    lo, hi = (st.model_states(routers, layout, p, setup.optimizer, impl=setup.optimizer_impl, granularity=gran,
+                              device=setup.device) for p in (prec, get_precision("fp32")))
+    return hi.weights_bytes - lo.weights_bytes, hi.optimizer_states_bytes - lo.optimizer_states_bytes
 
 
 def _event_tree(event: tl.Event, stage: int) -> Node:
@@ -423,10 +468,13 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
         f"optimizer {setup.optimizer} ({setup.optimizer_impl}); ZeRO-{layout.zero} over dp·cp = "
         f"{layout.zero_degree} ranks (experts over {layout.expert_zero_degree})"
         + ("" if layout.zero not in (1, 2) else
-           "; DeepSpeed's reduce bucket (min(5e8, params) elements) for the whole step"
-           if setup.zero_impl == "deepspeed" else
-           "; trainmath's flat padded buffers at the reduce and the all-gather only")
-        + ("" if layout.zero != 3 else "; ZeRO-3 as FSDP2 runs it" if setup.zero_impl == "deepspeed" else
+           "; FSDP2 with reshard_after_forward=False (memory/fsdp2.py)"
+           if setup.zero_impl == "fsdp2" and layout.zero == 2 else
+           "; trainmath's flat padded buffers at the reduce and the all-gather only"
+           if setup.zero_impl == "trainmath" else
+           "; DeepSpeed's reduce bucket (min(5e8, params) elements) for the whole step")
+        + ("" if layout.zero != 3 else
+           "; ZeRO-3 as FSDP2 runs it (memory/fsdp2.py)" if setup.zero_impl != "trainmath" else
            "; trainmath's ZeRO-3: the running unit gathered, no prefetch"),
         f"gradient lifetime {setup.grad_lifetime}: " + GRAD_LIFETIME_TEXT[setup.grad_lifetime]
         + ("; DDP gradient_as_bucket_view: gradients are views of the buckets" if setup.bucket_view else ""),

@@ -130,7 +130,9 @@ class TorchFSDP(TorchDDP):
 
     def __init__(self, model, cfg: TrainConfig, group, device):
         from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        from trainmath.runtime.fsdp import shard_model
 
         self.stage, self.cfg = cfg.zero, cfg
         mesh = DeviceMesh.from_group(group, device.type)
@@ -138,9 +140,7 @@ class TorchFSDP(TorchDDP):
         if cfg.precision == "mixed-bf16":
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         kw = {"mesh": mesh, "reshard_after_forward": cfg.zero == 3, "mp_policy": mp}
-        for layer in decoder_layers(model):
-            fully_shard(layer, **kw)
-        fully_shard(model, **kw)
+        shard_model(model, decoder_layers(model), **kw)  # an odd-dtype submodule is its own unit (runtime.fsdp)
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = self.local_optimizer = make_optimizer(self.params, cfg.optimizer, cfg.optimizer_impl,
