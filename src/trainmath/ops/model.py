@@ -4,7 +4,8 @@ and the head (final norm, LM head, loss), each driven by the family's ``Style`` 
 
 - Embedding: the token ids (int64, b·s) the lookup keeps; learned positions (``Style.positions == "learned"``,
   GPT-2) keep their (1, s) ids too; Gemma's ``embed_scale`` (``Style.embed_scale``) is a 0-dim sqrt(d) tensor in
-  the embedding dtype, kept by the scaling product.
+  the embedding dtype, kept by the scaling product; ``Family.embedding_dropout`` then keeps its mask or noise
+  (``kernels.dropout``).
 - Rotary: cos and sin, (1, s, rope_dim) in the embedding dtype (``rope_fp32``: fp32 whatever the dtype, OLMo-2;
   ``rope_half``: the h_d/2 frequencies, not concatenated, gpt-oss), computed once and kept by every layer's
   rotary product (one storage each); ``rope_sets_by_window``: one pair per kind of layer on the rank (Gemma-3:
@@ -31,6 +32,7 @@ from trainmath.model.spec import AttentionDims, MLADims, ModelSpec, TensorSpec
 from trainmath.ops.context import FP32, INT64, Ctx
 from trainmath.ops.families import Style
 from trainmath.ops.ir import Axis, Program, Tensor
+from trainmath.ops.kernels.dropout import dropout
 from trainmath.ops.kernels.linear import cast, gather_seq, linear
 from trainmath.ops.kernels.norms import norm
 
@@ -64,6 +66,7 @@ def embedding_ops(ctx: Ctx, style: Style) -> Program:
         scale = Tensor(name="embed_scale", axes=(), dtype_bytes=ctx.p.param,
                        note="sqrt(d) as a 0-dim tensor in the embedding dtype, saved by the scaling product")
         prog.emit("mul", "embed_scale", inputs=(h, scale), saved=(scale,))
+    dropout(prog, ctx, h, ctx.family.embedding_dropout, "embedding.dropout")
     return prog
 
 
