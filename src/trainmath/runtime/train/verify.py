@@ -120,7 +120,8 @@ def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> d
     # count_flops' "selective" is Korthikanti's (the attention core again); the runtime's is torchtitan's op-level
     # policy: SDPA cached, every second mm (and each biased linear) recomputed (ops.selective)
     flops = count_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq,
-                        recompute="none" if cfg.recompute == "selective" else cfg.recompute)
+                        recompute="none" if cfg.recompute == "selective" else cfg.recompute,
+                        checkpoint="torch")  # transformers' gradient checkpointing: torch's, stopping early
     core = sum(part.flat()["attention_core"] for part in (flops.forward, flops.backward, flops.recomputed))
     gemm = flops.training_flops - core
     if cfg.recompute == "selective":
