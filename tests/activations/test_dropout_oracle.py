@@ -118,3 +118,15 @@ def test_gpt2_step_peak_with_dropout(precision):
     r = training_memory(spec, TrainingSetup(micro_batch=2, seq=64, precision=precision, device="cpu",
                                             optimizer_impl="foreach"))
     assert 0 <= peak - r.peak_bytes <= 4, (r.stages[0].phase, peak, r.peak_bytes)
+
+
+@pytest.mark.parametrize("model_type,extra", [("qwen3", {}), ("gpt2", DROP["gpt2"])])
+def test_one_sequence_keeps_padded_labels(model_type, extra, monkeypatch):
+    """b = 1: ``labels[..., 1:]`` of the padded (1, s + 1) labels is contiguous, so nll_loss keeps the padded
+    storage, 8 bytes more than the (b, s) labels a b > 1 batch copies (``ops.model.head_ops``)."""
+    monkeypatch.setattr(hf, "B", 1)
+    cfg, model = hf._model(model_type, "sdpa", extra)
+    spec = spec_from_config(cfg.to_dict(), name="tiny", source="test")
+    head = logits_bytes(spec, 1, hf.S, compute_dtype_bytes=4, param_dtype_bytes=4)
+    assert {n.name: n.value for n in head.child("saved").children}["labels_pad"] == 8
+    assert _predict(cfg, "fp32", "sdpa") == hf._measure(model, "fp32")

@@ -331,7 +331,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         else:  # a one-number logits model: the logits alone
             logits = tree.value
         logits += 4  # the fp32 loss scalar, held with the logits by the output
-        loss_freed = sum(n.value for n in leaves if n.name in ("labels", "total_weight")) - 4
+        loss_freed = sum(n.value for n in leaves if n.name in ("labels", "labels_pad", "total_weight")) - 4
         up4, ce = loss_transients(spec, setup, layout)
         up = up_leaf if _mentions(tree, "log_softmax") else up4
         if prec.compute_bytes == 4 and setup.profile == "hf":

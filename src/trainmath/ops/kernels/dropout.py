@@ -11,7 +11,8 @@ it changes the attention kernels. Derived from ATen's ``native/Dropout.cpp`` and
   ``check_for_dropout``), so the math fallback runs (``_scaled_dot_product_attention_math``): in fp32 whatever the
   dtype (bf16/fp16 inputs are upcast), it keeps the scaled query, the scaled transposed key and the value (4·T·q
   each, h heads), the softmax (4·b·h·s²), the dropout's noise and its output (4·b·h·s² each); its output is cast
-  back to the compute dtype.
+  back to the compute dtype. The value is a copy unless the model is fp32 with as many key as query heads and one
+  sequence: then bmm's (b·h, s, h_d) reshape of it is a view, which keeps its base (a fused projection whole).
 
 Sharding: what the input has (the mask or noise has the input's axes).
 """
@@ -48,7 +49,11 @@ def sdpa_math_dropout(prog: Program, ctx: Ctx, q: Tensor, k: Tensor, v: Tensor, 
              tensor("sdpa_math.key_scaled", o_axes, FP32, "transposed key (fp32, h heads) times sqrt(scale)"),
              tensor("sdpa_math.softmax_fp32", scores, FP32, "kept by _safe_softmax")]
     probs = dropout(prog, ctx, saved[-1], p, "sdpa_math.dropout")
-    saved += [probs, tensor("sdpa_math.value", o_axes, FP32, "fp32, h heads, as the second bmm reads it")]
+    if ctx.p.compute == FP32 and ctx.b == 1 and v.axes[2].size == o_axes[2].size:
+        value = v  # no upcast, no repeat, and with one sequence bmm's (b·h, s, h_d) reshape is a view
+    else:
+        value = tensor("sdpa_math.value", o_axes, FP32, "fp32, h heads, as the second bmm reads it")
+    saved += [probs, value]
     out = tensor("sdpa_math.output", o_axes, ctx.p.compute, "cast back to the compute dtype")
     prog.emit("attention", "sdpa_math", inputs=(q, k, v), outputs=(out,), saved=saved, kernel="sdpa_math",
               note=f"dropout p={p} on the CPU: no fused kernel")
