@@ -208,9 +208,10 @@ def test_cli_tp_prints_per_rank_figures(capsys):
     assert code == 0 and err == ""
     assert "dp=1 tp=2 pp=1 cp=1 ep=1 sp=False zero=0  (2 GPUs)" in out
     assert "embedding, LM head and loss whole on every rank" in out
-    # bf16 activations + the head's saved tensors of one rank (benchmarks/per_rank.py), the logits and the loss
-    assert "saved for backward on this rank at 'forward: loss': 24,579,096,584 bytes" in out
-    assert 24_579_096_584 == 23_334_436_868 + 2 * 4096 * 151936 + 4
+    # bf16 activations + the head's saved tensors of one rank (benchmarks/per_rank.py), the logits and the loss;
+    # one sequence: the padded labels' 8 bytes (ops.model.head_ops)
+    assert "saved for backward on this rank at 'forward: loss': 24,579,096,592 bytes" in out
+    assert 24_579_096_592 == 23_334_436_868 + 2 * 4096 * 151936 + 4 + 8
     code, out, _ = _cli(capsys, "Qwen/Qwen3-8B", "--micro-batch", "1", "--seq", "4096", "--tp", "2", "--sp",
                         "--vocab-parallel", "--json")
     d = json.loads(out)

@@ -30,14 +30,22 @@ PINNED = {
 }
 
 
+DROPOUT = ("bigcode/starcoder2-7b", "openai-community/gpt2")
+"""Catalog configs with dropout 0.1 (the pins above predate dropout): on CUDA (the default device) each layer's two
+residual dropouts and the embedding's keep a bool (T, d) mask; the attention's dropout adds nothing to SDPA's
+fused kernels (``ops.kernels.dropout``)."""
+
+
 @pytest.mark.parametrize("model", sorted(PINNED))
 def test_catalog_pinned(model):
     spec = load_spec(model)
+    masks = (2 * spec.num_layers + 1) * 128 * spec.hidden_size if model in DROPOUT else 0
     for (c, p), (act, head) in zip(PREC, PINNED[model]):
         a = activation_bytes(spec, micro_batch=1, seq=128, compute_dtype_bytes=c, param_dtype_bytes=p)
         h = logits_bytes(spec, 1, 128, compute_dtype_bytes=c, param_dtype_bytes=p)
         assert check_sums(a) == [] and check_sums(h) == []
-        assert (a.value, h.child("saved").value) == (act, head)
+        # micro-batch 1: the shifted labels are a view of the padded (1, s + 1) labels (8 bytes more, labels_pad)
+        assert (a.value, h.child("saved").value) == (act + masks, head + 8)
 
 
 def _emit(spec, layer, *, b=2, s=16, c=2, p=2, eager=False):
@@ -84,11 +92,12 @@ def test_gpt2_layer_per_rank_rule_by_rule(c, p):
     """GPT-2 at tp=2 (column-wise c_attn/c_fc, row-wise c_proj): what is inside the tensor-parallel region halves
     (the fused qkv, the attention output and logsumexp per head, the MLP width), the LayerNorms and the Linears'
     inputs stay whole; with sequence parallelism the LayerNorms halve too and each Linear's input is its own
-    all-gathered copy (whole)."""
+    all-gathered copy (whole). GPT-2's default dropouts (0.1) on CUDA: the two residual dropouts keep a bool mask
+    each on the residual stream's axes, as the LayerNorms."""
     spec = _tiny("gpt2")
     layer = spec.layers[0]
     r = p  # residual stream dtype
-    norms = 2 * (r * T * D + 2 * r * T)  # two LayerNorms: input, mean, rstd
+    norms = 2 * (r * T * D + 2 * r * T) + 2 * T * D  # two LayerNorms: input, mean, rstd; two dropout masks
     inputs = 2 * c * T * D  # c_attn's and c_fc's input (the norm outputs, or their casts)
     inside = c * T * 3 * D + c * T * D + 4 * B * H * S + 5 * c * T * F  # qkv, output, lse; c_fc, gelu_new, c_proj
     copies = c * (D * 3 * D + D * D + D * F + F * D) if p > c else 0
@@ -166,7 +175,8 @@ def test_rotary_tables_per_rank():
     assert _leaves(rot) == {"cos": 4 * s * hdo, "sin": 4 * s * hdo}
     gpt2 = activation_bytes(load_spec("openai-community/gpt2"), micro_batch=2, seq=s)
     assert "rotary" not in gpt2.flat()
-    assert _leaves(gpt2.child("embedding")) == {"input_ids": 8 * 2 * s, "position_ids": 8 * s}
+    assert _leaves(gpt2.child("embedding")) == {"input_ids": 8 * 2 * s, "position_ids": 8 * s,
+                                                "embedding.dropout.mask": 2 * s * 768}  # embd_pdrop 0.1, CUDA
 
 
 @pytest.mark.parametrize("model,softcap", [("google/gemma-2-9b", True), ("CohereForAI/aya-23-8B", False)])

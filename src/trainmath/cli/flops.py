@@ -26,6 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "'half' only the causally attended pairs")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
                    help="activation recomputation: none (default), selective (attention core), full (every layer)")
+    p.add_argument("--checkpoint", choices=("megatron", "torch"), default="megatron",
+                   help="what --recompute full runs again: megatron (default) the whole layer forward; torch "
+                        "(transformers' gradient checkpointing) stops before a layer's last Linear when nothing "
+                        "after it saves a tensor")
     p.add_argument("--mamba-chunk", type=count(), default=None,
                    help="Mamba-2 SSD chunk length (default: the config's chunk_size, else transformers' 128)")
     p.add_argument("--gemms", action="store_true", help="also list every GEMM of each layer type")
@@ -43,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.model, strict=args.strict)
     warning = positions_warning(spec, args.seq, "--seq")
     report = count_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal, recompute=args.recompute,
-                         mamba_chunk=args.mamba_chunk)  # None: the config's chunk_size, from the spec
+                         mamba_chunk=args.mamba_chunk,  # None: the config's chunk_size, from the spec
+                         checkpoint=args.checkpoint)
     closed = closed_form_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal)
     fwd_bwd = report.forward.value + report.backward.value
     budget = token_budget(report, args.tokens) if args.tokens is not None else None

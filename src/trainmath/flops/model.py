@@ -8,7 +8,10 @@ activation recomputation repeats:
   the embedding lookup has no GEMM in either direction;
 - recompute (``recompute``): ``none``; ``selective`` re-runs the attention core (Q·Kᵀ and P·V) forward, the part
   Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.2) recompute;
-  ``full`` re-runs the forward of every decoder layer (not the LM head), as Megatron-LM's full checkpointing does.
+  ``full`` re-runs the forward of every decoder layer (not the LM head), as Megatron-LM's full checkpointing does
+  (``checkpoint="megatron"``), or as torch's non-reentrant checkpoint does (``checkpoint="torch"``, what
+  transformers' gradient checkpointing runs: it stops before a layer's last Linear when nothing after it saves a
+  tensor; ``trainmath.flops.checkpoint``).
 
 Every GEMM of a decoder layer is a fold over its layer type's op list (``trainmath.ops.flops``, the ops
 ``trainmath memory`` folds too): the linears, the attention core (with the op's window), the depthwise convs and
@@ -29,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
+from trainmath.flops.checkpoint import CHECKPOINT_IMPLS, not_recomputed
 from trainmath.flops.gemm import CAUSAL, Gemm, _module, core_note
 from trainmath.model.spec import LayerSpec, ModelSpec
 from trainmath.ops import flops as op_flops  # the module, not its names: ops.flops imports flops.gemm
@@ -148,10 +152,27 @@ def layer_gemms(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, caus
     return out
 
 
+def _not_recomputed(spec: ModelSpec, layer: LayerSpec, batch: int, seq: int, impl: str, notes: list) -> set[str]:
+    """The layer's GEMMs full recompute skips under ``impl`` (``flops.checkpoint``), read from its op list; none
+    (with a note) for a layer without one."""
+    if impl == "megatron":
+        return set()
+    try:
+        return not_recomputed(layer_ops(spec, layer, batch=batch, seq=seq), impl)
+    except (TrainmathError, KeyError):
+        notes.append(f"{layer.label}: no op list, so the whole layer is counted as recomputed")
+        return set()
+
+
 def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "executed",
-                recompute: str = "none", gdn_chunk: int = 64, mamba_chunk: int | None = None) -> FlopsReport:
-    """GEMM FLOPs of one training step of ``batch`` sequences of ``seq`` tokens (see the module docstring)."""
+                recompute: str = "none", gdn_chunk: int = 64, mamba_chunk: int | None = None,
+                checkpoint: str = "megatron") -> FlopsReport:
+    """GEMM FLOPs of one training step of ``batch`` sequences of ``seq`` tokens (see the module docstring).
+    ``checkpoint``: what ``recompute="full"`` runs again (``flops.checkpoint``): ``megatron`` the whole layer,
+    ``torch`` torch's non-reentrant checkpoint, which stops before the layer's last saving Linear."""
     problems = []
+    if checkpoint not in CHECKPOINT_IMPLS:
+        problems.append(f"checkpoint must be one of {', '.join(CHECKPOINT_IMPLS)}; got {checkpoint!r}")
     if not isinstance(batch, int) or batch < 1:
         problems.append(f"batch must be a positive integer; got {batch!r}")
     if not isinstance(seq, int) or seq < 1:
@@ -189,10 +210,12 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
             if core_note(b.kind) and core_note(b.kind) not in report_notes:
                 report_notes.append(core_note(b.kind))
         layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms)))
+        skip = _not_recomputed(spec, layer, batch, seq, checkpoint, report_notes) if recompute == "full" else set()
         for g in gemms:
             add(fwd, g, len(idx))
             add(bwd, g, len(idx), g.backward_flops)
-            if recompute == "full" or (recompute == "selective" and g.component == "attention_core"):
+            if (recompute == "full" and g.name not in skip) or \
+                    (recompute == "selective" and g.component == "attention_core"):
                 add(rec, g, len(idx))
 
     head = op_flops.linear_gemms_from_ops(head_ops(spec, batch=batch, seq=seq))
@@ -218,7 +241,10 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
         "MoE: top_k routed experts per token (the active experts), router and shared experts on every token",
         f"recompute={recompute}: " + {"none": "no recomputation",
                                       "selective": "attention core forward again (Korthikanti et al. 2022)",
-                                      "full": "forward of every decoder layer again (LM head not)"}[recompute],
+                                      "full": "forward of every decoder layer again (LM head not)"
+                                      + ("" if checkpoint == "megatron" else "; torch's non-reentrant checkpoint "
+                                         "stops early: a layer's last Linear, when nothing after it saves a "
+                                         "tensor, is not run again")}[recompute],
     )
     if any(core_note(k) in report_notes for k in ("linear_attention", "mamba")):
         conventions += (f"linear-attention / Mamba-2 cores: chunked as executed, chunk {gdn_chunk} / {mamba_chunk}, "

@@ -3,9 +3,10 @@
 Two profiles describe two implementations:
 
 - ``hf`` (default): transformers 5.x modeling code with SDPA attention, ``use_cache=False``, no padding mask (SDPA
-  runs ``is_causal`` and native GQA), dropout 0. Every term is one tensor that autograd keeps, found by running the
-  modeling code under ``torch.autograd.graph.saved_tensors_hooks`` and counting distinct storages (parameters
-  excluded); ``tests/activations`` asserts exact equality on tiny models. ``eager`` is the same with
+  runs ``is_causal`` and native GQA), the config's dropouts (GPT-2, StarCoder2; ``ops.kernels.dropout``, by
+  ``device``). Every term is one tensor that autograd keeps, found by running the modeling code under
+  ``torch.autograd.graph.saved_tensors_hooks`` and counting distinct storages (parameters excluded);
+  ``tests/activations`` asserts exact equality on tiny models. ``eager`` is the same with
   ``attn_implementation="eager"`` (the s² softmax is saved).
 - ``megatron``: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. (1)-(2)
   and Table 2: sbh(34 + 5as/h) per layer with TP/SP/selective variants (``trainmath.memory.megatron``).
@@ -44,12 +45,14 @@ from collections.abc import Sequence
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.memory.megatron import activations_megatron, megatron_layer_terms  # noqa: F401  (re-exported)
+from trainmath.model import DROPOUT_OPTIONS
 from trainmath.model.spec import (
     ModelSpec,
 )
 from trainmath.ops import families as op_families
 from trainmath.ops import model as model_ops
 from trainmath.ops.context import (  # noqa: F401
+    DROPOUT_KEYS,
     FP32,
     INT64,
     Ctx,
@@ -82,7 +85,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      param_dtype_bytes: int = 4, experts_hit: int | None = None,
                      norm_topk_prob: bool | None = None, router: Router | None = None,
                      family: Family | None = None, experts: str = "eager", ep: int = 1,
-                     vocab_parallel: bool = False) -> Node:
+                     vocab_parallel: bool = False, device: str = "cuda") -> Node:
     """Bytes saved for backward by one micro-batch on one rank: per layer type (× its layers) → per saved tensor,
     plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin, computed once, shared by all layers).
     The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -102,6 +105,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     qwen2_moe and deepseek_v2, else True). ``router``: the MoE router switches (``Router.from_config``); when
     given it replaces ``norm_topk_prob``; default ``Router(norm_topk_prob=norm_topk_prob)`` (DeepSeek-V3's routing;
     DeepSeek-V2 configs need ``Router.from_config`` for ``topk_method``, worth 1·T·n bytes per MoE layer).
+    ``device``: ``cuda`` or ``cpu``, where the kernels differ in what they keep (dropout: ``ops.kernels.dropout``).
+    Dropout: the config's (``Family``: attention, residual, embedding) where the family's emitters apply them
+    (GPT-2, StarCoder2: ``Style.dropout``); a nonzero dropout of another family is refused in one line.
     Per rank (hf/eager): ``tp``, ``sp``, ``cp``, ``ep`` (and ``vocab_parallel``, which changes nothing here: the
     embedding saves its whole ids either way) are the layout's degrees (``ops.ir.Degrees``); each layer's op list
     is folded on one rank (``ops.fold.layer_node``). The layout is the one the issue defines: ``--tp`` is
@@ -123,6 +129,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     _check("compute_dtype_bytes", compute_dtype_bytes, (2, 4))
     _check("param_dtype_bytes", param_dtype_bytes, (2, 4))
     _check("experts", experts, ("eager", "grouped"))
+    _check("device", device, ("cuda", "cpu"))
     if micro_batch < 1 or seq < 1:
         raise TrainmathError(f"micro_batch ({micro_batch}) and seq ({seq}) must be positive")
     if param_dtype_bytes < compute_dtype_bytes:
@@ -150,11 +157,12 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         norm_topk_prob = Router.from_config(config).norm_topk_prob
     router = router or Router(norm_topk_prob=norm_topk_prob, topk_method=Router.from_config(config).topk_method)
     family = family or Family.from_config(config)
+    _check_dropout(spec, style, family)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     # Style.attention: the kernel transformers picks by default (Gemma-2: eager, as SDPA cannot soft-cap)
     ctx = Ctx(b=b, s=s, d=d, p=p, eager=profile == "eager" or style.attention == "eager", experts=experts,
-              experts_hit=experts_hit, router=router, family=family, degrees=deg)
+              experts_hit=experts_hit, router=router, family=family, degrees=deg, device=device)
     groups = []
     largest: Node | None = None
     selective_transient: Node | None = None
@@ -192,6 +200,18 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     where = "" if deg.single else f", per rank of {_describe(deg)}"
     return Node.of(f"activations ({profile}, recompute={recompute})", kids, "bytes",
                    note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B{where}")
+
+
+def _check_dropout(spec: ModelSpec, style: op_families.Style, family: Family) -> None:
+    """One ``TrainmathError`` for a nonzero training dropout that the family's emitters do not apply."""
+    if style.dropout:
+        return
+    keys = [f"{k}={v}" for k in DROPOUT_OPTIONS if (v := spec.options.get(k))]
+    keys += [f"{k}={getattr(family, k)}" for k in DROPOUT_KEYS if getattr(family, k) and k not in spec.options]
+    if keys:
+        raise TrainmathError(f"{spec.name}: dropout in training ({', '.join(keys)}) is modelled for "
+                             f"{', '.join(n for n, r in op_families.STYLES.items() if r.dropout)} only; set it to 0 in "
+                             f"the config or use --profile megatron")
 
 
 def _describe(deg: Degrees) -> str:

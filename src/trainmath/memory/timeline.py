@@ -128,6 +128,9 @@ class StepInputs:
     """unit → bytes of its unsharded gradients before the reduce-scatter (ZeRO-3), else 0."""
     tied_head: bool
     """The LM head is the embedding (tied, one stage): its gradient appears in the head's backward."""
+    tied_grad: int = 0
+    """Gradient bytes of the tied weight alone on this rank (0: the whole embedding unit is taken as the tied
+    weight's, as under ZeRO-3)."""
     persistent: dict
     """weights, master weights, optimizer states, framework buffers: live the whole step."""
     grads_persist: bool
@@ -232,7 +235,7 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
     if sharded_grads:  # full gradients until their unit's reduce-scatter; the root's until the embedding's
         unit_grads = {k: v for u in flat.values() for k, v in u.full_grads.items()}
     if inp.last:
-        grads += unit_grads.get("head", 0) + (unit_grads.get("embed", 0) if inp.tied_head else 0)
+        grads += unit_grads.get("head", 0) + ((inp.tied_grad or unit_grads.get("embed", 0)) if inp.tied_head else 0)
         ev("backward: head", acts=_acts(inp, kept), grads=grads, gather=first_bwd,
            reduce=inp.unit_full_grads.get("head", 0), logits=inp.head_saved + held, hidden=inp.hidden_grad,
            copies=inp.weight_copies)
@@ -252,18 +255,25 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
            copies=inp.weight_copies, buffers=red)
         if sharded_grads:
             grads -= unit_grads.get(unit, 0)
-    if inp.first:
-        grads += 0 if inp.tied_head else unit_grads.get("embed", 0)
-        red = _flat_reduce(flat["root"]) if sharded_grads else 0
-        # a tied embedding's weight already holds the head's gradient: the embedding's backward makes a second
-        # one and autograd's accumulation their sum, three vocabulary × hidden tensors at once (measured under
-        # MemTracker: "Temp" = 3·V·d at this moment; benchmarks/memory_sim.py --families)
-        tied = 2 * unit_grads.get("embed", 0) if inp.tied_head and not flat else 0
-        ev("backward: embedding", acts=_acts(inp, kept), grads=grads + tied, gather=root,
-           reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad, buffers=red)
     batch = Node.of("activations_bytes", [Node(name="input batch", value=inp.batch, unit="bytes",
                                                note="held by the training loop until the step returns")],
                     "bytes") if inp.first and inp.batch else none
+    if inp.first and inp.tied_head and inp.tied_grad:
+        # a tied embedding's weight already holds the head's gradient: the lookup's backward makes a second one
+        # and autograd's accumulation their sum, three vocabulary × hidden tensors at once. By then every other
+        # embedding gradient exists (a position embedding's) and the lookup's input gradient and what the
+        # embedding kept (position ids, a dropout's mask) are freed: the loop's batch is all that is left
+        # (MemTracker: "Temp" = 3·V·d, no activation but the ids; benchmarks/memory_sim.py --families)
+        grads += unit_grads.get("embed", 0) - inp.tied_grad
+        ev("backward: embedding", acts=batch, grads=grads + 2 * inp.tied_grad, gather=root,
+           reduce=inp.unit_full_grads.get("embed", 0), logits=held)
+    elif inp.first:
+        grads += 0 if inp.tied_head else unit_grads.get("embed", 0)
+        red = _flat_reduce(flat["root"]) if sharded_grads else 0
+        # tied under ZeRO-3: the three V·d tensors counted with the whole root unit, beside the input gradient
+        tied = 2 * unit_grads.get("embed", 0) if inp.tied_head and not flat else 0
+        ev("backward: embedding", acts=_acts(inp, kept), grads=grads + tied, gather=root,
+           reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad, buffers=red)
     if not flat:
         ev("optimizer step", acts=batch, grads=all_grads, logits=held, temps=inp.optimizer_temporaries,
            fp32g=inp.fp32_grad_copies)
@@ -291,6 +301,12 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
     return tuple(events)
 
 
+def tensor_grad_bytes(t, layout: ParallelLayout, prec: Precision, *, granularity: int) -> int:
+    """Gradient bytes one rank holds for the placed tensor ``t`` (its ZeRO-2 shard when gradients are sharded)."""
+    shard, n = st.held_tensors(t, layout, 2)
+    return n * st.alloc_bytes(numel(shard) * prec.grad_bytes, granularity)
+
+
 def unit_bytes(placement: Placement, layout: ParallelLayout, prec: Precision, *, granularity: int) -> tuple[
         dict, dict, dict]:
     """Per unit (``embed``, ``layer.<i>``, ``head``): (gradient bytes held, unsharded parameter bytes under
@@ -300,8 +316,7 @@ def unit_bytes(placement: Placement, layout: ParallelLayout, prec: Precision, *,
     gathered: dict[str, int] = {}
     full_grads: dict[str, int] = {}
     for t in placement.tensors:
-        shard, n = st.held_tensors(t, layout, 2)
-        g = n * st.alloc_bytes(numel(shard) * prec.grad_bytes, granularity)
+        g = tensor_grad_bytes(t, layout, prec, granularity=granularity)
         grads[t.unit] = grads.get(t.unit, 0) + g
         degree = layout.expert_zero_degree if t.expert else layout.zero_degree
         if layout.zero >= 3 and degree > 1:

@@ -297,7 +297,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     kw = dict(micro_batch=setup.micro_batch, seq=setup.seq, profile=profile, attention=setup.attention,
               compute_dtype_bytes=prec.compute_bytes, param_dtype_bytes=prec.weight_bytes, tp=layout.tp,
               sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup),
-              ep=layout.ep, vocab_parallel=layout.vocab_parallel)
+              ep=layout.ep, vocab_parallel=layout.vocab_parallel, device=setup.device)
     act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
     saved, resident, transient = _per_layer(act, spec, pl.layers)
     if setup.recompute in ("full", "selective") and setup.profile == "hf" and spec.model_type != "gpt2":
@@ -332,7 +332,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         else:  # a one-number logits model: the logits alone
             logits = tree.value
         logits += 4  # the fp32 loss scalar, held with the logits by the output
-        loss_freed = sum(n.value for n in leaves if n.name in ("labels", "total_weight")) - 4
+        loss_freed = sum(n.value for n in leaves if n.name in ("labels", "labels_pad", "total_weight")) - 4
         up4, ce = loss_transients(spec, setup, layout)
         up = up_leaf if _mentions(tree, "log_softmax") else up4
         if prec.compute_bytes == 4 and setup.profile == "hf":
@@ -399,7 +399,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         cross_entropy_grads=ce, hidden_grad=tl.hidden_grad_bytes(tokens, spec.hidden_size, residual, layout.tp,
                                                                   layout.sp),
         ffn_transient=ffn, weight_copies=copies, unit_grads=grads, unit_gathered=gathered, unit_full_grads=full_grads,
-        tied_head=layout.pp == 1 and any(t.tied for t in spec.post), persistent=persistent, grads_persist=persist,
+        tied_head=layout.pp == 1 and any(t.tied for t in spec.post), tied_grad=_tied_grad(spec, pl, layout, prec, gran),
+        persistent=persistent, grads_persist=persist,
         optimizer_temporaries=temps, fp32_grad_copies=fp32g, flat=flat, flat_stage=layout.zero if flat else 0,
         fsdp2=fsdp, fsdp2_reshard=layout.zero >= 3,
         positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0)
@@ -432,6 +433,29 @@ def _fp32_router_states(spec: ModelSpec, pl, layout: ParallelLayout, prec, setup
     lo, hi = (st.model_states(routers, layout, p, setup.optimizer, impl=setup.optimizer_impl, granularity=gran,
                               device=setup.device) for p in (prec, get_precision("fp32")))
     return hi.weights_bytes - lo.weights_bytes, hi.optimizer_states_bytes - lo.optimizer_states_bytes
+
+
+def _dropout_text(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, ...]:
+    """The convention line for a config that trains with dropout (hf profile), else nothing."""
+    from trainmath.ops.context import DROPOUT_KEYS, Family
+
+    fam = Family.from_config({**spec.options, "model_type": spec.model_type})
+    probs = [f"{k.removesuffix('_dropout')} {getattr(fam, k)}" for k in DROPOUT_KEYS if getattr(fam, k)]
+    if not probs or setup.profile != "hf":
+        return ()
+    how = ("each keeps its bool mask (native_dropout)" if setup.device == "cuda" else
+           "each keeps its noise in the input's dtype, and SDPA with dropout runs the fp32 math fallback")
+    return (f"dropout in training from the config ({', '.join(probs)}): {how}",)
+
+
+def _tied_grad(spec: ModelSpec, pl, layout: ParallelLayout, prec, gran: int) -> int:
+    """Gradient bytes of the tied embedding weight on this rank (the embedding tensor of the tied head's shape),
+    0 when nothing is tied on one stage, or under ZeRO-3 (FSDP2 reduces the root unit at once)."""
+    shapes = {t.shape for t in spec.post if t.tied}
+    if not shapes or layout.pp > 1 or (layout.zero >= 3 and layout.zero_degree > 1):
+        return 0
+    return sum(tl.tensor_grad_bytes(t, layout, prec, granularity=gran) for t in pl.tensors
+               if t.unit == "embed" and t.spec.shape in shapes)
 
 
 def _event_tree(event: tl.Event, stage: int) -> Node:
@@ -496,7 +520,7 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
         + ("" if experts_path(spec, setup) == setup.experts else
            f"; {spec.model_type}'s grouped path is not modelled: its eager loop is counted (where both are "
            f"modelled, the eager loop saves more)"),
-    )
+    ) + _dropout_text(spec, setup)
     return MemoryReport(model=spec.name, setup=setup, layout=layout, peak_bytes=top.breakdown.value,
                         stage=top.stage, breakdown=top.breakdown, stages=stages,
                         outside_peak={"cuda_context_bytes": None, "allocator_cached_free_bytes": None},

@@ -61,8 +61,12 @@ def spec_from_config(data: dict[str, object], *, name: str, source: str, strict:
                    config_report=report)
 
 
+DROPOUT_OPTIONS = ("attention_dropout", "residual_dropout", "embedding_dropout", "attn_pdrop", "resid_pdrop",
+                   "embd_pdrop", "hidden_dropout")
+"""Training dropout probabilities (transformers' names; GPT-2's ``*_pdrop``; Falcon's ``hidden_dropout``)."""
+
 OPTION_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logit_scale", "norm_topk_prob", "topk_method",
-               "new_decoder_architecture", "use_qk_norm", "attn_temperature_tuning")
+               "new_decoder_architecture", "use_qk_norm", "attn_temperature_tuning", *DROPOUT_OPTIONS)
 
 
 _NUMBER_OPTIONS = ("final_logit_softcapping", "attn_logit_softcapping", "logit_scale")
@@ -79,6 +83,10 @@ def config_options(cfg: ConfigView) -> dict[str, object]:
     for key in _BOOL_OPTIONS:
         if key in out and not isinstance(out[key], bool):
             cfg.invalid.append(f"{key} must be true or false, got {show(out.pop(key))}")
+    for key in DROPOUT_OPTIONS:
+        v = out.get(key)
+        if key in out and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1):
+            cfg.invalid.append(f"{key} must be a probability in [0, 1), got {show(out.pop(key))}")
     if "topk_method" in out and not isinstance(out["topk_method"], str):
         cfg.invalid.append(f"topk_method must be a string, got {show(out.pop('topk_method'))}")
     rope = cfg.data.get("rope_parameters") or cfg.data.get("rope_scaling") or {}

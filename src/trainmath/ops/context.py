@@ -75,6 +75,13 @@ class Family:
     """Llama 4's weightless L2 q/k norm on RoPE layers (config default True; Maverick sets False)."""
     attn_temperature_tuning: bool = True
     """Llama 4's query scaling on no-RoPE layers (config default True)."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention probabilities in training (``attention_dropout``; GPT-2's ``attn_pdrop``)."""
+    residual_dropout: float = 0.0
+    """Dropout on each sub-block's output before its residual add (``residual_dropout``; GPT-2's
+    ``resid_pdrop``)."""
+    embedding_dropout: float = 0.0
+    """Dropout on the embedding output (``embedding_dropout``; GPT-2's ``embd_pdrop``)."""
 
     @classmethod
     def default(cls, model_type: str) -> Family:
@@ -94,7 +101,19 @@ class Family:
                    logit_scale=config.get("logit_scale", base.logit_scale),
                    new_decoder_architecture=config.get("new_decoder_architecture"),
                    use_qk_norm=bool(config.get("use_qk_norm", base.use_qk_norm)),
-                   attn_temperature_tuning=bool(config.get("attn_temperature_tuning", base.attn_temperature_tuning)))
+                   attn_temperature_tuning=bool(config.get("attn_temperature_tuning", base.attn_temperature_tuning)),
+                   **{f: float(_first(config, keys, getattr(base, f))) for f, keys in DROPOUT_KEYS.items()})
+
+
+DROPOUT_KEYS = {"attention_dropout": ("attention_dropout", "attn_pdrop"),
+                "residual_dropout": ("residual_dropout", "resid_pdrop"),
+                "embedding_dropout": ("embedding_dropout", "embd_pdrop")}
+"""``Family`` dropout field → the config keys that set it (transformers' names; GPT-2's second)."""
+
+
+def _first(config: dict, keys: tuple[str, ...], default):
+    """The value of the first of ``keys`` the config sets (not None), else ``default``."""
+    return next((config[k] for k in keys if config.get(k) is not None), default)
 
 
 def config_defaults(model_type: str) -> dict:
@@ -132,6 +151,9 @@ class Ctx:
     family: Family = field(default_factory=Family)
     degrees: Degrees = SINGLE
     """The rank's parallel degrees: read by the folds only."""
+    device: str = "cuda"
+    """Where the step runs, where it changes what is kept (dropout: CUDA's ``native_dropout`` keeps a bool mask,
+    the CPU keeps its scaled noise in the input's dtype and SDPA with dropout takes the math fallback)."""
     gdn_chunk: int = 64
     """Gated DeltaNet's chunk length (``torch_chunk_gated_delta_rule``'s default 64)."""
     mamba_chunk: int | None = None

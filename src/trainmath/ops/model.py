@@ -4,7 +4,8 @@ and the head (final norm, LM head, loss), each driven by the family's ``Style`` 
 
 - Embedding: the token ids (int64, b·s) the lookup keeps; learned positions (``Style.positions == "learned"``,
   GPT-2) keep their (1, s) ids too; Gemma's ``embed_scale`` (``Style.embed_scale``) is a 0-dim sqrt(d) tensor in
-  the embedding dtype, kept by the scaling product.
+  the embedding dtype, kept by the scaling product; ``Family.embedding_dropout`` then keeps its mask or noise
+  (``kernels.dropout``).
 - Rotary: cos and sin, (1, s, rope_dim) in the embedding dtype (``rope_fp32``: fp32 whatever the dtype, OLMo-2;
   ``rope_half``: the h_d/2 frequencies, not concatenated, gpt-oss), computed once and kept by every layer's
   rotary product (one storage each); ``rope_sets_by_window``: one pair per kind of layer on the rank (Gemma-3:
@@ -13,7 +14,9 @@ and the head (final norm, LM head, loss), each driven by the family's ``Style`` 
 - Head: the final norm (``Style.norm``) on the last hidden states, the LM head (its input, its cast under
   autocast, and the autocast cast of its weight), Gemma-2's final soft-capping (the tanh output, c·T·V),
   ``logits.float()`` and ``cross_entropy`` = ``log_softmax`` (keeps its fp32 output, 4·T·V) + ``nll_loss`` (the
-  shifted labels, int64 T: padded, not sliced, so all T positions count; and its fp32 total_weight). Not saved
+  shifted labels, int64 T: padded, not sliced, so all T positions count; with b = 1 ``labels[..., 1:]`` of the
+  padded (1, s + 1) labels is already contiguous, so ``.contiguous()`` returns the view and nll_loss keeps the
+  padded storage, 8 bytes more; and its fp32 total_weight). Not saved
   but alive: the logits in the compute dtype (held by the model output) and, when the compute dtype is not fp32,
   their fp32 upcast, freed once log_softmax has run. Cohere's ``logits * logit_scale`` multiplies by a Python
   float: nothing kept, the product replaces the head output.
@@ -31,6 +34,7 @@ from trainmath.model.spec import AttentionDims, MLADims, ModelSpec, TensorSpec
 from trainmath.ops.context import FP32, INT64, Ctx
 from trainmath.ops.families import Style
 from trainmath.ops.ir import Axis, Program, Tensor
+from trainmath.ops.kernels.dropout import dropout
 from trainmath.ops.kernels.linear import cast, gather_seq, linear
 from trainmath.ops.kernels.norms import norm
 
@@ -64,6 +68,7 @@ def embedding_ops(ctx: Ctx, style: Style) -> Program:
         scale = Tensor(name="embed_scale", axes=(), dtype_bytes=ctx.p.param,
                        note="sqrt(d) as a 0-dim tensor in the embedding dtype, saved by the scaling product")
         prog.emit("mul", "embed_scale", inputs=(h, scale), saved=(scale,))
+    dropout(prog, ctx, h, ctx.family.embedding_dropout, "embedding.dropout")
     return prog
 
 
@@ -133,7 +138,12 @@ def head_ops(ctx: Ctx, spec: ModelSpec, style: Style) -> tuple[Program, list[tup
     prog.emit("loss", "log_softmax", inputs=(up,), outputs=(logp,), saved=(logp,))
     labels = Tensor(name="labels", axes=(Axis(ctx.b), Axis(ctx.s, "seq")), dtype_bytes=INT64)
     total = Tensor(name="total_weight", axes=(), dtype_bytes=FP32)
-    prog.emit("loss", "nll_loss", inputs=(logp, labels), saved=(labels, total))
+    kept = (labels, total)
+    if ctx.b == 1:  # labels[..., 1:] of the (1, s + 1) padded labels is contiguous: a view, not a copy
+        kept += (Tensor(name="labels_pad", axes=(Axis(1),), dtype_bytes=INT64,
+                        note="the pad column: with b = 1 the shifted labels are a view of the padded (1, s + 1) "
+                             "storage"),)
+    prog.emit("loss", "nll_loss", inputs=(logp, labels), saved=kept)
     held = [("logits", logits, note)]
     if up is not logits:
         held.append(("logits_fp32 (transient)", up, up.note))

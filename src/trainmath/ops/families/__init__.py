@@ -56,6 +56,8 @@ class Style:
     """The routing weights are the renormalised fp32 top-k values, always renormalised (Mixtral)."""
     experts_grouped: bool = True
     """transformers' ``grouped_mm`` expert path is modelled (else only the eager loop is)."""
+    dropout: bool = False
+    """The emitters apply the config's dropouts (``context.Family``); a family without it refuses a nonzero one."""
     config_defaults: tuple[tuple[str, object], ...] = ()
     """transformers 5.24's config-class defaults of the switches that change what is saved but no parameter
     (``context.Family``, ``context.Router``), used where a config omits them."""
@@ -75,8 +77,9 @@ STYLES: dict[str, Style] = {
                     config_defaults=(("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0))),
     "gemma3_text": Style(norm="gemma", act="gelu_tanh", embed_scale=True, rope_sets_by_window=True),
     "cohere": Style(norm="cohere", rotary="interleaved_fp32", config_defaults=(("logit_scale", 0.0625),)),
-    "starcoder2": Style(norm="layer", act="gelu_tanh"),
-    "gpt2": Style(norm="layer", act="gelu_new", rotary="none", positions="learned"),
+    "starcoder2": Style(norm="layer", act="gelu_tanh", dropout=True),
+    "gpt2": Style(norm="layer", act="gelu_new", rotary="none", positions="learned", dropout=True,
+                  config_defaults=(("attention_dropout", 0.1), ("residual_dropout", 0.1), ("embedding_dropout", 0.1))),
     "falcon": Style(norm="layer", act="gelu"),
     "deepseek_v2": Style(positions="freqs_cis", router="softmax_greedy", router_fp32=True,
                          config_defaults=(("norm_topk_prob", False), ("topk_method", "greedy"))),

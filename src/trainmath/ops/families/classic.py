@@ -1,6 +1,7 @@
 """LayerNorm families with plain (non-gated) MLPs: StarCoder2, GPT-2 and Falcon. Derived from transformers
-5.24's modeling code, checked by ``tests/activations``. Dropouts are assumed 0 (nonzero dropout adds a mask and
-an output per dropout, not modelled); biases keep nothing."""
+5.24's modeling code, checked by ``tests/activations``. Biases keep nothing. GPT-2 and StarCoder2 apply the
+config's dropouts (``Family``: on the embedding, the attention probabilities and each sub-block's output before
+its residual add; what each keeps: ``kernels.dropout``); Falcon's are not modelled (``Style.dropout``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from trainmath.model.spec import LayerSpec, MLPDims
 from trainmath.ops.context import Ctx
 from trainmath.ops.families import LAYERS, Style
 from trainmath.ops.families.dense import blocks, residual
-from trainmath.ops.ir import Program
+from trainmath.ops.ir import Program, Tensor
 from trainmath.ops.kernels.attention import find, gqa_attention
+from trainmath.ops.kernels.dropout import dropout
 from trainmath.ops.kernels.fused_attention import fused_attention
+from trainmath.ops.kernels.linear import reduce_seq
 from trainmath.ops.kernels.mlp import plain_mlp
 from trainmath.ops.kernels.norms import norm
 
@@ -30,16 +33,27 @@ def _norm(prog, ctx, style, nb, name, x):
     return norm(prog, ctx, style.norm, name, x, find(nb, f"{name}.weight"))
 
 
+def _residual_dropout(prog: Program, ctx: Ctx, y: Tensor, p: float, name: str) -> None:
+    """Dropout of a row-parallel Linear's output before the residual add: on the reduced output (the residual
+    stream's axes, cut on the sequence under sequence parallelism)."""
+    if p:
+        dropout(prog, ctx, reduce_seq(prog, ctx, y, name.rsplit(".", 1)[0] + ".out"), p, name)
+
+
 def starcoder2_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> None:
     """StarCoder2: pre-LayerNorm attention with q/k/v/o biases and RoPE, then ``c_proj(gelu_tanh(c_fc(x)))``:
-    c_fc's input, the GELU's input and c_proj's input."""
+    c_fc's input, the GELU's input and c_proj's input. Dropout: ``attention_dropout`` on the probabilities,
+    ``residual_dropout`` after o_proj and after c_proj (``kernels.dropout``)."""
     mixer, ffn, names, nb = _parts(layer)
     if ffn.dims.gated or names != ["input_layernorm", "post_attention_layernorm"]:
         raise TrainmathError(f"layer {layer.label!r} is not a pre-LayerNorm layer with a plain MLP (norms {names})")
+    fam = ctx.family
     h = _norm(prog, ctx, style, nb, "input_layernorm", residual(ctx, "layer.input"))
-    gqa_attention(prog, ctx, mixer, h, rotary=style.rotary)
+    a = gqa_attention(prog, ctx, mixer, h, rotary=style.rotary, dropout_p=fam.attention_dropout)
+    _residual_dropout(prog, ctx, a, fam.residual_dropout, "self_attn.residual_dropout")
     h = _norm(prog, ctx, style, nb, "post_attention_layernorm", residual(ctx, "attention.residual"))
-    plain_mlp(prog, ctx, ffn, h, width=ffn.dims.intermediate, up="c_fc", down="c_proj", act=style.act)
+    m = plain_mlp(prog, ctx, ffn, h, width=ffn.dims.intermediate, up="c_fc", down="c_proj", act=style.act)
+    _residual_dropout(prog, ctx, m, fam.residual_dropout, "mlp.residual_dropout")
 
 
 def gpt2_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> None:
@@ -47,15 +61,19 @@ def gpt2_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> None:
     Linear, its input and under autocast the weight's cast; the bias cast is not kept). The fused ``c_attn``
     output is split into q, k, v views (no rotary: learned positions). Eager attention computes the softmax in
     the scores' dtype (no fp32 upcast). MLP: ``c_proj(gelu_new(c_fc(x)))`` with ``gelu_new`` as Python tensor ops.
-    ``reorder_and_upcast_attn`` is not modelled."""
+    ``reorder_and_upcast_attn`` is not modelled. Dropout: ``attn_pdrop`` on the probabilities, ``resid_pdrop``
+    after each ``c_proj`` (``kernels.dropout``)."""
     mixer, ffn, names, nb = _parts(layer)
     if ffn.dims.gated or names != ["ln_1", "ln_2"]:
         raise TrainmathError(f"layer {layer.label!r} is not a GPT-2 block (norms {names})")
+    fam = ctx.family
     h = _norm(prog, ctx, style, nb, "ln_1", residual(ctx, "layer.input"))
-    fused_attention(prog, ctx, mixer, h, qkv="attn.c_attn", o="attn.c_proj", prefix="attn", rotary=style.rotary,
-                    softmax_fp32=False)
+    a = fused_attention(prog, ctx, mixer, h, qkv="attn.c_attn", o="attn.c_proj", prefix="attn", rotary=style.rotary,
+                        softmax_fp32=False, dropout_p=fam.attention_dropout)
+    _residual_dropout(prog, ctx, a, fam.residual_dropout, "attn.resid_dropout")
     h = _norm(prog, ctx, style, nb, "ln_2", residual(ctx, "attention.residual"))
-    plain_mlp(prog, ctx, ffn, h, width=ffn.dims.intermediate, up="c_fc", down="c_proj", act=style.act)
+    m = plain_mlp(prog, ctx, ffn, h, width=ffn.dims.intermediate, up="c_fc", down="c_proj", act=style.act)
+    _residual_dropout(prog, ctx, m, fam.residual_dropout, "mlp.dropout")
 
 
 FALCON_NORMS = (["ln_attn", "ln_mlp"], ["input_layernorm"], ["input_layernorm", "post_attention_layernorm"])

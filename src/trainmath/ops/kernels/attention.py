@@ -32,6 +32,7 @@ from trainmath.model.spec import AttentionDims, Block, TensorSpec
 from trainmath.ops.cache import kv_cache
 from trainmath.ops.context import FP32, Ctx
 from trainmath.ops.ir import Axis, Program, Tensor, tensor
+from trainmath.ops.kernels.dropout import dropout, sdpa_math_dropout
 from trainmath.ops.kernels.linear import gather_seq, linear
 from trainmath.ops.kernels.norms import norm
 
@@ -59,8 +60,11 @@ def rotary_embed(prog: Program, prefix: str, q: Tensor, k: Tensor, dtype: int, k
 
 def gqa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: str = "rotate_half",
                   qk_norm: str | None = None, qk_norm_kind: str = "rms", softcap: bool = False,
-                  prefix: str = "self_attn") -> Tensor:
-    """Append the attention of ``block`` reading ``x`` (the input norm's output); returns o_proj's output."""
+                  prefix: str = "self_attn", dropout_p: float = 0.0) -> Tensor:
+    """Append the attention of ``block`` reading ``x`` (the input norm's output); returns o_proj's output.
+    ``dropout_p``: dropout on the attention probabilities (``kernels.dropout``: eager keeps its mask or noise and
+    its output instead of the probabilities' cast; SDPA on the CPU takes the math fallback, whose (b, h, s, h_d)
+    output makes o_proj's input a copy)."""
     dims = block.dims
     if not isinstance(dims, AttentionDims):
         raise TrainmathError(f"attention block without AttentionDims: {block.kind}")
@@ -94,7 +98,12 @@ def gqa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: s
         q, k = rotary_embed(prog, prefix, q, k, max(q.dtype_bytes, ctx.p.residual), rotary)
     o_axes = heads_axes(ctx, h, hd)
     at = dict(window=dims.sliding_window, cache=kv_cache(ctx, hkv, hd, dims.v_head_dim))
-    if not ctx.eager:
+    scores = (Axis(b), Axis(h, "tp"), Axis(s, "seq"), Axis(s))
+    if not ctx.eager and dropout_p and ctx.device == "cpu":
+        out = sdpa_math_dropout(prog, ctx, q, k, v, dropout_p, o_axes, scores, **at)
+        o_in = tensor(f"{prefix}.o_proj.input", o_axes, c, "transpose(1, 2).contiguous() copy of the output")
+        prog.emit("copy", "transpose_contiguous", inputs=(out,), outputs=(o_in,))
+    elif not ctx.eager:
         qs = q if q.dtype_bytes == c else tensor("sdpa.query", q.axes, c, "rotary output (its cast under autocast)")
         ks = k if k.dtype_bytes == c else tensor("sdpa.key", k.axes, c)
         out = tensor("sdpa.output", o_axes, c, "also o_proj's input")
@@ -107,14 +116,22 @@ def gqa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: s
                         "contiguous copy: the query (hence the output) is (b, h, s, h_d)")
             prog.emit("copy", "transpose_contiguous", inputs=(out,), outputs=(o_in,))
     else:
-        scores = (Axis(b), Axis(h, "tp"), Axis(s, "seq"), Axis(s))
         saved = [tensor("eager.query", o_axes, c, "contiguous copy for bmm"),
                  tensor("eager.key", o_axes, c, "repeated to h heads")]
         if softcap:
             saved.append(tensor("eager.softcap_tanh", scores, c, "attention logit soft-capping"))
-        saved.append(tensor("eager.softmax_fp32", scores, FP32))
-        if c != FP32:
-            saved.append(tensor("eager.probs", scores, c, "softmax cast to compute dtype"))
+        sm = tensor("eager.softmax_fp32", scores, FP32)
+        saved.append(sm)
+        # softmax(..., dtype=fp32).to(query.dtype) (the rotary output's: fp32 under autocast), the dropout, and
+        # autocast's cast of the probabilities for the bmm when they are still wider than the compute dtype
+        probs = sm if q.dtype_bytes == FP32 else tensor("eager.probs", scores, q.dtype_bytes,
+                                                          "softmax cast to the query's dtype")
+        probs = dropout(prog, ctx, probs, dropout_p, "eager.dropout")
+        if probs.dtype_bytes != c:
+            probs = tensor("eager.probs" if probs is sm else "eager.probs_autocast", scores, c,
+                           "softmax cast to compute dtype")
+        if probs is not sm:
+            saved.append(probs)
         o_in = tensor(f"{prefix}.o_proj.input", o_axes, c, "transpose(1, 2).contiguous() of the output")
         saved += [tensor("eager.value", o_axes, c, "repeated to h heads"), o_in]
         prog.emit("attention", "eager_attention", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager",

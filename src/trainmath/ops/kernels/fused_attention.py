@@ -32,6 +32,7 @@ from trainmath.ops.cache import kv_cache
 from trainmath.ops.context import FP32, INT64, Ctx
 from trainmath.ops.ir import Axis, Program, Tensor, tensor
 from trainmath.ops.kernels.attention import ROTARY, find, heads_axes, rotary_embed
+from trainmath.ops.kernels.dropout import dropout, sdpa_math_dropout
 from trainmath.ops.kernels.linear import gather_seq, linear
 
 SPLITS = ("view", "index", "broadcast")
@@ -64,9 +65,11 @@ def _split(prog: Program, ctx: Ctx, fused: Tensor, split: str, prefix: str, h: i
 
 def fused_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, qkv: str, o: str, prefix: str,
                     split: str = "view", rotary: str = "none", enable_gqa: bool = True, mask: bool = False,
-                    softmax_fp32: bool = True) -> Tensor:
+                    softmax_fp32: bool = True, dropout_p: float = 0.0) -> Tensor:
     """Append the attention of ``block`` reading ``x`` (its input norm's output) through the fused projection
-    ``qkv`` and the output projection ``o`` (module paths); returns ``o``'s output."""
+    ``qkv`` and the output projection ``o`` (module paths); returns ``o``'s output. ``dropout_p``: dropout on
+    the attention probabilities (``kernels.dropout``: eager keeps its mask or noise and its output instead of the
+    probabilities; SDPA on the CPU takes the math fallback)."""
     dims = block.dims
     if not isinstance(dims, AttentionDims):
         raise TrainmathError(f"attention block without AttentionDims: {block.kind}")
@@ -89,12 +92,18 @@ def fused_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, qkv: st
         saved = [tensor("eager.query", o_axes, c, "contiguous copy for bmm"),
                  tensor("eager.key", o_axes, c, "contiguous copy of the transposed key for bmm"),
                  tensor("eager.softmax", scores, sm, "fp32" if sm == FP32 else "in the scores' dtype")]
-        if sm != c:
-            saved.append(tensor("eager.probs", scores, c, "softmax cast to the compute dtype"))
+        probs = saved[-1] if sm == c else tensor("eager.probs", scores, c, "softmax cast to the compute dtype")
+        probs = dropout(prog, ctx, probs, dropout_p, "eager.dropout")
+        if probs is not saved[-1]:
+            saved.append(probs)
         o_in = tensor(f"{o}.input", o_axes, c, "contiguous copy of the (b, h, s, h_d) output")
         saved += [tensor("eager.value", o_axes, c, "contiguous copy for bmm"), o_in]
         prog.emit("attention", "eager_attention", inputs=(q, k, v), outputs=(o_in,), saved=saved, kernel="eager",
                   **at)
+    elif dropout_p and ctx.device == "cpu":
+        out = sdpa_math_dropout(prog, ctx, q, k, v, dropout_p, o_axes, scores, **at)
+        o_in = tensor(f"{o}.input", o_axes, c, "transpose + reshape copy of the (b, h, s, h_d) output")
+        prog.emit("copy", "transpose_reshape", inputs=(out,), outputs=(o_in,))
     elif key_heads < h and not enable_gqa:
         o_in = tensor(f"{o}.input", o_axes, c, "permute + reshape copy of the (b, h, s, h_d) output")
         saved = [tensor("sdpa_math.query_scaled", o_axes, FP32, "fp32 on CPU"),

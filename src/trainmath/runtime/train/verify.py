@@ -16,7 +16,9 @@ Fields and their tolerances (relative error |measured − predicted| / predicted
   upper bound.
 - ``gemm_flops``: 0 — FLOPs per rank and step of every matmul but the attention core (projections, MLP, LM head;
   forward, backward, recompute); FlopCounterMode counts the same matmuls.
-- ``attention_core_flops``: ``ATTENTION_TOLERANCE`` — the attention kernels (QKᵀ and PV). The calculator counts
+- ``attention_core_flops``: ``ATTENTION_TOLERANCE`` — the attention kernels (QKᵀ and PV); 0 where SDPA takes its
+  math fallback (dropout on the CPU, e.g. GPT-2; fewer key than query heads without ``enable_gqa``), whose two
+  matmuls are in ``gemm_flops``. The calculator counts
   their backward as 2× forward (four GEMMs); torch's SDPA formula for flash attention, whose backward recomputes
   QKᵀ, counts 2.5× (five), so the measured figure is 7/6 of the predicted one without recompute.
 - ``collective_bytes``: 0 — the buffer bytes of each data-parallel collective in one step, per rank
@@ -124,9 +126,12 @@ def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> d
     # count_flops' "selective" is Korthikanti's (the attention core again); the runtime's is torchtitan's op-level
     # policy: SDPA cached, every second mm (and each biased linear) recomputed (ops.selective)
     flops = count_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq,
-                        recompute="none" if cfg.recompute == "selective" else cfg.recompute)
+                        recompute="none" if cfg.recompute == "selective" else cfg.recompute,
+                        checkpoint="torch")  # transformers' gradient checkpointing: torch's, stopping early
     core = sum(part.flat()["attention_core"] for part in (flops.forward, flops.backward, flops.recomputed))
     gemm = flops.training_flops - core
+    if _sdpa_math(spec, batch, cfg.seq, cuda):  # plain matmuls, which FlopCounterMode counts as GEMMs
+        gemm, core = gemm + core, 0
     if cfg.recompute == "selective":
         from trainmath.ops.selective import selective_recompute_flops
 
@@ -136,6 +141,20 @@ def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> d
             "gemm_flops": gemm, "attention_core_flops": core,
             "optimizer_states_bytes_unsharded": whole_states, "breakdown": flat,
             "conventions": list(report.conventions)}
+
+
+def _sdpa_math(spec, batch: int, seq: int, cuda: bool) -> bool:
+    """Whether the run's SDPA takes PyTorch's math fallback (``ops.kernels``: dropout on the CPU, GPT-2's
+    ``attn_pdrop``; fewer key than query heads without ``enable_gqa``, Falcon-7B), read from the op lists as the
+    activation fold names them: its Q·Kᵀ and P·V are ``bmm``s in the GEMM field, the attention core counts 0."""
+    from trainmath.errors import TrainmathError
+    from trainmath.memory.activations import activation_bytes
+
+    try:
+        tree = activation_bytes(spec, micro_batch=batch, seq=seq, device="cuda" if cuda else "cpu")
+    except TrainmathError:
+        return False
+    return any(n.name.startswith("sdpa_math.") for _, n in tree.walk())
 
 
 def _collective_bytes(spec, cfg: TrainConfig, layout: ParallelLayout) -> dict | None:
