@@ -6,8 +6,13 @@ activation recomputation repeats:
 - forward: every GEMM of ``trainmath.flops.gemm`` over every layer, plus the LM head over every token;
 - backward: 2× the forward of every GEMM (input and weight gradients, or both operands for attention);
   the embedding lookup has no GEMM in either direction;
-- recompute (``recompute``): ``none``; ``selective`` re-runs the attention core (Q·Kᵀ and P·V) forward, the part
-  Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.2) recompute;
+- recompute (``recompute``): ``none``; ``selective`` is torchtitan's op-level selective checkpointing as
+  ``trainmath train --recompute selective`` runs it (``trainmath.ops.selective``): the backward re-runs the
+  forward of each layer's ops whose outputs the policy does not cache (every second mm, biased ``addmm``s,
+  ``_grouped_mm`` and ``bmm`` experts, eager attention's and SDPA's math fallback's core, scans), except the
+  layer's last saving linear, where torch's checkpoint stops the recompute (checked against FlopCounterMode in
+  ``tests/flops/test_selective_flops.py``); a family without op lists raises. (Korthikanti et al. 2022's
+  selective recompute, the attention core alone, is the ``megatron`` memory profile's, not counted here.)
   ``full`` re-runs the forward of every decoder layer (not the LM head), as Megatron-LM's full checkpointing does.
 
 The linears' GEMMs are a fold over each layer type's op list (``trainmath.ops.flops``, the ops ``trainmath
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 from trainmath.errors import TrainmathError
 from trainmath.flops.gemm import CAUSAL, Gemm, _module, core_gemms, core_note, linear_gemms
 from trainmath.model.spec import Block, LayerSpec, ModelSpec
-from trainmath.ops import families
+from trainmath.ops import families, selective
 from trainmath.ops.flops import layer_ops, layer_top_k, linear_gemms_from_ops
 from trainmath.tree import Node
 
@@ -122,24 +127,34 @@ def _tree(name: str, per_module: dict[str, dict[str, int]], notes: dict[str, str
     return Node.of(name, comps, "flops")
 
 
-def _op_linears(spec: ModelSpec, layer: LayerSpec, batch: int, seq: int) -> tuple[list[list[Gemm]] | None, str]:
+def _op_linears(spec: ModelSpec, layer: LayerSpec, batch: int, seq: int
+                ) -> tuple[list[list[Gemm]] | None, str, set[int] | None]:
     """The linear GEMMs folded from a layer's op list, grouped by the spec block whose linear tensor each
     multiplies by (in op order within a block), so that a layer lists each block's linears then its core; or
     (None, why) when the family has no op list or its emitter does not model this config (its saved bytes are
-    unknown, e.g. MLA with equal q/k and v head dims): the linears are then counted from the spec's blocks."""
+    unknown, e.g. MLA with equal q/k and v head dims): the linears are then counted from the spec's blocks.
+    Third: the ``id``s of the GEMMs torchtitan's op-level selective checkpointing recomputes (``ops.selective``:
+    the linears whose outputs it does not cache, the attention core unless SDPA's kernel is cached, scans and
+    convolutions), None without an op list."""
     if spec.model_type not in families.LAYERS:
-        return None, ""
+        return None, "", None
     try:
         ops = layer_ops(spec, layer, batch=batch, seq=seq)
     except TrainmathError as e:
-        return None, f"{layer.label}: linears counted from the spec's blocks, as the op list does not model it ({e})"
+        return None, f"{layer.label}: linears counted from the spec's blocks, as the op list does not model it ({e})", \
+            None
     folded = linear_gemms_from_ops(ops, top_k=layer_top_k(layer))
     names = [{_module(t.name) for t in b.tensors if t.kind == "linear"} for b in layer.blocks]
     groups = [[g for g in folded if g.name in mine] for mine in names]
     if any(sum(g.name in mine for mine in names) != 1 for g in folded):
         raise TrainmathError(f"{spec.name} {layer.label}: the op list's linears "
                              f"{sorted(g.name for g in folded)} do not match its blocks' {sorted(set().union(*names))}")
-    return groups, ""
+    again = {id(g) for g, run in zip(folded, selective.recomputed_linears(ops, layer)) if run}
+    return groups, "", again | ({CORE} if selective.core_recomputed(ops) else set())
+
+
+CORE = -1
+"""In ``_op_linears``' recomputed set: the layer's core GEMMs (attention, scans) are recomputed."""
 
 
 def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "executed",
@@ -179,20 +194,26 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
     for layer, idx in spec.layer_groups():
         gemms: list[Gemm] = []
         # the linears as a fold over the layer's op list (``trainmath.ops.flops``), listed by block
-        linears, why = _op_linears(spec, layer, batch, seq)
+        linears, why, again = _op_linears(spec, layer, batch, seq)
         if why:
             report_notes.append(why)
+        if recompute == "selective" and again is None:
+            raise TrainmathError(f"--recompute selective counts torchtitan's op-level policy over the layer's op "
+                                 f"list; {spec.name} ({spec.model_type}) {layer.label} has none"
+                                 + (f" ({why})" if why else "") + ": use --recompute full or none")
         for b in layer.blocks:
             gemms += linear_gemms(b, tokens) if linears is None else linears.pop(0)
-            gemms += core_gemms(b, batch=batch, seq=seq, causal=causal, gdn_chunk=gdn_chunk,
-                                mamba_chunk=mamba_chunk)
+            cores = core_gemms(b, batch=batch, seq=seq, causal=causal, gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk)
+            gemms += cores
+            if again is not None and CORE in again:
+                again |= {id(g) for g in cores}
             if core_note(b.kind) and core_note(b.kind) not in report_notes:
                 report_notes.append(core_note(b.kind))
         layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms)))
         for g in gemms:
             add(fwd, g, len(idx))
             add(bwd, g, len(idx), g.backward_flops)
-            if recompute == "full" or (recompute == "selective" and g.component == "attention_core"):
+            if recompute == "full" or (recompute == "selective" and id(g) in again):
                 add(rec, g, len(idx))
 
     head = linear_gemms(Block(kind="head", tensors=tuple(t for t in spec.post if t.kind == "linear")), tokens)
@@ -217,7 +238,10 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
                                           else "only attended query-key pairs Σ min(i + 1, window)"),
         "MoE: top_k routed experts per token (the active experts), router and shared experts on every token",
         f"recompute={recompute}: " + {"none": "no recomputation",
-                                      "selective": "attention core forward again (Korthikanti et al. 2022)",
+                                      "selective": "torchtitan's op-level policy: the layers' linears whose "
+                                                   "outputs it does not cache (every 2nd mm, biased addmm, grouped "
+                                                   "and bmm experts) and cores not run by SDPA's cached kernel, "
+                                                   "forward again; the layer's last saving linear not (early stop)",
                                       "full": "forward of every decoder layer again (LM head not)"}[recompute],
     )
     if any(core_note(k) in report_notes for k in ("linear_attention", "mamba")):

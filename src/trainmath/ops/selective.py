@@ -174,34 +174,31 @@ def selective_layer(label: str, ops: Sequence[Op], layer: LayerSpec, deg: Degree
             Node.of(label, fresh, "bytes", note="saved by the recomputed forward, beside the cache and input"))
 
 
-def recomputed_linear_flops(ops: Sequence[Op], layer: LayerSpec, *, every_second_mm: bool = True) -> int:
-    """FLOPs the backward's recompute spends on linears: 2·rows·in·out for every linear whose output is not
-    cached (the 2nd, 4th, ... mm, every biased ``addmm``, grouped experts). SDPA's output is cached: no
-    attention-core recompute."""
-    flops = 0
-    for op, keep in _decisions(ops, layer, every_second_mm):
-        if op.kind == "linear" and op.weight is not None and not keep:
-            n = 2
-            for a in op.inputs[0].axes[:-1]:
-                n *= a.size
-            for k in op.weight.shape:
-                n *= k
-            flops += n
-    return flops
+def recomputed_linears(ops: Sequence[Op], layer: LayerSpec, *, every_second_mm: bool = True) -> list[bool]:
+    """Per linear op with a weight, in op order (the GEMMs ``ops.flops.linear_gemms_from_ops`` lists): does the
+    backward's recompute run it? Not when its output is cached (the 1st, 3rd, ... mm), and not when it is the
+    layer's last op that saves anything: torch's non-reentrant checkpoint stops the recompute once it has packed
+    the last tensor backward needs (``torch.utils.checkpoint`` early stop, on by default), and a linear packs its
+    input and weight before it runs (Phi-3's and Qwen2's down_proj, the 4th mm: measured, never recomputed)."""
+    stop = max((i for i, op in enumerate(ops) if op.saved), default=len(ops))
+    while stop > 0 and ops[stop].kind == "linear" and not ops[stop].outputs:
+        stop -= 1  # the second weight of a fused matmul: the stop falls before the matmul
+    return [not keep and i < stop for i, (op, keep) in enumerate(_decisions(ops, layer, every_second_mm))
+            if op.kind == "linear" and op.weight is not None]
+
+
+def core_recomputed(ops: Sequence[Op]) -> bool:
+    """Does the recompute run the layer's attention core again? Not where SDPA's fused kernel is cached; eager
+    attention's and SDPA's math fallback's ``bmm``s are recomputed (a layer without attention: its scans and
+    convolutions are recomputed, none being in the policy's list)."""
+    return not any(op.kind == "attention" and op.kernel in FUSED_ATTENTION for op in ops)
 
 
 def selective_recompute_flops(spec, *, batch: int, seq: int) -> int:
-    """Recomputed linear FLOPs of one micro-batch over all layers (families with op lists; others raise)."""
-    from trainmath.ops import families
-    from trainmath.ops.context import Ctx, Precision
-    from trainmath.ops.ir import Program
+    """Recomputed linear FLOPs of one micro-batch over all layers (``count_flops(recompute="selective")``
+    without its attention-core part; a family without op lists raises)."""
+    from trainmath.flops.model import count_flops
 
     check_family(spec)
-    emit = families.LAYERS[spec.model_type]
-    ctx = Ctx(b=batch, s=seq, d=spec.hidden_size, p=Precision(compute=2, param=2))
-    total = 0
-    for layer, idx in spec.layer_groups():
-        prog = Program()
-        emit(prog, ctx, layer, families.style(spec.model_type))
-        total += len(idx) * recomputed_linear_flops(prog.ops, layer)
-    return total
+    rec = count_flops(spec, batch=batch, seq=seq, recompute="selective").recomputed
+    return rec.value - rec.flat().get("attention_core", 0)
