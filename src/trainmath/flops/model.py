@@ -53,6 +53,9 @@ class LayerGemms:
     label: str
     layers: tuple[int, ...]
     gemms: tuple[Gemm, ...]
+    selective: tuple[bool, ...] = ()
+    """Per GEMM: does torchtitan's op-level selective checkpointing recompute it (``recompute="selective"``'s
+    count, ``ops.selective``); empty for a layer without an op list."""
 
     @property
     def flops_per_layer(self) -> int:
@@ -209,7 +212,8 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
                 again |= {id(g) for g in cores}
             if core_note(b.kind) and core_note(b.kind) not in report_notes:
                 report_notes.append(core_note(b.kind))
-        layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms)))
+        flags = () if again is None else tuple(id(g) in again for g in gemms)
+        layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms), selective=flags))
         for g in gemms:
             add(fwd, g, len(idx))
             add(bwd, g, len(idx), g.backward_flops)
