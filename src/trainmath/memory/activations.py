@@ -92,8 +92,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     ``recompute transient`` (the largest layer's no-recompute bytes). ``selective`` (hf, eager):
     torchtitan's op-level policy as ``trainmath.runtime.checkpointing.apply_selective`` runs it: each layer keeps
     its input and the cached mm/SDPA outputs, and its recompute saves the rest again (``ops.selective``), for
-    every family of the table (each checked against it); the attention masks the layers receive as arguments
-    are the child ``attention mask (checkpoint argument)``. ``megatron``: Korthikanti's selective recompute
+    every family of the table (each checked against it). Under either recompute the attention masks the layers
+    receive as arguments are the child ``attention mask (checkpoint argument)`` (``ops.selective.mask_arguments``). ``megatron``: Korthikanti's selective recompute
     (``activations_megatron``).
 
     ``layers``: indices of the layers on this rank (default: all, or ``pp`` equal stages' first stage).
@@ -182,8 +182,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     rotary, note = model_ops.rotary_ops(ctx, spec, style, indices)
     if rotary.ops:
         kids.append(Node.of("rotary", saved_leaves(rotary.ops, deg), "bytes", note=note))
-    masks = mask_arguments(ctx, spec, style, indices) if recompute == "selective" else []
-    if masks:  # (under full recompute the checkpoints hold the same masks: not modelled there yet)
+    masks = mask_arguments(ctx, spec, style, indices) if recompute in ("selective", "full") else []
+    if masks:  # the checkpoints hold the layers' mask arguments until each layer's backward
         kids.append(Node.of("attention mask (checkpoint argument)", [Node(name=t.name, value=t.nbytes(deg),
                                                                           unit="bytes", note=t.note)
                                                                      for t in masks], "bytes"))
