@@ -47,9 +47,10 @@ def _layers(model):
 def _measure(model, mode, *, checkpoint=False):
     """Bytes of distinct non-parameter storages saved for backward and still held by the graph when the forward
     ends (plus, under checkpointing, the storages each checkpointed layer keeps as its inputs: hidden states,
-    rotary cos/sin and the attention mask where the layer gets one). A node whose output cannot reach the loss (a router's top-k over groups, whose indices are all
-    that is used) is freed with its saved tensors at the end of forward: such tensors are packed but not kept, so
-    each packed tensor is tracked by a weak reference (the graph holds the very object the pack hook returns)."""
+    rotary cos/sin and the attention mask where the layer gets one). A node whose output cannot reach the loss (a
+    router's top-k over groups, whose indices are all that is used) is freed with its saved tensors at the end of
+    forward: such tensors are packed but not kept, so each packed tensor is tracked by a weak reference (the graph
+    holds the very object the pack hook returns)."""
     if mode == "bf16":
         model = model.to(torch.bfloat16)
     model.train()

@@ -93,8 +93,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     torchtitan's op-level policy as ``trainmath.runtime.checkpointing.apply_selective`` runs it: each layer keeps
     its input and the cached mm/SDPA outputs, and its recompute saves the rest again (``ops.selective``), for
     every family of the table (each checked against it). Under either recompute the attention masks the layers
-    receive as arguments are the child ``attention mask (checkpoint argument)`` (``ops.selective.mask_arguments``). ``megatron``: Korthikanti's selective recompute
-    (``activations_megatron``).
+    receive as arguments are the child ``attention mask (checkpoint argument)`` (``ops.selective.
+    mask_arguments``). ``megatron``: Korthikanti's selective recompute (``activations_megatron``).
 
     ``layers``: indices of the layers on this rank (default: all, or ``pp`` equal stages' first stage).
     ``experts_hit``: routed experts that received tokens (only changes the autocast weight copies; default all).
