@@ -14,7 +14,9 @@ observed by wrapping ``create_selective_checkpoint_contexts``), plus the storage
 still alive (embedding, final norm, head and loss: weak references, as ``_measure``). Bytes are per distinct
 storage, parameters excluded. The recompute transient is measured in backward: the storages the recomputed forward
 of each layer packs (``torch.utils.checkpoint._recomputation_hook`` observed the same way), minus those already
-counted (cache entries and inputs), the largest over layers.
+counted (cache entries and inputs) and that the checkpoint stores (``torch.utils.checkpoint`` keeps a recomputed
+tensor only for a holder of the forward still alive: a node that cannot reach the loss died after forward), the
+largest over layers. Layer inputs are the floating, complex (DeepSeek-V2's freqs_cis) and bool (masks) tensors.
 """
 
 from __future__ import annotations
@@ -53,7 +55,13 @@ class Measurement:
     outside_bytes: int = 0
     """Storages packed for backward outside the layers and still alive (not also a layer input or cache entry)."""
     transient_bytes: list = field(default_factory=list)
-    """Per layer, in backward order: new storages its recompute saves for backward."""
+    """Per layer, in backward order: new storages its recompute stores for the layer's backward."""
+    packed_bytes: list = field(default_factory=list)
+    """Per layer, in backward order: new storages its recompute packs, stored or not (the count before the
+    stored-holder rule: a node that cannot reach the loss died after forward with its holders, and what its
+    recomputed op packs is dropped with that op)."""
+    fresh: list = field(default_factory=list)
+    """Per layer, in backward order: (shape, dtype, bytes) of each of those storages, in pack order."""
     kept: list = field(default_factory=list)
 
 
@@ -68,7 +76,7 @@ def _tensors(obj):
             yield from _tensors(o)
 
 
-DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int64: "i64", torch.bool: "bool"}
+DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int64: "i64", torch.bool: "bool", torch.complex64: "c64"}
 
 
 def measure(model, mode: str, ids, **apply_kw) -> Measurement:
@@ -89,7 +97,7 @@ def measure(model, mode: str, ids, **apply_kw) -> Measurement:
     def pre(module, args, kwargs):
         current.append(index[id(module)])
         for t in _tensors((args, kwargs)):
-            if t.is_floating_point() or t.dtype == torch.bool:  # position ids: not an activation (see docstring)
+            if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:  # not the position ids (int64)
                 ptr = t.untyped_storage().data_ptr()
                 if ptr not in params:
                     inputs.setdefault(ptr, (current[-1], t))
@@ -162,14 +170,26 @@ def measure(model, mode: str, ids, **apply_kw) -> Measurement:
     class Observed(real_hook):
         def __init__(self, frame_ref, gid):
             super().__init__(frame_ref, gid)
-            inner, mine = self.pack_hook, {}
+            inner, mine, every = self.pack_hook, {}, {}
             seen_now.append(mine)
+            m.packed_bytes.append(every)
+            shapes = []
+            m.fresh.append(shapes)
 
             def pack_hook(x):
                 ptr = x.untyped_storage().data_ptr()
                 held = ptr in counted and not counted[ptr].expired()
+                # the checkpoint stores x for backward only where the forward's node still holds its holder: a
+                # node that cannot reach the loss (a router's top-k over groups) was freed with its holders when
+                # forward ended, and its recomputed tensors die with the recomputed op
+                frame = frame_ref()
+                i = frame.recomp_counter[gid]
+                stored = i < len(frame.weak_holders) and frame.weak_holders[i]() is not None
                 if ptr not in params and not held:
+                    every[ptr] = x.untyped_storage().nbytes()
+                if stored and ptr not in params and not held and ptr not in mine:
                     mine[ptr] = x.untyped_storage().nbytes()
+                    shapes.append((tuple(x.shape), DTYPE.get(x.dtype, str(x.dtype)), mine[ptr]))
                 return inner(x)
 
             self.pack_hook = pack_hook
@@ -180,4 +200,5 @@ def measure(model, mode: str, ids, **apply_kw) -> Measurement:
     finally:
         ckpt._recomputation_hook = real_hook
     m.transient_bytes = [sum(d.values()) for d in seen_now]
+    m.packed_bytes = [sum(d.values()) for d in m.packed_bytes]
     return m

@@ -46,10 +46,11 @@ def _layers(model):
 
 def _measure(model, mode, *, checkpoint=False):
     """Bytes of distinct non-parameter storages saved for backward and still held by the graph when the forward
-    ends (plus, under checkpointing, the storages each checkpointed layer keeps as its inputs: hidden states and
-    rotary cos/sin). A node whose output cannot reach the loss (a router's top-k over groups, whose indices are all
-    that is used) is freed with its saved tensors at the end of forward: such tensors are packed but not kept, so
-    each packed tensor is tracked by a weak reference (the graph holds the very object the pack hook returns)."""
+    ends (plus, under checkpointing, the storages each checkpointed layer keeps as its inputs: hidden states,
+    rotary cos/sin and the attention mask where the layer gets one). A node whose output cannot reach the loss (a
+    router's top-k over groups, whose indices are all that is used) is freed with its saved tensors at the end of
+    forward: such tensors are packed but not kept, so each packed tensor is tracked by a weak reference (the graph
+    holds the very object the pack hook returns)."""
     if mode == "bf16":
         model = model.to(torch.bfloat16)
     model.train()
@@ -77,6 +78,9 @@ def _measure(model, mode, *, checkpoint=False):
             pe = kwargs.get("position_embeddings", ())  # GPT-2: none
             for t in (pe,) if isinstance(pe, torch.Tensor) else pe:  # DeepSeek-V2: one complex tensor
                 note(t, strong=True)
+            mask = kwargs.get("attention_mask")  # eager attention, Falcon, Llama 4's chunked layers
+            if isinstance(mask, torch.Tensor):
+                note(mask, strong=True)
         hooks = [layer.register_forward_pre_hook(pre, with_kwargs=True) for layer in _layers(model)]
     ids = torch.randint(0, model.config.vocab_size, (B, S), generator=torch.Generator().manual_seed(1))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -27,7 +28,7 @@ def test_fit_margin_and_levers_are_reruns():
     peak = training_memory(SPEC, setup, layout, activation_model=standin).peak_bytes
     assert not v.fits and v.margin_bytes == H100.memory_bytes - peak == 80 * 2**30 - peak
     names = [lv.name for lv in v.levers]
-    assert names[:4] == ["--recompute full", "--zero 1", "--zero 2", "--zero 3"]
+    assert names[:5] == ["--recompute selective", "--recompute full", "--zero 1", "--zero 2", "--zero 3"]
     for lv in v.levers:
         if lv.name == "--zero 3":
             again = training_memory(SPEC, setup, ParallelLayout(dp=8, zero=3), activation_model=standin)
@@ -35,6 +36,21 @@ def test_fit_margin_and_levers_are_reruns():
         if lv.name == "--offload optimizer":
             assert lv.peak_bytes < peak
     assert any(lv.fits for lv in v.levers)
+
+
+def test_selective_lever_is_the_op_level_fold():
+    """From no recompute, the first lever is torchtitan's op-level selective checkpointing (the hf profile's
+    fold, ``ops.selective``), re-run exactly; it lies between no recompute and full recompute."""
+    setup, layout = TrainingSetup(micro_batch=4, seq=8192), ParallelLayout(dp=8, zero=3)
+    v = fit(SPEC, setup, layout, H100)
+    peaks = {r: training_memory(SPEC, replace(setup, recompute=r), layout).peak_bytes
+             for r in ("none", "selective", "full")}
+    lever = {lv.name: lv for lv in v.levers}["--recompute selective"]
+    assert v.peak_bytes == peaks["none"] > H100.memory_bytes
+    assert lever.peak_bytes == peaks["selective"] and lever.fits == (peaks["selective"] <= H100.memory_bytes)
+    assert peaks["full"] < peaks["selective"] < peaks["none"]
+    assert "--recompute selective" not in {lv.name for lv in fit(SPEC, replace(setup, recompute="full"), layout,
+                                                                   H100).levers}
 
 
 def test_fitting_job_has_no_levers():

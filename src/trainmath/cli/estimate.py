@@ -66,7 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dp", type=int, default=None, help="default: GPUs / (tp·pp·cp)")
     p.add_argument("--zero", type=int, default=1, choices=(0, 1, 2, 3), help="ZeRO stage (default 1)")
     p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                   help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
+                        "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
+                        "; timed and counted in HFU the same way; full = every decoder layer")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
     p.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B chunks per pipeline rank")
     p.add_argument("--uneven-stages", action="store_true",

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="attention products: 'executed' counts all s×s as eager attention runs them (default); "
                         "'half' only the causally attended pairs")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
-                   help="activation recomputation: none (default), selective (attention core), full (every layer)")
+                   help="activation recomputation: none (default), selective (torchtitan's op-level policy: "
+                        "the linears it does not cache, every 2nd mm), full (every layer)")
     p.add_argument("--checkpoint", choices=("megatron", "torch"), default="megatron",
                    help="what --recompute full runs again: megatron (default) the whole layer forward; torch "
                         "(transformers' gradient checkpointing) stops before a layer's last Linear when nothing "

@@ -48,7 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
                    help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
                         "parameter shards")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                   help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
+                        "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
+                        "; full = every decoder layer")
     p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     p.add_argument("--profile", choices=("hf", "megatron"), default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")

@@ -6,8 +6,13 @@ activation recomputation repeats:
 - forward: every GEMM of ``trainmath.flops.gemm`` over every layer, plus the LM head over every token;
 - backward: 2× the forward of every GEMM (input and weight gradients, or both operands for attention);
   the embedding lookup has no GEMM in either direction;
-- recompute (``recompute``): ``none``; ``selective`` re-runs the attention core (Q·Kᵀ and P·V) forward, the part
-  Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.2) recompute;
+- recompute (``recompute``): ``none``; ``selective`` is torchtitan's op-level selective checkpointing as
+  ``trainmath train --recompute selective`` runs it (``trainmath.ops.selective``): the backward re-runs the
+  forward of each layer's ops whose outputs the policy does not cache (every second mm, biased ``addmm``s,
+  ``_grouped_mm`` and ``bmm`` experts, eager attention's and SDPA's math fallback's core, scans), except the
+  layer's last saving linear, where torch's checkpoint stops the recompute (checked against FlopCounterMode in
+  ``tests/flops/test_selective_flops.py``). (Korthikanti et al. 2022's selective recompute, the attention core
+  alone, is the ``megatron`` memory profile's, not counted here.)
   ``full`` re-runs the forward of every decoder layer (not the LM head), as Megatron-LM's full checkpointing does
   (``checkpoint="megatron"``), or as torch's non-reentrant checkpoint does (``checkpoint="torch"``, what
   transformers' gradient checkpointing runs: it stops before a layer's last Linear when nothing after it saves a
@@ -36,6 +41,7 @@ from trainmath.flops.checkpoint import CHECKPOINT_IMPLS, not_recomputed
 from trainmath.flops.gemm import CAUSAL, Gemm, _module, core_note
 from trainmath.model.spec import LayerSpec, ModelSpec
 from trainmath.ops import flops as op_flops  # the module, not its names: ops.flops imports flops.gemm
+from trainmath.ops import selective
 from trainmath.ops.emit import head_ops, layer_ops, layer_top_k
 from trainmath.ops.ir import SINGLE, Degrees
 from trainmath.tree import Node
@@ -54,6 +60,9 @@ class LayerGemms:
     label: str
     layers: tuple[int, ...]
     gemms: tuple[Gemm, ...]
+    selective: tuple[bool, ...] = ()
+    """Per GEMM: does torchtitan's op-level selective checkpointing recompute it (``recompute="selective"``'s
+    count, ``ops.selective``); empty for a layer without an op list."""
 
     @property
     def flops_per_layer(self) -> int:
@@ -136,8 +145,18 @@ def layer_gemms(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, caus
     """The forward GEMMs of one layer, folded from its op list (``trainmath.ops.flops``) on one rank of ``deg``,
     listed block by block as the spec orders them: each block's linears (in op order, matched by the weight
     each multiplies by), the mixer's core (attention, conv, scan) after its linears."""
+    return _layer_fold(spec, layer, batch=batch, seq=seq, causal=causal, gdn_chunk=gdn_chunk,
+                       mamba_chunk=mamba_chunk, deg=deg)[0]
+
+
+def _layer_fold(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, causal: str, gdn_chunk: int,
+                mamba_chunk: int | None, deg: Degrees = SINGLE) -> tuple[list[Gemm], tuple[bool, ...]]:
+    """``layer_gemms`` and, per GEMM, whether torchtitan's op-level selective checkpointing recomputes it
+    (``ops.selective``: the linears whose outputs it does not cache, the core unless SDPA's kernel is cached,
+    scans and convolutions)."""
     ops = layer_ops(spec, layer, batch=batch, seq=seq, gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk)
     folded = op_flops.linear_gemms_from_ops(ops, deg, top_k=layer_top_k(layer))
+    again = {id(g) for g, run in zip(folded, selective.recomputed_linears(ops, layer)) if run}
     names = [{_module(t.name) for t in b.tensors if t.kind == "linear"} for b in layer.blocks]
     if any(sum(g.name in mine for mine in names) != 1 for g in folded):
         raise TrainmathError(f"{spec.name} {layer.label}: the op list's linears "
@@ -146,10 +165,12 @@ def layer_gemms(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, caus
     mixer = next((i for i, b in enumerate(layer.blocks) if b.kind in MIXERS), None)
     if core and mixer is None:
         raise TrainmathError(f"{spec.name} {layer.label}: attention or scan ops in a layer without a mixer block")
+    if selective.core_recomputed(ops):
+        again |= {id(g) for g in core}
     out: list[Gemm] = []
     for i, mine in enumerate(names):
         out += [g for g in folded if g.name in mine] + (core if i == mixer else [])
-    return out
+    return out, tuple(id(g) in again for g in out)
 
 
 def _not_recomputed(spec: ModelSpec, layer: LayerSpec, batch: int, seq: int, impl: str, notes: list) -> set[str]:
@@ -204,18 +225,17 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
     layer_types = []
     for layer, idx in spec.layer_groups():
         # every GEMM of the layer as a fold over its op list (``trainmath.ops.flops``), listed by block
-        gemms = layer_gemms(spec, layer, batch=batch, seq=seq, causal=causal, gdn_chunk=gdn_chunk,
-                            mamba_chunk=mamba_chunk)
+        gemms, flags = _layer_fold(spec, layer, batch=batch, seq=seq, causal=causal, gdn_chunk=gdn_chunk,
+                                   mamba_chunk=mamba_chunk)
         for b in layer.blocks:
             if core_note(b.kind) and core_note(b.kind) not in report_notes:
                 report_notes.append(core_note(b.kind))
-        layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms)))
+        layer_types.append(LayerGemms(label=layer.label, layers=tuple(idx), gemms=tuple(gemms), selective=flags))
         skip = _not_recomputed(spec, layer, batch, seq, checkpoint, report_notes) if recompute == "full" else set()
-        for g in gemms:
+        for g, again in zip(gemms, flags):
             add(fwd, g, len(idx))
             add(bwd, g, len(idx), g.backward_flops)
-            if (recompute == "full" and g.name not in skip) or \
-                    (recompute == "selective" and g.component == "attention_core"):
+            if (recompute == "full" and g.name not in skip) or (recompute == "selective" and again):
                 add(rec, g, len(idx))
 
     head = op_flops.linear_gemms_from_ops(head_ops(spec, batch=batch, seq=seq))
@@ -240,7 +260,10 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
                                           else "only attended query-key pairs Σ min(i + 1, window)"),
         "MoE: top_k routed experts per token (the active experts), router and shared experts on every token",
         f"recompute={recompute}: " + {"none": "no recomputation",
-                                      "selective": "attention core forward again (Korthikanti et al. 2022)",
+                                      "selective": "torchtitan's op-level policy: the layers' linears whose "
+                                                   "outputs it does not cache (every 2nd mm, biased addmm, grouped "
+                                                   "and bmm experts) and cores not run by SDPA's cached kernel, "
+                                                   "forward again; the layer's last saving linear not (early stop)",
                                       "full": "forward of every decoder layer again (LM head not)"
                                       + ("" if checkpoint == "megatron" else "; torch's non-reentrant checkpoint "
                                          "stops early: a layer's last Linear, when nothing after it saves a "

@@ -63,7 +63,7 @@ from trainmath.ops.context import (  # noqa: F401
 )
 from trainmath.ops.fold import layer_node, saved_leaves
 from trainmath.ops.ir import Axis, Degrees, Program, Tensor
-from trainmath.ops.selective import check_family, selective_layer
+from trainmath.ops.selective import mask_arguments, selective_layer
 from trainmath.tree import Node, scaled
 
 PROFILES = ("hf", "eager", "megatron")
@@ -95,8 +95,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     ``recompute transient`` (the largest layer's no-recompute bytes). ``selective`` (hf, eager):
     torchtitan's op-level policy as ``trainmath.runtime.checkpointing.apply_selective`` runs it: each layer keeps
     its input and the cached mm/SDPA outputs, and its recompute saves the rest again (``ops.selective``), for
-    the families checked against it (``ops.selective.SELECTIVE_FAMILIES``). ``megatron``: Korthikanti's selective
-    recompute (``activations_megatron``).
+    every family of the table (each checked against it). Under either recompute the attention masks the layers
+    receive as arguments are the child ``attention mask (checkpoint argument)`` (``ops.selective.
+    mask_arguments``). ``megatron``: Korthikanti's selective recompute (``activations_megatron``).
 
     ``layers``: indices of the layers on this rank (default: all, or ``pp`` equal stages' first stage).
     ``experts_hit``: routed experts that received tokens (only changes the autocast weight copies; default all).
@@ -143,8 +144,6 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if profile == "eager" and cp > 1:
         raise TrainmathError(f"--attention eager with --cp {cp} is not modelled: context parallelism (torch's "
                              f"context_parallel, ring attention) runs SDPA; pass --attention sdpa or --cp 1")
-    if recompute == "selective" and spec.model_type in HF_FAMILIES:
-        check_family(spec)
     if spec.model_type not in HF_FAMILIES:
         raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use --profile megatron)")
@@ -191,6 +190,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     rotary, note = model_ops.rotary_ops(ctx, spec, style, indices)
     if rotary.ops:
         kids.append(Node.of("rotary", saved_leaves(rotary.ops, deg), "bytes", note=note))
+    masks = mask_arguments(ctx, spec, style, indices) if recompute in ("selective", "full") else []
+    if masks:  # the checkpoints hold the layers' mask arguments until each layer's backward
+        kids.append(Node.of("attention mask (checkpoint argument)", [Node(name=t.name, value=t.nbytes(deg),
+                                                                          unit="bytes", note=t.note)
+                                                                     for t in masks], "bytes"))
     if recompute == "full" and largest is not None:
         kids.append(Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
                          note="one layer's saved tensors while it is recomputed in backward"))

@@ -6,11 +6,12 @@ the margin is exact bytes, rendered in GiB. The CUDA context and the allocator's
 ``peak_bytes`` at run time and are not in the margin (they are not tensors; see ``training``).
 
 Levers are not guessed: each is the same model re-run with one change to the setup or layout, and its peak is
-reported beside whether it fits. Tried in order: full recompute; each higher ZeRO stage (when data parallelism
-has more than one rank); more data-parallel ranks (×2, ×4, ×8, only with ZeRO ≥ 1, since plain DDP replicates
-everything); tensor parallelism (2, 4, 8, as the layout's other flags give it: plain ``parallelize_module`` unless
-``--sp``/``--vocab-parallel``; impossible degrees, or a family whose hf activation profile is one device only, are
-skipped with the reason); optimizer offload; parameter offload (ZeRO-3).
+reported beside whether it fits. Tried in order: selective recompute (from none: torchtitan's op-level policy
+under the hf profile, Korthikanti et al.'s under megatron); full recompute; each higher ZeRO stage (when data
+parallelism has more than one rank); more data-parallel ranks (×2, ×4, ×8, only with ZeRO ≥ 1, since plain DDP
+replicates everything); tensor parallelism (2, 4, 8, as the layout's other flags give it: plain
+``parallelize_module`` unless ``--sp``/``--vocab-parallel``; impossible degrees, or a family whose hf activation
+profile is one device only, are skipped with the reason); optimizer offload; parameter offload (ZeRO-3).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class Fit:
 def candidate_changes(setup: TrainingSetup, layout: ParallelLayout) -> list[tuple[str, TrainingSetup, ParallelLayout]]:
     """The levers to try, each as (flags, setup, layout)."""
     out: list[tuple[str, TrainingSetup, ParallelLayout]] = []
+    if setup.recompute == "none":  # torchtitan's op-level policy (hf) or Korthikanti's (megatron): lighter first
+        out.append(("--recompute selective", replace(setup, recompute="selective"), layout))
     if setup.recompute != "full":
         out.append(("--recompute full", replace(setup, recompute="full"), layout))
     if layout.zero_degree > 1:

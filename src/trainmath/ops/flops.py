@@ -32,6 +32,7 @@ from trainmath.errors import TrainmathError
 from trainmath.flops.gemm import Gemm, _in_out, _module, attended_pairs
 from trainmath.ops.emit import layer_ops, layer_top_k  # noqa: F401  (the op lists these folds read)
 from trainmath.ops.ir import SINGLE, Degrees, Op
+from trainmath.ops.kernels.scans import UNREACHED
 
 EXPERT_COUNTS = ("active", "executed")
 
@@ -146,9 +147,12 @@ def scan_gemms(op: Op, deg: Degrees = SINGLE) -> list[Gemm]:
 
 
 def core_gemms_from_ops(ops: Iterable[Op], deg: Degrees = SINGLE, *, causal: str = "executed") -> list[Gemm]:
-    """The GEMMs of ``ops`` that are not linears, in op order: attention cores, depthwise convs, chunked scans."""
+    """The GEMMs of ``ops`` that are not linears, in op order: attention cores, depthwise convs, chunked scans
+    (not an ``UNREACHED`` scan op: saved-bytes bookkeeping of a product ``scan_gemms`` already counts)."""
     out: list[Gemm] = []
     for op in ops:
+        if op.kernel == UNREACHED:
+            continue
         if op.kind == "attention":
             out += attention_gemms(op, deg, causal=causal)
         elif op.kind == "conv":

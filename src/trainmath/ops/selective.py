@@ -7,16 +7,22 @@
 then keeps after forward is
 
 - its inputs, held by the checkpoint for the recompute: the residual stream entering it (the rotary cos/sin are
-  shared by every layer and counted once, as under full recompute);
+  shared by every layer and counted once, as under full recompute) and the attention mask transformers passes
+  (``mask_arguments``: eager attention's (b, 1, s, s) masks, Falcon's and Llama 4's bool masks under SDPA);
 - the cache: the output of the 1st, 3rd, 5th, ... bias-free linear in call order (a biased ``nn.Linear``
-  dispatches to ``aten.addmm``, which the policy neither keeps nor counts), and the output and fp32 logsumexp of
-  SDPA's fused kernel (CPU: ``_scaled_dot_product_flash_attention_for_cpu``; CUDA flash the same; eager attention
-  and SDPA's math fallback run ``bmm``s, which are not kept).
+  dispatches to ``aten.addmm``, which the policy neither keeps nor counts; ``_grouped_mm`` and Llama 4's
+  experts' ``bmm`` likewise; gpt-oss's experts run ``x @ W`` then ``+ b``: the mm's own output is cached), and
+  the output and fp32 logsumexp of SDPA's fused kernel (CPU: ``_scaled_dot_product_flash_attention_for_cpu``;
+  CUDA flash the same; eager attention and SDPA's math fallback run ``bmm``s, which are not kept). The mm count
+  follows the module's call order (a Qwen2-MoE shared expert runs before the router: ``families.moe``).
 
 Backward recomputes the layer once more, serving the cached ops from the cache: the recomputed forward saves
 what the layer saves without checkpointing, but the storages that are cached outputs or layer inputs are the
-cached ones, not new. That difference, the largest over layers, is the ``recompute transient``.
-Checked against ``sac_oracle.measure`` in ``tests/activations/test_selective_oracle.py``, exactly.
+cached ones, not new, and the checkpoint stores a recomputed tensor only for a forward node still alive after
+forward (nodes that cannot reach the loss, e.g. the DeepSeek-V3 router's group top-k and masked_fill, died with
+their holders; ``kernels.scans.UNREACHED``). That difference, the largest over layers, is the ``recompute
+transient``. Checked against ``sac_oracle.measure`` in ``tests/activations/test_selective_oracle.py``, exactly,
+for every family of ``ops.families.STYLES``.
 """
 
 from __future__ import annotations
@@ -26,23 +32,25 @@ from collections.abc import Sequence
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import LayerSpec
 from trainmath.ops.fold import saved_storages
-from trainmath.ops.ir import SINGLE, Degrees, Op, Tensor
+from trainmath.ops.ir import SINGLE, Axis, Degrees, Op, Tensor, tensor
+from trainmath.ops.kernels.scans import UNREACHED
 from trainmath.tree import Node
 
 FUSED_ATTENTION = ("sdpa",)
-SELECTIVE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma3_text", "qwen3_moe", "mixtral",
-                      "deepseek_v3")
-"""The families whose selective fold is checked against ``apply_selective`` on transformers' code (every op
-list folds; the others are refused until a test checks them)."""
+"""Attention kernels that run one SDPA op whose outputs the policy keeps (``Op.kernel``)."""
+NOT_MM = ("grouped_mm", "all_tokens")
+"""Linear kernels that run no ``aten.mm``: ``_grouped_mm`` and ``bmm``, which the policy neither keeps nor
+counts."""
 
 
 def check_family(spec) -> None:
-    """One line for a family the fold is not checked for."""
-    if spec.model_type not in SELECTIVE_FAMILIES:
-        raise TrainmathError(f"--recompute selective (torchtitan's op-level policy on transformers' layers) is "
-                             f"checked for {', '.join(SELECTIVE_FAMILIES)} so far; {spec.name} is "
-                             f"{spec.model_type!r}: use --recompute full, or --profile megatron for Korthikanti's")
-"""Attention kernels that run one SDPA op whose outputs the policy keeps (``Op.kernel``)."""
+    """One line for a family without an op list (the hf profile refuses it the same way)."""
+    from trainmath.ops.families import LAYERS
+
+    if spec.model_type not in LAYERS:
+        raise TrainmathError(f"--recompute selective (torchtitan's op-level policy on transformers' layers) folds "
+                             f"the hf profile's op lists; {spec.name} is {spec.model_type!r}, which has none: use "
+                             f"--profile megatron for Korthikanti's selective recompute")
 
 
 def _biases(layer: LayerSpec) -> set[str]:
@@ -51,10 +59,11 @@ def _biases(layer: LayerSpec) -> set[str]:
 
 def runs_mm(op: Op, layer: LayerSpec) -> bool:
     """A linear that dispatches one ``aten.mm``: no bias (with one, ``F.linear`` runs ``aten.addmm``), not
-    ``_grouped_mm`` (transformers' grouped experts), and not the second weight of one fused matmul (an op
-    without outputs: gate and up stored apart, run as one gate_up). The eager experts' loop runs gate_up and down
-    once per hit expert: an even count, so one op each stands for all of them (the parity on entry decides)."""
-    if op.kind != "linear" or op.weight is None or not op.outputs or op.kernel == "grouped_mm":
+    ``_grouped_mm`` (transformers' grouped experts) or ``bmm`` (Llama 4's experts over all tokens), and not the
+    second weight of one fused matmul (an op without outputs: gate and up stored apart, run as one gate_up). The
+    eager experts' loop runs gate_up and down once per hit expert: an even count, so one op each stands for all
+    of them (the parity on entry decides)."""
+    if op.kind != "linear" or op.weight is None or not op.outputs or op.kernel in NOT_MM:
         return False
     stem = op.weight.name[: -len("weight")] if op.weight.name.endswith("weight") else op.weight.name + "."
     return stem + "bias" not in _biases(layer)
@@ -79,11 +88,21 @@ def _decisions(ops: Sequence[Op], layer: LayerSpec, every_second_mm: bool) -> li
     return out
 
 
+def _bias_after_mm(op: Op, layer: LayerSpec) -> bool:
+    """An expert projection written ``x @ W + b`` (gpt-oss: the bias a separate ``*_bias`` parameter): the mm
+    runs bias-free and its output, which the policy caches, is not the biased output the next ops save."""
+    return op.weight.name + "_bias" in _biases(layer)
+
+
 def cached(ops: Sequence[Op], layer: LayerSpec, *, every_second_mm: bool = True) -> list[Tensor]:
     """The tensors the policy caches in one layer, in call order."""
     out: list[Tensor] = []
     for op, keep in _decisions(ops, layer, every_second_mm):
         if not keep:
+            continue
+        if op.kind == "linear" and op.outputs and _bias_after_mm(op, layer):
+            y = op.outputs[0]  # the mm's own output: in the (cast) input's dtype, before the fp32 bias promotes it
+            out.append(tensor(f"{y.name}.mm", y.axes, op.saved[0].dtype_bytes, "the mm's output, before + bias"))
             continue
         out.extend(op.outputs)
         if op.kind == "attention":
@@ -101,6 +120,28 @@ def layer_input(ops: Sequence[Op]) -> Tensor:
             if t.name == "layer.input":
                 return t
     raise TrainmathError("selective checkpointing folds layers whose op list reads 'layer.input'")
+
+
+def mask_arguments(ctx, spec, style, layers: Sequence[int]) -> list[Tensor]:
+    """The attention masks the rank's checkpointed ``layers`` receive as arguments: distinct storages the
+    checkpoints hold until each layer's backward (one per attention kind, shared by the layers of that kind;
+    ``Style.layer_mask``). transformers builds them once per forward (``create_causal_mask`` and its sliding and
+    chunked variants, a mapping per layer type); without checkpointing none is saved."""
+    from trainmath.model.spec import AttentionDims
+
+    windows = [bl.dims.sliding_window for i in layers for bl in spec.layers[i].blocks
+               if isinstance(bl.dims, AttentionDims)]
+    axes = (Axis(ctx.b), Axis(1), Axis(ctx.s, "seq"), Axis(ctx.s))
+    if ctx.eager or style.attention == "eager":
+        return [tensor("attention_mask.sliding" if sliding else "attention_mask", axes, ctx.p.param,
+                       "eager attention's additive (b, 1, s, s) mask in the parameters' dtype, one per attention kind")
+                for sliding in sorted({w is not None for w in windows})]
+    if style.layer_mask == "bool" and windows:
+        return [tensor("attention_mask", (Axis(1), *axes[1:]), 1,
+                       "bool (1, 1, s, s) expanded over the batch, one for all layers")]
+    if style.layer_mask == "bool_chunked" and any(w is not None and w <= ctx.s for w in windows):
+        return [tensor("attention_mask.chunked", axes, 1, "bool (b, 1, s, s) of the chunked layers")]
+    return []
 
 
 def _leaf(t: Tensor, deg: Degrees, note: str = "") -> Node:
@@ -124,41 +165,40 @@ def selective_layer(label: str, ops: Sequence[Op], layer: LayerSpec, deg: Degree
             st = alias[id(st)].storage_on(deg)
         return st
 
+    # the recompute stores a saved tensor only where the forward's node still holds its holder (kernels.scans)
+    dead = {id(t) for op in ops if op.kernel == UNREACHED for t in op.saved}
     fresh = [_leaf(t, deg) if st is t else Node(name=t.name, value=st.nbytes(deg), unit="bytes",
                                                 note=f"a view of {st.name}")
-             for t, st in saved_storages(ops, deg) if id(root(st)) not in held]
+             for t, st in saved_storages(ops, deg) if id(root(st)) not in held and id(t) not in dead]
     return (Node.of(label, kept, "bytes"),
             Node.of(label, fresh, "bytes", note="saved by the recomputed forward, beside the cache and input"))
 
 
-def recomputed_linear_flops(ops: Sequence[Op], layer: LayerSpec, *, every_second_mm: bool = True) -> int:
-    """FLOPs the backward's recompute spends on linears: 2·rows·in·out for every linear whose output is not
-    cached (the 2nd, 4th, ... mm, every biased ``addmm``, grouped experts). SDPA's output is cached: no
-    attention-core recompute."""
-    flops = 0
-    for op, keep in _decisions(ops, layer, every_second_mm):
-        if op.kind == "linear" and op.weight is not None and not keep:
-            n = 2
-            for a in op.inputs[0].axes[:-1]:
-                n *= a.size
-            for k in op.weight.shape:
-                n *= k
-            flops += n
-    return flops
+def recomputed_linears(ops: Sequence[Op], layer: LayerSpec, *, every_second_mm: bool = True) -> list[bool]:
+    """Per linear op with a weight, in op order (the GEMMs ``ops.flops.linear_gemms_from_ops`` lists): does the
+    backward's recompute run it? Not when its output is cached (the 1st, 3rd, ... mm), and not when it is the
+    layer's last op that saves anything: torch's non-reentrant checkpoint stops the recompute once it has packed
+    the last tensor backward needs (``torch.utils.checkpoint`` early stop, on by default), and a linear packs its
+    input and weight before it runs (Phi-3's and Qwen2's down_proj, the 4th mm: measured, never recomputed)."""
+    stop = max((i for i, op in enumerate(ops) if op.saved), default=len(ops))
+    while stop > 0 and ops[stop].kind == "linear" and not ops[stop].outputs:
+        stop -= 1  # the second weight of a fused matmul: the stop falls before the matmul
+    return [not keep and i < stop for i, (op, keep) in enumerate(_decisions(ops, layer, every_second_mm))
+            if op.kind == "linear" and op.weight is not None]
+
+
+def core_recomputed(ops: Sequence[Op]) -> bool:
+    """Does the recompute run the layer's attention core again? Not where SDPA's fused kernel is cached; eager
+    attention's and SDPA's math fallback's ``bmm``s are recomputed (a layer without attention: its scans and
+    convolutions are recomputed, none being in the policy's list)."""
+    return not any(op.kind == "attention" and op.kernel in FUSED_ATTENTION for op in ops)
 
 
 def selective_recompute_flops(spec, *, batch: int, seq: int) -> int:
-    """Recomputed linear FLOPs of one micro-batch over all layers (families with op lists; others raise)."""
-    from trainmath.ops import families
-    from trainmath.ops.context import Ctx, Precision
-    from trainmath.ops.ir import Program
+    """Recomputed linear FLOPs of one micro-batch over all layers (``count_flops(recompute="selective")``
+    without its attention-core part; a family without op lists raises)."""
+    from trainmath.flops.model import count_flops
 
     check_family(spec)
-    emit = families.LAYERS[spec.model_type]
-    ctx = Ctx(b=batch, s=seq, d=spec.hidden_size, p=Precision(compute=2, param=2))
-    total = 0
-    for layer, idx in spec.layer_groups():
-        prog = Program()
-        emit(prog, ctx, layer, families.style(spec.model_type))
-        total += len(idx) * recomputed_linear_flops(prog.ops, layer)
-    return total
+    rec = count_flops(spec, batch=batch, seq=seq, recompute="selective").recomputed
+    return rec.value - rec.flat().get("attention_core", 0)

@@ -20,13 +20,15 @@ by :func:`gemm_time_s`:
 
 A GEMM's backward is two GEMMs of its forward's shape (input and weight gradients). Recomputation repeats the
 forward of what it recomputes: ``full`` every layer (GEMMs, attention and memory-bound ops), ``selective`` the
-attention core (Korthikanti et al. 2022 §5).
+attention core (Korthikanti et al. 2022 §5) with the ``megatron`` profile, torchtitan's op-level policy with
+``hf`` (the GEMMs it does not cache, ``count_flops(recompute="selective")``, and the memory-bound ops).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmath.errors import TrainmathError
 from trainmath.flops import count_flops
 from trainmath.hardware import GPU, Efficiency
 from trainmath.layout import ParallelLayout
@@ -123,15 +125,19 @@ def _gemm_parts(gemms, layout: ParallelLayout, experts: int, gpu: GPU, eff: Effi
 
 def layer_times(spec: ModelSpec, *, micro_batch: int, seq: int, layout: ParallelLayout, gpu: GPU,
                 eff: Efficiency, recompute: str, dtype: str = "bf16", compute_bytes: int = 2,
-                attention: str = "flash") -> tuple[dict[int, LayerTime], LayerTime]:
-    """(layer index → its time, the LM head's time) for one micro-batch of ``micro_batch`` × ``seq`` tokens."""
+                attention: str = "flash", profile: str = "megatron") -> tuple[dict[int, LayerTime], LayerTime]:
+    """(layer index → its time, the LM head's time) for one micro-batch of ``micro_batch`` × ``seq`` tokens.
+    ``profile`` names whose selective recompute is timed: ``megatron`` Korthikanti et al.'s (the attention core),
+    ``hf`` torchtitan's op-level policy (the GEMMs it recomputes, ``LayerGemms.selective``, and every
+    memory-bound op, none being in its save list)."""
     key = ("layers", micro_batch, seq, layout.tp, layout.cp, layout.ep, layout.sp, gpu, eff, recompute, dtype,
-           compute_bytes, attention)
+           compute_bytes, attention, profile)
     return memo(spec, key, lambda: _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype,
-                                                compute_bytes, attention))
+                                                compute_bytes, attention, profile))
 
 
-def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, compute_bytes, attention):
+def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, compute_bytes, attention,
+                 profile="megatron"):
     ledger = _ledger(spec, micro_batch, seq, "half" if attention == "flash" else "executed")
     tokens = micro_batch * seq / layout.cp
     elem_split = layout.tp if layout.sp else 1
@@ -144,6 +150,14 @@ def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, com
         fwd = dense + attn + elem_fwd
         bwd = 2 * dense + (FLASH_BACKWARD_FACTOR if attention == "flash" else 2) * attn + 2 * elem_fwd
         rec = {"none": 0.0, "selective": attn, "full": fwd}[recompute]
+        if recompute == "selective" and profile == "hf":
+            if not lt.selective:
+                raise TrainmathError(f"--recompute selective with the hf profile times torchtitan's op-level "
+                                     f"policy over the op lists; {spec.name} ({spec.model_type}) has none: use "
+                                     f"--profile megatron")
+            again = [g for g, run in zip(lt.gemms, lt.selective) if run]
+            d_sel, a_sel = _gemm_parts(again, layout, experts, gpu, eff, dtype, compute_bytes, attention)
+            rec = d_sel + a_sel + elem_fwd
         t = LayerTime(forward_s=fwd, backward_s=bwd, recompute_s=rec, attention_forward_s=attn)
         for i in lt.layers:
             per_layer[i] = t

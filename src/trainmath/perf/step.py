@@ -44,9 +44,16 @@ def _layer_types(spec: ModelSpec):
     return memo(spec, ("layer_types",), spec.layer_groups)
 
 
-def _flops_per_sequence(spec: ModelSpec, seq: int, causal: str, recompute: str) -> int:
-    return memo(spec, ("flops", seq, causal, recompute),
-                lambda: count_flops(spec, batch=1, seq=seq, causal=causal, recompute=recompute).training_flops)
+def _flops_per_sequence(spec: ModelSpec, seq: int, causal: str, recompute: str, profile: str = "hf") -> int:
+    """Executed FLOPs of one sequence. Selective recompute is the profile's: ``hf`` torchtitan's op-level policy
+    (``count_flops``' own), ``megatron`` Korthikanti et al. 2022 §5's (the attention core forward again)."""
+    def make() -> int:
+        if recompute == "selective" and profile == "megatron":
+            r = count_flops(spec, batch=1, seq=seq, causal=causal)
+            return r.training_flops + r.forward.flat()["attention_core"]
+        return count_flops(spec, batch=1, seq=seq, causal=causal, recompute=recompute).training_flops
+
+    return memo(spec, ("flops", seq, causal, recompute, profile), make)
 
 
 def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tuple[int, int, tuple[int, ...]]:
@@ -102,7 +109,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     M = job.micro_batches(layout.dp)
     per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
                                   recompute=job.recompute, dtype=job.dtype, compute_bytes=c,
-                                  attention=job.attention)
+                                  attention=job.attention, profile=job.profile)
     stages = stage_layers(spec.num_layers, layout.pp)
 
     def stage_time(s: int) -> tuple[float, float, float]:
@@ -213,7 +220,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
 
     n = layout.ranks
     model_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, "none") * job.global_batch
-    hw_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, job.recompute) * job.global_batch
+    hw_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, job.recompute, job.profile) * job.global_batch
     peak = gpu.peak_flops_per_s(job.dtype)
     if peak_bytes is None and memory:
         peak_bytes = memory_peak_bytes(spec, layout, job, M)

@@ -55,11 +55,13 @@ def _saved_inputs_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, layer
     same tensor as the routed experts' gather, so they are left out) and the outputs of its widening GEMMs
     (k < n: column-parallel projections such as gate/up or fused QKV, whose outputs feed the activation function
     or attention, which save them — Korthikanti et al. 2022 §4.1 count them), or only the layer's input under
-    full recomputation. Sharded by cp (tokens) and by tp where tp splits it (the smaller figure when unsure)."""
+    full recomputation and under the hf profile's selective one. Sharded by cp (tokens) and by tp where tp
+    splits it (the smaller figure when unsure)."""
     c = get_precision(job.precision).compute_bytes
     tokens = job.micro_batch * job.seq // layout.cp
     sp = layout.tp if layout.sp else 1
-    if job.recompute == "full":
+    if job.recompute == "full" or (job.recompute == "selective" and job.profile == "hf"):
+        # (torchtitan's op-level policy keeps the layer input and some mm outputs, not every linear's input)
         return tokens * spec.hidden_size * c // sp
     lt = next(t for t in _ledger1(spec, job.seq).layer_types if layer in t.layers)
     seen, total = set(), 0
@@ -103,7 +105,8 @@ def memory_lb(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, rc: st
                 total += n * _saved_inputs_bytes(spec, layout, jb, lt.layers[0])
         return total
 
-    act = memo(spec, ("saved", layout.tp, layout.cp, layout.sp, layout.pp, mb, job.seq, rc, job.precision),
+    act = memo(spec, ("saved", layout.tp, layout.cp, layout.sp, layout.pp, mb, job.seq, rc, job.precision,
+                job.profile),
                first_stage) * in_flight
     return max(worst, states(spec, layout, job, 0) + act)
 
@@ -118,7 +121,8 @@ def time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> f
 
         c = get_precision(job.precision).compute_bytes
         per_layer, head = layer_times(spec, micro_batch=mb, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
-                                      recompute=rc, dtype=job.dtype, compute_bytes=c, attention=job.attention)
+                                      recompute=rc, dtype=job.dtype, compute_bytes=c, attention=job.attention,
+                                      profile=job.profile)
         stages = stage_layers(spec.num_layers, layout.pp)
         topo = Topology.of_gpu(gpu, eff.link_fraction)
         tp_group = placed_group(layout.tp, 1, gpu.gpus_per_node)
@@ -147,7 +151,7 @@ def time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> f
         return compute(busiest) + passes * (n_tp * one_tp + n_moe * one_ep)
 
     key = ("bound", layout.tp, layout.cp, layout.ep, layout.sp, layout.pp, mb, job.seq, rc, job.dtype,
-           job.attention, job.precision, gpu, eff)
+           job.attention, job.precision, gpu, eff, job.profile)
     per_mb = memo(spec, key, make)
     m = job.global_batch // (layout.dp * mb)
     return (m + (layout.pp - 1) / v) * per_mb

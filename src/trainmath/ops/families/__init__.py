@@ -58,6 +58,11 @@ class Style:
     """transformers' ``grouped_mm`` expert path is modelled (else only the eager loop is)."""
     dropout: bool = False
     """The emitters apply the config's dropouts (``context.Family``); a family without it refuses a nonzero one."""
+    layer_mask: str = "eager"
+    """The attention mask each decoder layer receives as an argument (a checkpoint holds it for the recompute).
+    Under eager attention, every family: a (b, 1, s, s) mask in the parameters' dtype per attention kind (sliding,
+    full). Under SDPA: ``eager`` none (the causal path), ``bool`` a bool (1, 1, s, s) mask expanded to b (Falcon),
+    ``bool_chunked`` a bool (b, 1, s, s) mask when a chunked layer's chunk is at most s (Llama 4)."""
     config_defaults: tuple[tuple[str, object], ...] = ()
     """transformers 5.24's config-class defaults of the switches that change what is saved but no parameter
     (``context.Family``, ``context.Router``), used where a config omits them."""
@@ -80,7 +85,7 @@ STYLES: dict[str, Style] = {
     "starcoder2": Style(norm="layer", act="gelu_tanh", dropout=True),
     "gpt2": Style(norm="layer", act="gelu_new", rotary="none", positions="learned", dropout=True,
                   config_defaults=(("attention_dropout", 0.1), ("residual_dropout", 0.1), ("embedding_dropout", 0.1))),
-    "falcon": Style(norm="layer", act="gelu"),
+    "falcon": Style(norm="layer", act="gelu", layer_mask="bool"),
     "deepseek_v2": Style(positions="freqs_cis", router="softmax_greedy", router_fp32=True,
                          config_defaults=(("norm_topk_prob", False), ("topk_method", "greedy"))),
     "deepseek_v3": Style(router="sigmoid_noaux", router_fp32=True),
@@ -89,7 +94,7 @@ STYLES: dict[str, Style] = {
     "gpt_oss": Style(norm="rms_fp32_weight", rope_half=True, attention="eager", router="topk_softmax",
                      experts_grouped=False),
     "llama4_text": Style(positions="freqs_cis", rope_layers="windowed", router="sigmoid_scatter", qk_norm_kind="l2",
-                         experts_grouped=False),
+                         experts_grouped=False, layer_mask="bool_chunked"),
     "qwen3_next": Style(norm="gemma", rotary="rotate_half_cat", experts_grouped=False,
                         config_defaults=(("partial_rotary_factor", 0.25),)),
     "nemotron_h": Style(norm="nemotron", act="relu2", rotary="none", positions="none", router="sigmoid_noaux",

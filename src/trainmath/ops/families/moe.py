@@ -75,13 +75,19 @@ def check_experts_path(ctx: Ctx, model_type: str) -> None:
 
 
 def moe_block(prog: Program, ctx: Ctx, block: Block, h: Tensor, style: Style, *, latent: bool = False) -> None:
-    """The sparse block reading ``h`` (the post-attention norm's output). ``latent`` (Nemotron-H's
-    ``moe_latent_size``, shapes only): the routed experts run between ``fc1_latent_proj`` (d → latent) and
-    ``fc2_latent_proj`` (latent → d) on every token."""
+    """The sparse block reading ``h`` (the post-attention norm's output), in the module's call order: a
+    sigmoid-gated shared expert (Qwen2-MoE, Qwen3-Next) runs first, then the router and the routed experts, then
+    its gate; an ungated one (DeepSeek, GLM-4.5, Nemotron-H) after the routed experts. The order is what
+    selective checkpointing's every-second-mm count sees. ``latent`` (Nemotron-H's ``moe_latent_size``, shapes
+    only): the routed experts run between ``fc1_latent_proj`` (d → latent) and ``fc2_latent_proj`` (latent → d)
+    on every token."""
     dims = block.dims
     if not isinstance(dims, MoEDims):
         raise TrainmathError(f"moe block without MoEDims: {block.kind}")
     xg = gather_seq(prog, h, "mlp.input")
+    sp = shared_prefix(block) if dims.shared_intermediate else None
+    gw = find(block, "shared_expert_gate", "linear") if sp is not None else None
+    out = _shared_mlp(prog, ctx, block, xg, style, sp) if gw is not None else None
     weights, prefix = routing(prog, ctx, block, xg, style)
     k, f = dims.top_k, dims.expert_intermediate
     xe = xg
@@ -94,25 +100,30 @@ def moe_block(prog: Program, ctx: Ctx, block: Block, h: Tensor, style: Style, *,
         eager_experts(prog, ctx, block, xe, weights, k=k, f=f, prefix=f"{prefix}.experts", act="relu2",
                       source_dtype=weights.dtype_bytes)
     if latent:
-        out = Tensor(name=f"{prefix}.experts.output", axes=xe.axes, dtype_bytes=xe.dtype_bytes)
-        linear(prog, ctx, f"{prefix}.fc2_latent_proj", out, Axis(ctx.d), weight=fc2)
-    sp = shared_prefix(block)
-    if not dims.shared_intermediate or sp is None:
+        lat = Tensor(name=f"{prefix}.experts.output", axes=xe.axes, dtype_bytes=xe.dtype_bytes)
+        linear(prog, ctx, f"{prefix}.fc2_latent_proj", lat, Axis(ctx.d), weight=fc2)
+    if sp is None:
         return
+    if gw is None:
+        _shared_mlp(prog, ctx, block, xg, style, sp)
+        return
+    g = linear(prog, ctx, f"{prefix}.shared_expert_gate", xg, Axis(1), weight=gw)
+    sig = Tensor(name=f"{prefix}.shared_expert_gate.sigmoid_out", axes=g.axes, dtype_bytes=g.dtype_bytes,
+                 note="(T, 1), saved by sigmoid and by the product")
+    prog.emit("act", f"{prefix}.shared_expert_gate.sigmoid", inputs=(g,), outputs=(sig,), saved=(sig,),
+              kernel="sigmoid")
+    gated = Tensor(name=f"{sp}.gated_out", axes=out.axes, dtype_bytes=out.dtype_bytes)
+    prog.emit("mul", f"{sp}.gate_mul", inputs=(sig, out), outputs=(gated,), saved=(sig, out))
+
+
+def _shared_mlp(prog: Program, ctx: Ctx, block: Block, xg: Tensor, style: Style, sp: str) -> Tensor:
+    """The shared expert: a gated MLP, or Nemotron-H's relu² one."""
+    dims = block.dims
     if dims.gated:
-        out = gated_mlp(prog, ctx, block, xg, width=dims.shared_intermediate, prefix=sp, act=style.act, gather=False)
-    else:
-        out = plain_mlp(prog, ctx, block, xg, width=dims.shared_intermediate, up="up_proj", down="down_proj",
-                        prefix=sp, act="relu2", gather=False)
-    gw = find(block, "shared_expert_gate", "linear")
-    if gw is not None:
-        g = linear(prog, ctx, f"{prefix}.shared_expert_gate", xg, Axis(1), weight=gw)
-        sig = Tensor(name=f"{prefix}.shared_expert_gate.sigmoid_out", axes=g.axes, dtype_bytes=g.dtype_bytes,
-                     note="(T, 1), saved by sigmoid and by the product")
-        prog.emit("act", f"{prefix}.shared_expert_gate.sigmoid", inputs=(g,), outputs=(sig,), saved=(sig,),
-                  kernel="sigmoid")
-        gated = Tensor(name=f"{sp}.gated_out", axes=out.axes, dtype_bytes=out.dtype_bytes)
-        prog.emit("mul", f"{sp}.gate_mul", inputs=(sig, out), outputs=(gated,), saved=(sig, out))
+        return gated_mlp(prog, ctx, block, xg, width=dims.shared_intermediate, prefix=sp, act=style.act,
+                         gather=False)
+    return plain_mlp(prog, ctx, block, xg, width=dims.shared_intermediate, up="up_proj", down="down_proj",
+                     prefix=sp, act="relu2", gather=False)
 
 
 def ffn(prog: Program, ctx: Ctx, block: Block, h: Tensor, style: Style) -> None:

@@ -38,6 +38,12 @@ def _conv(prog: Program, ctx: Ctx, block: Block, prefix: str, x: Tensor, channel
     return out
 
 
+UNREACHED = "unreached"
+"""The kernel of an op whose output cannot reach the loss but whose saved tensors stay alive after a plain
+forward (measured: Gated DeltaNet's last state update with one chunk, exp(g_last - cumsum) and the chunk decay).
+A checkpoint's recompute does not store them: the forward's nodes, and the holders they owned, are gone."""
+
+
 def gated_deltanet(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: str = "linear_attn") -> Tensor:
     """Qwen3-Next's Gated DeltaNet reading ``x`` (the input norm's output); returns out_proj's output.
 
@@ -86,6 +92,9 @@ def gated_deltanet(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: 
              tensor("gdr.new_values", (*GL, Axis(dv)), FP32), tensor("gdr.k_cumdecay", (*GL, Axis(dk)), FP32),
              tensor("gdr.exp_last_minus_cumsum", GL, FP32, "kept even when N = 1 (measured)"),
              tensor("gdr.chunk_decay", (*G, Axis(N)), FP32, "kept even when N = 1 (measured)")]
+    if N == 1:  # saved only by the final state's update, which cannot reach the loss (no cache): see UNREACHED
+        prog.emit("scan", f"{prefix}.final_state_update", saved=saved[-2:], kernel=UNREACHED)
+        saved = saved[:-2]
     chunk_v, chunk_k, state = (*G, Axis(C), Axis(dv)), (*G, Axis(C), Axis(dk)), (*G, Axis(dk), Axis(dv))
     GLC = (*GL, Axis(C))
     if not ctx.p.autocast:
