@@ -64,6 +64,8 @@ from trainmath.ops.selective import check_family, selective_layer
 from trainmath.tree import Node, scaled
 
 PROFILES = ("hf", "eager", "megatron")
+SCAN_KINDS = {"linear_attention": "Gated DeltaNet", "mamba": "Mamba-2"}
+"""Sequence mixers that context parallelism cannot split (block kind: what the refusal calls it)."""
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = tuple(op_families.STYLES)
 """The families the hf profile models: every row of the family table (each has its layer emitter)."""
@@ -215,6 +217,12 @@ def _degrees(spec: ModelSpec, seq: int, *, tp: int, sp: bool, cp: int, ep: int, 
         if seq % cp:
             bad.append(f"--seq ({seq}) must be a multiple of --cp ({cp}) (context parallelism gives every rank an "
                        f"equal slice); pass --seq {seq - seq % cp or cp}")
+        scans = sorted({b.kind for layer in spec.layers for b in layer.blocks} & set(SCAN_KINDS))
+        if cp > 1 and scans:
+            bad.append(f"--cp {cp} with {' and '.join(SCAN_KINDS[k] for k in scans)} layers is not modelled: torch's "
+                       f"context_parallel splits only SDPA attention (ring attention), and transformers' torch scan "
+                       f"carries its state along the whole sequence, so a rank cannot run its s/cp slice alone; "
+                       f"pass --cp 1")
     if bad:
         raise TrainmathError(f"impossible layout for {spec.name}: " + "; ".join(bad))
     return Degrees(tp=tp, sp=sp, cp=cp, ep=ep, vocab_parallel=vocab_parallel)

@@ -269,11 +269,13 @@ def layout_text(setup: TrainingSetup, layout: ParallelLayout) -> str:
                      + "; measured on gloo ranks for llama, mistral, qwen2, qwen3, derived from the op lists' axes "
                        "for the other families")
     if layout.cp > 1:
-        parts.append(f"cp {layout.cp}: s/cp positions per rank; ring attention keeps the rank's query, its local K/V "
-                     f"chunk, output and logsumexp (K/V rotation buffers are transients, not counted)")
+        parts.append(f"cp {layout.cp}: s/cp positions per rank (and T/cp·k routed rows); ring attention keeps the "
+                     f"rank's query, its local K/V chunk, output and logsumexp (K/V rotation buffers are transients, "
+                     f"not counted)")
     if layout.ep > 1:
-        parts.append(f"ep {layout.ep} (ranks of dp·cp): routed experts / ep per rank; each rank still computes T·k "
-                     f"routed rows (its own micro-batch, balanced routing assumed; all-to-all buffers not counted)")
+        parts.append(f"ep {layout.ep} (ranks of dp·cp): routed experts / ep per rank; each rank still computes the "
+                     f"routed rows of its own tokens (its own micro-batch, balanced routing assumed; all-to-all "
+                     f"buffers not counted)")
     return f"layout {layout.describe()}: " + "; ".join(parts)
 
 
