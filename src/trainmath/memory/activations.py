@@ -116,9 +116,10 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     autocast copies), not the routed rows: expert-parallel ranks are drawn from data parallelism, each brings its
     own micro-batch, and under balanced routing each receives T·k rows for its experts, as on one device (the
     all-to-all buffers are transients). Measured per rank for llama, mistral, qwen2 and qwen3 (2 gloo ranks,
-    ``docs/benchmarks.md``); the other families are folds of their op lists' axes, which assume a plan that splits
-    each head (a fused q/k/v or gate/up projection split per part, not one ``ColwiseParallel`` on the fused
-    weight).
+    ``docs/benchmarks.md``); the other families are folds of their op lists' axes. Refused in one line: ``--tp``
+    for families with fused projections (``Style.fused_projections``: Phi-3, GPT-2, Falcon; one
+    ``ColwiseParallel`` on a fused weight does not split it by heads) and ``--cp`` for Gated DeltaNet / Mamba-2
+    layers (torch's ``context_parallel`` splits only SDPA; the scans carry their state along the sequence).
     """
     _check("profile", profile, PROFILES)
     _check("recompute", recompute, RECOMPUTE)
@@ -217,6 +218,12 @@ def _degrees(spec: ModelSpec, seq: int, *, tp: int, sp: bool, cp: int, ep: int, 
         if seq % cp:
             bad.append(f"--seq ({seq}) must be a multiple of --cp ({cp}) (context parallelism gives every rank an "
                        f"equal slice); pass --seq {seq - seq % cp or cp}")
+        fused = op_families.style(spec.model_type).fused_projections
+        if tp > 1 and fused and spec.model_type in HF_FAMILIES:
+            bad.append(f"--tp {tp} with {spec.model_type}'s fused {' and '.join(fused)} is not modelled: "
+                       f"parallelize_module's column-wise split of a fused weight gives a rank a contiguous slice "
+                       f"of it, not its own heads of q, k and v (or columns of gate and up); pass --tp 1, or "
+                       f"--profile megatron (Megatron-Core lays its fused weights out per head group)")
         scans = sorted({b.kind for layer in spec.layers for b in layer.blocks} & set(SCAN_KINDS))
         if cp > 1 and scans:
             bad.append(f"--cp {cp} with {' and '.join(SCAN_KINDS[k] for k in scans)} layers is not modelled: torch's "

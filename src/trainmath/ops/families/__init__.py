@@ -54,6 +54,11 @@ class Style:
     """The routing weights are the renormalised fp32 top-k values, always renormalised (Mixtral)."""
     experts_grouped: bool = True
     """transformers' ``grouped_mm`` expert path is modelled (else only the eager loop is)."""
+    fused_projections: tuple[str, ...] = ()
+    """Modules that fuse several projections in one weight (q/k/v, gate/up). ``parallelize_module``'s
+    ``ColwiseParallel`` on such a weight gives each rank a contiguous slice of it, not its own heads of q, k and v
+    (or columns of gate and up), so the module's split of the output is wrong: the hf profile refuses ``--tp``
+    for these families (``memory.activations``)."""
     config_defaults: tuple[tuple[str, object], ...] = ()
     """transformers 5.24's config-class defaults of the switches that change what is saved but no parameter
     (``context.Family``, ``context.Router``), used where a config omits them."""
@@ -67,15 +72,15 @@ STYLES: dict[str, Style] = {
     "qwen3_moe": Style(),
     "qwen2_moe": Style(config_defaults=(("norm_topk_prob", False),)),
     "mixtral": Style(fp32_routing=True),
-    "phi3": Style(rotary="rotate_half_cat"),
+    "phi3": Style(rotary="rotate_half_cat", fused_projections=("qkv_proj", "gate_up_proj")),
     "olmo2": Style(norm="rms_fp32_weight", qk_norm="full", rope_fp32=True),
     "gemma2": Style(norm="gemma", act="gelu_tanh", embed_scale=True, attention="eager",
                     config_defaults=(("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0))),
     "gemma3_text": Style(norm="gemma", act="gelu_tanh", embed_scale=True, rope_sets_by_window=True),
     "cohere": Style(norm="cohere", rotary="interleaved_fp32", config_defaults=(("logit_scale", 0.0625),)),
     "starcoder2": Style(norm="layer", act="gelu_tanh"),
-    "gpt2": Style(norm="layer", act="gelu_new", rotary="none", positions="learned"),
-    "falcon": Style(norm="layer", act="gelu"),
+    "gpt2": Style(norm="layer", act="gelu_new", rotary="none", positions="learned", fused_projections=("c_attn",)),
+    "falcon": Style(norm="layer", act="gelu", fused_projections=("query_key_value",)),
     "deepseek_v2": Style(positions="freqs_cis", router="softmax_greedy", router_fp32=True,
                          config_defaults=(("norm_topk_prob", False), ("topk_method", "greedy"))),
     "deepseek_v3": Style(router="sigmoid_noaux", router_fp32=True),
