@@ -276,3 +276,26 @@ def test_apply_tp_refuses_what_it_cannot_split():
         check_tp(cfg, 4)
     with pytest.raises(TrainmathError, match="model_type 'gpt2'"):
         check_tp(type("C", (), {"model_type": "gpt2", "num_attention_heads": 4, "num_key_value_heads": 4})(), 2)
+
+
+def test_measured_families_are_the_plans_families():
+    """The calculator's "measured under TP" list (``ops.families.TP_MEASURED``, printed in the layout line) is the
+    runtime's: every family ``apply_tp`` splits is in TP2 above, and nothing else is called measured."""
+    from trainmath.layout import ParallelLayout
+    from trainmath.memory.training import TrainingSetup, layout_text
+    from trainmath.ops.families import TP_MEASURED
+    from trainmath.runtime.tensor_parallel import FAMILIES
+
+    assert set(TP_MEASURED) == set(FAMILIES) == {c[0].partition(":")[0] for c in TP2}
+    setup, layout = TrainingSetup(micro_batch=1, seq=16), ParallelLayout(tp=2)
+    assert "olmo2: measured equal on gloo ranks" in layout_text(setup, layout, "olmo2")
+    assert "deepseek_v3: derived from the op lists' axes, not measured" in layout_text(setup, layout, "deepseek_v3")
+
+
+def test_cohere_qk_norm_refused():
+    from trainmath.errors import TrainmathError
+    from trainmath.runtime.tensor_parallel import check_tp
+
+    with pytest.raises(TrainmathError, match="cohere with use_qk_norm"):
+        check_tp(tp_oracle.tiny_config("cohere", use_qk_norm=True), 2)
+    check_tp(tp_oracle.tiny_config("cohere"), 2)

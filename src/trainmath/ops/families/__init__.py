@@ -97,6 +97,11 @@ STYLES: dict[str, Style] = {
 }
 """Every family the hf activation profile models, with its columns (transformers 5.24's modeling code)."""
 
+TP_MEASURED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "olmo2", "starcoder2", "cohere")
+"""Families whose per-rank fold under ``--tp``/``--sp``/``--vocab-parallel`` is measured equal, to the byte, to
+what transformers' layers save on 2 gloo ranks under ``trainmath.runtime.tensor_parallel.apply_tp`` (its
+``FAMILIES``; ``tests/memory/test_tp_oracle.py``). Cohere only without ``use_qk_norm``."""
+
 GROUPED_UNMODELLED = tuple(name for name, row in STYLES.items() if not row.experts_grouped)
 """MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is)."""
 
