@@ -10,10 +10,11 @@ oracle measures it), then each layout's measured bytes (both ranks equal, else b
 the fold. SDPA; qwen3_moe with transformers' grouped_mm experts and, as ``qwen3_moe:eager``, the eager loop.
 Run: ``python benchmarks/tp_families.py [family,...]`` (about 3 s a case on two shared cores).
 
-``--full-width``: one catalog model per family at full width, cut to 2 decoder layers (``memory_sim.cut``), b = 1,
-s = 512, bf16 (Gemma-3-1B with 4 KV heads instead of 1), rank 0 of tp = 2 with SP over a fake process group (``trainmath.memory.simulate.simulate``: the
-model built on fake tensors, split by ``apply_tp``, two steps under MemTracker, for-loop AdamW): the simulated
-saved bytes beside the fold, and the simulated peak (less module buffers) beside ``training_memory``'s CPU peak.
+``--full-width``: one catalog model per family at full width, cut to 2 decoder layers (``memory_sim.cut``),
+b = 1, s = 512, bf16 (Gemma-3-1B with 4 KV heads instead of 1), rank 0 of tp = 2 with SP over a fake process
+group (``trainmath.memory.simulate.simulate``: the model built on fake tensors, split by ``apply_tp``, two steps
+under MemTracker, for-loop AdamW): the simulated saved bytes beside the fold, and the simulated peak (less module
+buffers) beside ``training_memory``'s CPU peak.
 """
 
 from __future__ import annotations
