@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "memory"))
 
-FAMILIES = ("gemma3_text", "olmo2", "starcoder2", "cohere", "qwen3_moe", "qwen3_moe:eager")
+FAMILIES = ("gemma3_text", "olmo2", "starcoder2", "cohere", "qwen3_moe", "qwen3_moe:eager", "phi3")
 MODES = ("fp32", "bf16", "autocast")
 LAYOUTS = ((False, False), (False, True), (True, False), (True, True))
 
@@ -46,7 +46,8 @@ def full_width() -> None:
     print("| family | model (2 layers) | saved / rank, simulated (B) | fold (B) | peak − buffers, simulated (B) | "
           "predicted peak (B) | difference | sim s |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for family in ("gemma3_text", "olmo2", "starcoder2", "cohere", "qwen3_moe"):
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    for family in only or ("gemma3_text", "olmo2", "starcoder2", "cohere", "qwen3_moe", "phi3"):
         name = MODELS[family]
         config = cut(resolve(name).config)
         if family == "gemma3_text":  # Gemma-3-1B has one KV head, which tp = 2 cannot split: 4 (its query heads)

@@ -83,14 +83,12 @@ def test_scans_refuse_context_parallelism(model, kind, capsys):
     assert code == 2 and out.out == "" and out.err.count("\n") == 1 and kind in out.err
 
 
-@pytest.mark.parametrize("model, modules", [("microsoft/Phi-3.5-mini-instruct", "qkv_proj and gate_up_proj"),
-                                            ("microsoft/Phi-4-mini-instruct", "qkv_proj and gate_up_proj"),
-                                            ("openai-community/gpt2", "c_attn"),
+@pytest.mark.parametrize("model, modules", [("openai-community/gpt2", "c_attn"),
                                             ("tiiuae/falcon-180B", "query_key_value")])
 def test_fused_projections_refuse_tensor_parallelism(model, modules, capsys):
     """A column-wise split of a fused q/k/v (gate/up) weight is not a split by heads: the hf profile refuses
     ``--tp`` for these families in one line (exit 2) rather than fold a plan nobody runs; tp 1 and the megatron
-    profile still answer."""
+    profile still answer. (Phi-3's fused projections are split per rank by ``apply_tp`` and measured.)"""
     spec = load_spec(model)
     with pytest.raises(TrainmathError, match=f"--tp 2 with {spec.model_type}'s fused {modules} is not modelled"):
         activation_bytes(spec, micro_batch=1, seq=64, tp=2)

@@ -107,12 +107,12 @@ TP2 += [
     ("gemma3_text", "sdpa", "bf16", True, True), ("olmo2", "sdpa", "fp32", False, False),
     ("olmo2", "sdpa", "autocast", True, True), ("starcoder2", "sdpa", "fp32", True, False),
     ("cohere", "sdpa", "bf16", False, True), ("qwen3_moe", "sdpa", "fp32", False, False),
-    ("qwen3_moe:eager", "sdpa", "autocast", True, True),
+    ("qwen3_moe:eager", "sdpa", "autocast", True, True), ("phi3", "sdpa", "fp32", True, True),
 ]
 """Families beyond llama's shape, each under at least two layouts: Gemma-3 (sandwich norms, per-head q/k norms
 on (b, h, s, h_d)), OLMo-2 (q/k norms over the whole projection: ``FeatureShardedNorm``), StarCoder2 (LayerNorms
 with bias, ``c_fc``/``c_proj``), Cohere (one norm feeding attention and MLP), Qwen3-MoE (routed experts split on
-their width, grouped_mm and the eager loop)."""
+their width, grouped_mm and the eager loop), Phi-3 (fused qkv_proj / gate_up_proj, rows interleaved per rank)."""
 PEAK = [("llama", "sdpa", "fp32", False, False), ("qwen3", "sdpa", "bf16", True, True)]
 """Cases whose full step is also measured under MemTracker (for the fake simulation's check)."""
 IDS = ["-".join(str(x) for x in c) for c in TP2]

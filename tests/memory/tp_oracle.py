@@ -30,7 +30,7 @@ BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atten
 NO_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 FAMILY = {
     "gemma3_text": {**NO_IDS, "layer_types": ["sliding_attention", "full_attention"]},
-    "olmo2": NO_IDS, "starcoder2": NO_IDS, "cohere": NO_IDS,
+    "olmo2": NO_IDS, "starcoder2": NO_IDS, "cohere": NO_IDS, "phi3": NO_IDS,
     "qwen3_moe": {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1},
 }
 """Each family's config keys over ``BASE`` (those of ``tests/activations/test_hf_oracle.py``'s cases)."""

@@ -115,11 +115,12 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     the rotation buffers are transients); ``ep`` divides the routed experts a rank holds (n/ep: their weights and
     autocast copies), not the routed rows: expert-parallel ranks are drawn from data parallelism, each brings its
     own micro-batch, and under balanced routing each receives T·k rows for its experts, as on one device (the
-    all-to-all buffers are transients). Measured per rank for llama, mistral, qwen2 and qwen3 (2 gloo ranks,
-    ``docs/benchmarks.md``); the other families are folds of their op lists' axes. Refused in one line: ``--tp``
-    for families with fused projections (``Style.fused_projections``: Phi-3, GPT-2, Falcon; one
-    ``ColwiseParallel`` on a fused weight does not split it by heads) and ``--cp`` for Gated DeltaNet / Mamba-2
-    layers (torch's ``context_parallel`` splits only SDPA; the scans carry their state along the sequence).
+    all-to-all buffers are transients); ``cp`` also divides the routed rows (a rank routes its own T/cp tokens).
+    Measured per rank on 2 gloo ranks for ``ops.families.TP_MEASURED`` (``docs/tensor-parallel.md``); the other
+    families are folds of their op lists' axes. Refused in one line: ``--tp`` for fused projections that no plan
+    here splits by heads (``Style.fused_projections``: GPT-2, Falcon; Phi-3's are interleaved per rank by
+    ``runtime.tensor_parallel.interleave_fused`` and measured) and ``--cp`` for Gated DeltaNet / Mamba-2 layers
+    (torch's ``context_parallel`` splits only SDPA; the scans carry their state along the sequence).
     """
     _check("profile", profile, PROFILES)
     _check("recompute", recompute, RECOMPUTE)

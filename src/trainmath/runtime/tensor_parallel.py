@@ -25,12 +25,16 @@ calling conventions of transformers' modules:
   are re-tied after parallelisation (torchtitan's qwen3 ``parallelize_qwen3``: "Enable weight tying after applying
   parallelisms").
 
-Families: llama, mistral, qwen2 (q/k/v biases are sharded with their weights by ``ColwiseParallel``), qwen3 (per
-head ``q_norm``/``k_norm``: ``SequenceParallel(sequence_dim=2, use_local_output=True)``, torchtitan's qwen3 note
-"QK norms: shard on head dim (dim=2) — independent of SP": the norm's replicated weight sees the rank's own heads,
-so its gradient is reduced over the ranks). MoE: the shared expert of qwen2_moe is column/row split like a dense
-MLP; routed experts are NOT split (left replicated: tensor-parallel routed experts are a different plan,
-torchtitan's ``apply_moe_ep_tp``) — ``apply_tp`` refuses MoE models rather than half-split them.
+Families (``FAMILIES``; the plan of a layer is built from the modules it has, ``_layer_plan``): llama, mistral,
+qwen2 (q/k/v biases are sharded with their weights by ``ColwiseParallel``), qwen3 and qwen3_moe (per head
+``q_norm``/``k_norm``: ``SequenceParallel(sequence_dim=2, use_local_output=True)``, torchtitan's qwen3 note "QK
+norms: shard on head dim (dim=2) — independent of SP": the norm's replicated weight sees the rank's own heads, so
+its gradient is a ``Partial`` DTensor that the optimizer's update reduces), gemma3_text (the same on (b, h, s, h_d),
+``sequence_dim=1``; four sandwich norms), olmo2 (q/k norms over the whole projection: ``feature_sharded_norm``),
+starcoder2 (``c_fc``/``c_proj``, LayerNorms with bias), cohere (one norm feeding attention and MLP; not with
+``use_qk_norm``), phi3 (fused ``qkv_proj``/``gate_up_proj``: ``interleave_fused``). Routed experts (qwen3_moe):
+``split_experts``, every expert at f/tp of its width, the router replicated. GPT-2 (``Conv1D``) and Falcon (fused
+``query_key_value`` laid out per architecture) are refused.
 
 transformers 5's attention needs no patching for local heads: it reshapes with ``view(*input_shape, -1,
 head_dim)`` and repeats K/V by ``num_key_value_groups = heads // kv_heads``, a ratio TP keeps; ``num_heads`` is
@@ -41,10 +45,11 @@ from __future__ import annotations
 
 from trainmath.errors import TrainmathError
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "starcoder2", "cohere", "qwen3_moe")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "starcoder2", "cohere", "qwen3_moe",
+            "phi3")
 """model_types whose decoder layers ``apply_tp`` splits (module names below)."""
 
-COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "c_fc")
+COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "c_fc", "qkv_proj", "gate_up_proj")
 """Linears split on their output features (``ColwiseParallel``): StarCoder2's MLP is ``c_fc`` → ``c_proj``."""
 ROWWISE = ("o_proj", "down_proj", "c_proj")
 """Linears split on their input features (``RowwiseParallel``)."""
@@ -158,6 +163,37 @@ def split_experts(experts, mesh) -> None:
     experts.register_forward_hook(lambda module, args, out: ReduceFromRegion.apply(out, group))
 
 
+def interleave_fused(layer, config, tp: int) -> None:
+    """Phi-3's fused ``qkv_proj`` ([q; k; v] rows) and ``gate_up_proj`` ([gate; up]) made splittable by one
+    ``ColwiseParallel``: their rows are permuted to [q_0; k_0; v_0; q_1; k_1; v_1; ...] (and [gate_0; up_0;
+    gate_1; ...]), so rank r's contiguous slice is its own heads of q, k and v (its columns of gate and up), as
+    Megatron-Core lays out its fused QKV per head group. The attention module slices its output at
+    ``config.num_attention_heads · head_dim`` and ``num_key_value_heads · head_dim``: it gets a copy of the config
+    with the rank's head counts (torchtitan's models read their local heads the same way, ``n_local_heads``).
+    The model computes what it computed before (the permutation moves rows, not values)."""
+    import copy
+
+    import torch
+
+    def permute(linear, parts):
+        idx, start = [[] for _ in range(tp)], 0
+        for n in parts:
+            for r in range(tp):
+                idx[r].extend(range(start + r * n // tp, start + (r + 1) * n // tp))
+            start += n
+        order = torch.tensor([i for rank in idx for i in rank])
+        with torch.no_grad():
+            linear.weight.copy_(linear.weight[order])
+
+    attn, mlp = layer.self_attn, layer.mlp
+    h, kv, hd = config.num_attention_heads, config.num_key_value_heads, attn.head_dim
+    permute(attn.qkv_proj, [h * hd, kv * hd, kv * hd])
+    permute(mlp.gate_up_proj, [mlp.gate_up_proj.out_features // 2] * 2)
+    attn.config = copy.copy(attn.config)
+    attn.config.num_attention_heads = h // tp
+    attn.num_key_value_heads = kv // tp
+
+
 def _layer_plan(layer, model_type: str, *, sp: bool) -> dict:
     """The ``parallelize_module`` plan of one decoder layer (module docstring), from the modules it has."""
     from torch.distributed.tensor import Replicate, Shard
@@ -236,6 +272,8 @@ def apply_tp(model, mesh, *, sp: bool, vocab_parallel: bool):
     if root:
         parallelize_module(model, mesh, root)
     for layer in body.layers:
+        if hasattr(layer.self_attn, "qkv_proj"):
+            interleave_fused(layer, model.config, mesh.size())
         parallelize_module(layer, mesh, _layer_plan(layer, model.config.model_type, sp=sp))
         if hasattr(layer.mlp, "experts"):
             split_experts(layer.mlp.experts, mesh)

@@ -72,7 +72,7 @@ STYLES: dict[str, Style] = {
     "qwen3_moe": Style(),
     "qwen2_moe": Style(config_defaults=(("norm_topk_prob", False),)),
     "mixtral": Style(fp32_routing=True),
-    "phi3": Style(rotary="rotate_half_cat", fused_projections=("qkv_proj", "gate_up_proj")),
+    "phi3": Style(rotary="rotate_half_cat"),
     "olmo2": Style(norm="rms_fp32_weight", qk_norm="full", rope_fp32=True),
     "gemma2": Style(norm="gemma", act="gelu_tanh", embed_scale=True, attention="eager",
                     config_defaults=(("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0))),
@@ -97,7 +97,8 @@ STYLES: dict[str, Style] = {
 }
 """Every family the hf activation profile models, with its columns (transformers 5.24's modeling code)."""
 
-TP_MEASURED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "olmo2", "starcoder2", "cohere")
+TP_MEASURED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "olmo2", "starcoder2", "cohere",
+               "phi3")
 """Families whose per-rank fold under ``--tp``/``--sp``/``--vocab-parallel`` is measured equal, to the byte, to
 what transformers' layers save on 2 gloo ranks under ``trainmath.runtime.tensor_parallel.apply_tp`` (its
 ``FAMILIES``; ``tests/memory/test_tp_oracle.py``). Cohere only without ``use_qk_norm``."""
