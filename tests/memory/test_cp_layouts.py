@@ -98,3 +98,16 @@ def test_fused_projections_refuse_tensor_parallelism(model, modules, capsys):
     out = capsys.readouterr()
     assert out.out == "" and out.err.count("\n") == 1 and "pass --tp 1, or --profile megatron" in out.err
     assert main(argv + ["--profile", "megatron"]) == 0
+
+
+@pytest.mark.parametrize("model, seq", [("meta-llama/Llama-4-Scout-17B-16E-Instruct", 16384),
+                                       ("tiiuae/falcon-180B", 512)])
+def test_explicit_attention_masks_refuse_context_parallelism(model, seq):
+    """A layer whose SDPA is given an explicit mask (Llama 4's chunked layers once s ≥ the chunk, Falcon's every
+    layer) cannot run under torch's context_parallel, whose ring kernels take is_causal only: one line."""
+    spec = load_spec(model)
+    with pytest.raises(TrainmathError, match="--cp 2 with .* explicit attention mask .* pass --cp 1"):
+        activation_bytes(spec, micro_batch=1, seq=seq, cp=2)
+    assert activation_bytes(spec, micro_batch=1, seq=seq).value > 0
+    if model.startswith("meta-llama"):  # below the chunk (8192) no mask: context parallelism is modelled
+        assert activation_bytes(spec, micro_batch=1, seq=4096, cp=2).value > 0

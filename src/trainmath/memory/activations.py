@@ -168,6 +168,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
             continue
         prog = Program()
         op_families.LAYERS[spec.model_type](prog, ctx, layer, style)
+        if deg.cp > 1 and any(op.kind == "attention" and any(t.name.endswith("mask") for t in op.saved)
+                              for op in prog.ops):
+            raise TrainmathError(f"--cp {cp} with {spec.name}'s explicit attention mask (layer {layer.label!r}) is "
+                                 f"not modelled: torch's context_parallel runs SDPA with is_causal only (no attn_mask "
+                                 f"or attn_bias); pass --cp 1")
         one = layer_node(layer.label, prog.ops, deg)
         if recompute == "selective":
             kept, fresh = selective_layer(layer.label, prog.ops, layer, deg)
