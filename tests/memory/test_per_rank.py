@@ -15,6 +15,7 @@ import json
 import pytest
 
 from trainmath.cli import main
+from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, layout_problems
 from trainmath.memory.activations import activation_bytes, logits_bytes
 from trainmath.memory.training import TrainingSetup, training_memory
@@ -190,6 +191,10 @@ def test_degree_one_is_the_single_device(model):
     assert activation_bytes(spec, micro_batch=1, seq=32, tp=1, sp=False, cp=1, ep=1).to_dict() == one.to_dict()
     tp = 2
     if layout_problems(ParallelLayout(tp=tp), spec):  # heads, KV heads, linear-attention or Mamba heads
+        return
+    if families.style(spec.model_type).fused_projections:  # refused (tests/memory/test_cp_layouts.py)
+        with pytest.raises(TrainmathError, match="fused"):
+            activation_bytes(spec, micro_batch=1, seq=32, tp=tp)
         return
     rank = activation_bytes(spec, micro_batch=1, seq=32, tp=tp)
     for (name, whole), (_, mine) in zip(leaves(one), leaves(rank)):

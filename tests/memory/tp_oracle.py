@@ -27,13 +27,32 @@ BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atten
 """The tiny shapes of ``tests/activations/test_hf_oracle.py``."""
 
 
+NO_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+FAMILY = {
+    "gemma3_text": {**NO_IDS, "layer_types": ["sliding_attention", "full_attention"]},
+    "olmo2": NO_IDS, "starcoder2": NO_IDS, "cohere": NO_IDS, "phi3": NO_IDS,
+    "qwen3_moe": {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1},
+}
+"""Each family's config keys over ``BASE`` (those of ``tests/activations/test_hf_oracle.py``'s cases)."""
+MOE = ("qwen3_moe",)
+
+
+def tiny_config(model_type: str, **extra):
+    import transformers
+
+    return transformers.AutoConfig.for_model(model_type, **{**BASE, **FAMILY.get(model_type, {}), **extra})
+
+
 def tiny_model(model_type: str, attn: str, mode: str, **extra):
+    """``model_type`` may name the experts path after a colon (``qwen3_moe:eager``; default ``grouped_mm``)."""
     import torch
     import transformers
 
-    cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **extra})
+    model_type, _, experts = model_type.partition(":")
+    cfg = tiny_config(model_type, **extra)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    kw = {"experts_implementation": experts or "grouped_mm"} if model_type in MOE else {}
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, **kw)
     if mode == "bf16":
         model = model.to(torch.bfloat16)
     return model.train()
@@ -92,6 +111,28 @@ def saved(model, mode: str, *, vocab_parallel: bool = False, b: int = B) -> tupl
     return total, rows, out.loss.item()
 
 
+def grad_digest(model) -> dict:
+    """Squared gradient norms this rank holds, per parameter: ``whole`` for a parameter every rank holds whole
+    (plain, or a replicated DTensor), which must equal the single device's on every rank; ``split`` for one each
+    rank holds a slice of (a sharded DTensor; the routed experts' local slices), whose sum over the ranks must
+    equal the single device's. A DTensor's gradient may have other placements than its parameter (``Partial``
+    for a replicated norm weight under SP, ``Replicate`` for the vocabulary-parallel embedding): it is
+    redistributed to the parameter's, as the optimizer's update does (a collective)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    out = {"whole": {}, "split": {}}
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is None:
+            continue
+        sharded = ".experts." in name
+        if isinstance(p, DTensor):
+            sharded = not all(isinstance(pl, Replicate) for pl in p.placements)
+            g = g.redistribute(p.device_mesh, p.placements)._local_tensor  # as the optimizer's update takes it
+        out["split" if sharded else "whole"][name] = float(g.double().pow(2).sum())
+    return out
+
+
 def step_peak(model, mode: str, *, vocab_parallel: bool = False) -> dict:
     """MemTracker's peak by kind of the second of two steps ``loss.backward(); opt.step(); opt.zero_grad()``
     (for-loop AdamW: foreach and fused AdamW take DTensor and plain parameters in one group badly)."""
@@ -137,6 +178,7 @@ def measure_case(case, mesh=None, *, peak=True, b=B, **extra) -> dict:
             apply_tp(model, mesh, sp=sp, vocab_parallel=vocab_parallel)
         if what == "saved":
             res["saved"], rows, res["loss"] = saved(model, mode, vocab_parallel=vocab_parallel, b=b)
+            res["grads"] = grad_digest(model)
             res["rows"] = [[n, list(shape), str(dtype), dt] for n, shape, dtype, dt in rows]
         else:
             res["peak"] = step_peak(model, mode, vocab_parallel=vocab_parallel)

@@ -67,6 +67,8 @@ from trainmath.ops.selective import mask_arguments, selective_layer
 from trainmath.tree import Node, scaled
 
 PROFILES = ("hf", "eager", "megatron")
+SCAN_KINDS = {"linear_attention": "Gated DeltaNet", "mamba": "Mamba-2"}
+"""Sequence mixers that context parallelism cannot split (block kind: what the refusal calls it)."""
 RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = tuple(op_families.STYLES)
 """The families the hf profile models: every row of the family table (each has its layer emitter)."""
@@ -120,10 +122,12 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     the rotation buffers are transients); ``ep`` divides the routed experts a rank holds (n/ep: their weights and
     autocast copies), not the routed rows: expert-parallel ranks are drawn from data parallelism, each brings its
     own micro-batch, and under balanced routing each receives T·k rows for its experts, as on one device (the
-    all-to-all buffers are transients). Measured per rank for llama, mistral, qwen2 and qwen3 (2 gloo ranks,
-    ``docs/benchmarks.md``); the other families are folds of their op lists' axes, which assume a plan that splits
-    each head (a fused q/k/v or gate/up projection split per part, not one ``ColwiseParallel`` on the fused
-    weight).
+    all-to-all buffers are transients); ``cp`` also divides the routed rows (a rank routes its own T/cp tokens).
+    Measured per rank on 2 gloo ranks for ``ops.families.TP_MEASURED`` (``docs/tensor-parallel.md``); the other
+    families are folds of their op lists' axes. Refused in one line: ``--tp`` for fused projections that no plan
+    here splits by heads (``Style.fused_projections``: GPT-2, Falcon; Phi-3's are interleaved per rank by
+    ``runtime.tensor_parallel.interleave_fused`` and measured) and ``--cp`` for Gated DeltaNet / Mamba-2 layers
+    (torch's ``context_parallel`` splits only SDPA; the scans carry their state along the sequence).
     """
     _check("profile", profile, PROFILES)
     _check("recompute", recompute, RECOMPUTE)
@@ -171,6 +175,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
             continue
         prog = Program()
         op_families.LAYERS[spec.model_type](prog, ctx, layer, style)
+        if deg.cp > 1 and any(op.kind == "attention" and any(t.name.endswith("mask") for t in op.saved)
+                              for op in prog.ops):
+            raise TrainmathError(f"--cp {cp} with {spec.name}'s explicit attention mask (layer {layer.label!r}) is "
+                                 f"not modelled: torch's context_parallel runs SDPA with is_causal only (no attn_mask "
+                                 f"or attn_bias); pass --cp 1")
         one = layer_node(layer.label, prog.ops, deg)
         if recompute == "selective":
             kept, fresh = selective_layer(layer.label, prog.ops, layer, deg)
@@ -239,6 +248,18 @@ def _degrees(spec: ModelSpec, seq: int, *, tp: int, sp: bool, cp: int, ep: int, 
         if seq % cp:
             bad.append(f"--seq ({seq}) must be a multiple of --cp ({cp}) (context parallelism gives every rank an "
                        f"equal slice); pass --seq {seq - seq % cp or cp}")
+        fused = op_families.style(spec.model_type).fused_projections
+        if tp > 1 and fused and spec.model_type in HF_FAMILIES:
+            bad.append(f"--tp {tp} with {spec.model_type}'s fused {' and '.join(fused)} is not modelled: "
+                       f"parallelize_module's column-wise split of a fused weight gives a rank a contiguous slice "
+                       f"of it, not its own heads of q, k and v (or columns of gate and up); pass --tp 1, or "
+                       f"--profile megatron (Megatron-Core lays its fused weights out per head group)")
+        scans = sorted({b.kind for layer in spec.layers for b in layer.blocks} & set(SCAN_KINDS))
+        if cp > 1 and scans:
+            bad.append(f"--cp {cp} with {' and '.join(SCAN_KINDS[k] for k in scans)} layers is not modelled: torch's "
+                       f"context_parallel splits only SDPA attention (ring attention), and transformers' torch scan "
+                       f"carries its state along the whole sequence, so a rank cannot run its s/cp slice alone; "
+                       f"pass --cp 1")
     if bad:
         raise TrainmathError(f"impossible layout for {spec.name}: " + "; ".join(bad))
     return Degrees(tp=tp, sp=sp, cp=cp, ep=ep, vocab_parallel=vocab_parallel)

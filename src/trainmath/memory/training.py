@@ -28,6 +28,7 @@ from trainmath.memory.optimizers import check_optimizer, step_temporary_bytes
 from trainmath.memory.precision import get_precision
 from trainmath.memory.terms import framework_overhead, loss_parallel_bytes, loss_transients, weight_copies_bytes
 from trainmath.model.spec import MLPDims, ModelSpec
+from trainmath.ops.families import TP_MEASURED
 from trainmath.placement import place
 from trainmath.tree import Node
 
@@ -252,7 +253,7 @@ def vocab_sharded(setup: TrainingSetup, layout: ParallelLayout) -> bool:
     return layout.tp > 1 and (layout.vocab_parallel or setup.profile == "megatron")
 
 
-def layout_text(setup: TrainingSetup, layout: ParallelLayout) -> str:
+def layout_text(setup: TrainingSetup, layout: ParallelLayout, model_type: str = "") -> str:
     """The convention line that says what each degree means here."""
     if layout.tp == 1 and layout.cp == 1 and layout.ep == 1:
         return f"layout {layout.describe()}: no tensor, context or expert parallelism; per-rank figures"
@@ -267,14 +268,18 @@ def layout_text(setup: TrainingSetup, layout: ParallelLayout) -> str:
                         "Linear saves its all-gathered input)" if layout.sp else ", norms and residual stream whole")
                      + (", vocabulary-parallel embedding, head and loss (V/tp per rank)" if layout.vocab_parallel
                         else ", embedding, LM head and loss whole on every rank")
-                     + "; measured on gloo ranks for llama, mistral, qwen2, qwen3, derived from the op lists' axes "
-                       "for the other families")
+                     + (f"; {model_type}: measured equal on gloo ranks (the plan is trainmath.runtime.tensor_parallel"
+                        f".apply_tp)" if model_type in TP_MEASURED else
+                        f"; {model_type or 'this family'}: derived from the op lists' axes, not measured (measured: "
+                        f"{', '.join(TP_MEASURED)})"))
     if layout.cp > 1:
-        parts.append(f"cp {layout.cp}: s/cp positions per rank; ring attention keeps the rank's query, its local K/V "
-                     f"chunk, output and logsumexp (K/V rotation buffers are transients, not counted)")
+        parts.append(f"cp {layout.cp}: s/cp positions per rank (and T/cp·k routed rows); ring attention keeps the "
+                     f"rank's query, its local K/V chunk, output and logsumexp (K/V rotation buffers are transients, "
+                     f"not counted)")
     if layout.ep > 1:
-        parts.append(f"ep {layout.ep} (ranks of dp·cp): routed experts / ep per rank; each rank still computes T·k "
-                     f"routed rows (its own micro-batch, balanced routing assumed; all-to-all buffers not counted)")
+        parts.append(f"ep {layout.ep} (ranks of dp·cp): routed experts / ep per rank; each rank still computes the "
+                     f"routed rows of its own tokens (its own micro-batch, balanced routing assumed; all-to-all "
+                     f"buffers not counted)")
     return f"layout {layout.describe()}: " + "; ".join(parts)
 
 
@@ -505,7 +510,7 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
         "the loop keeps " + ("the model output (out = model(...)): the logits live until the step returns"
                              if setup.loop_keeps == "output" else
                              "the loss only (loss = model(...).loss): the logits are freed after the forward"),
-        layout_text(setup, layout),
+        layout_text(setup, layout, spec.model_type),
         "1F1B pipeline: stage s holds min(pp - s, micro-batches) micro-batches of activations",
         f"peak_bytes is the largest event of the step's timeline (here: {top.phase!r} on stage {top.stage}); "
         "op-level transients inside one layer's forward or backward are not events",

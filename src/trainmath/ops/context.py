@@ -171,6 +171,12 @@ class Ctx:
     def T(self) -> int:
         return self.b * self.s
 
+    def token_rows(self, per_token: int) -> Axis:
+        """A flattened axis of ``per_token`` rows for each of the T = b·s tokens (the routed rows T·top_k, or
+        Llama 4's n·T), inside a tensor-parallel region: its tokens are the sequence's, so it takes the sequence's
+        rule (``seq``: ÷cp; exact because ``--seq`` is a multiple of ``--cp``)."""
+        return Axis(self.T * per_token, "seq")
+
     def rows(self, *, sp: bool = True) -> tuple[Axis, Axis]:
         """The (batch, sequence) axes of a per-token tensor: ``sp`` outside a tensor-parallel region (the
         residual stream, norms), else inside one (what a column-parallel Linear reads and produces)."""

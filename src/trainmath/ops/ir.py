@@ -24,14 +24,15 @@ SHARDS = ("seq", "seq_sp", "tp", "vocab", "expert")
 """How a parallel layout divides an axis (None: whole on every rank):
 
 - ``seq``: positions of the sequence inside a tensor-parallel region: ÷cp (context parallelism keeps s/cp queries);
+  also a flattened axis of rows per token (the routed rows T·k, ``Ctx.token_rows``): a rank routes its own tokens;
 - ``seq_sp``: positions outside it (norms, residual stream, dropout): ÷cp, and ÷tp with sequence parallelism
   (Korthikanti et al. 2022 §4.2.2);
 - ``tp``: heads or the features a column-parallel Linear produces (its row-parallel partner reads them): ÷tp;
 - ``vocab``: the vocabulary of a vocabulary-parallel embedding, head and loss: ÷tp when ``vocab_parallel``;
 - ``expert``: the routed experts a rank holds (an expert-count axis: their weights, autocast copies, per-expert
   tensors): ÷ep. Not the routed token rows: expert-parallel ranks are drawn from data parallelism
-  (``ParallelLayout``), each brings its own micro-batch, and under balanced routing each receives T·k rows for its
-  n/ep experts, as many as one device computes (leave row axes unsharded).
+  (``ParallelLayout``: dp·cp), each brings its own tokens, and under balanced routing each receives as many rows
+  for its n/ep experts as it routes (the row axes keep their ``seq`` rule, ÷cp only).
 """
 
 

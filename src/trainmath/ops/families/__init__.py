@@ -63,6 +63,11 @@ class Style:
     Under eager attention, every family: a (b, 1, s, s) mask in the parameters' dtype per attention kind (sliding,
     full). Under SDPA: ``eager`` none (the causal path), ``bool`` a bool (1, 1, s, s) mask expanded to b (Falcon),
     ``bool_chunked`` a bool (b, 1, s, s) mask when a chunked layer's chunk is at most s (Llama 4)."""
+    fused_projections: tuple[str, ...] = ()
+    """Modules that fuse several projections in one weight (q/k/v, gate/up). ``parallelize_module``'s
+    ``ColwiseParallel`` on such a weight gives each rank a contiguous slice of it, not its own heads of q, k and v
+    (or columns of gate and up), so the module's split of the output is wrong: the hf profile refuses ``--tp``
+    for these families (``memory.activations``)."""
     config_defaults: tuple[tuple[str, object], ...] = ()
     """transformers 5.24's config-class defaults of the switches that change what is saved but no parameter
     (``context.Family``, ``context.Router``), used where a config omits them."""
@@ -84,8 +89,9 @@ STYLES: dict[str, Style] = {
     "cohere": Style(norm="cohere", rotary="interleaved_fp32", config_defaults=(("logit_scale", 0.0625),)),
     "starcoder2": Style(norm="layer", act="gelu_tanh", dropout=True),
     "gpt2": Style(norm="layer", act="gelu_new", rotary="none", positions="learned", dropout=True,
-                  config_defaults=(("attention_dropout", 0.1), ("residual_dropout", 0.1), ("embedding_dropout", 0.1))),
-    "falcon": Style(norm="layer", act="gelu", layer_mask="bool"),
+                  config_defaults=(("attention_dropout", 0.1), ("residual_dropout", 0.1), ("embedding_dropout", 0.1)),
+                  fused_projections=("c_attn",)),
+    "falcon": Style(norm="layer", act="gelu", layer_mask="bool", fused_projections=("query_key_value",)),
     "deepseek_v2": Style(positions="freqs_cis", router="softmax_greedy", router_fp32=True,
                          config_defaults=(("norm_topk_prob", False), ("topk_method", "greedy"))),
     "deepseek_v3": Style(router="sigmoid_noaux", router_fp32=True),
@@ -101,6 +107,12 @@ STYLES: dict[str, Style] = {
                         router_fp32=True, experts_grouped=False),
 }
 """Every family the hf activation profile models, with its columns (transformers 5.24's modeling code)."""
+
+TP_MEASURED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "olmo2", "starcoder2", "cohere",
+               "phi3")
+"""Families whose per-rank fold under ``--tp``/``--sp``/``--vocab-parallel`` is measured equal, to the byte, to
+what transformers' layers save on 2 gloo ranks under ``trainmath.runtime.tensor_parallel.apply_tp`` (its
+``FAMILIES``; ``tests/memory/test_tp_oracle.py``). Cohere only without ``use_qk_norm``."""
 
 GROUPED_UNMODELLED = tuple(name for name, row in STYLES.items() if not row.experts_grouped)
 """MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is)."""

@@ -3,9 +3,10 @@
 MemTracker, checked by ``tests/activations`` and ``tests/memory``).
 
 Rows: Σ n_e = T·k over the experts for any routing, so one tensor of T·k rows stands for the per-expert tensors
-of the loop. An expert-parallel rank keeps them whole: EP ranks are drawn from data parallelism, each brings
-its own micro-batch, and under balanced routing receives T·k rows for its n/ep experts (``ops.ir.SHARDS``);
-only expert-count axes (weight copies, per-expert offsets) are ``expert`` (÷ep). The expert width is ``tp``
+of the loop (``Ctx.token_rows``). A context-parallel rank routes its own T/cp tokens: T/cp·k rows (``seq``). An
+expert-parallel rank keeps them otherwise whole: EP ranks are drawn from data parallelism (dp·cp), each brings
+its own tokens, and under balanced routing receives as many rows for its n/ep experts (``ops.ir.SHARDS``); only
+expert-count axes (weight copies, per-expert offsets) are ``expert`` (÷ep). The expert width is ``tp``
 (expert tensor parallelism = tensor parallelism, as ``placement`` assumes).
 
 - ``eager_loop`` (``experts_implementation="eager"``): per hit expert, torch.where's token and slot indices (one
@@ -99,7 +100,7 @@ def eager_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: Ten
     as ``.to(hidden_states.dtype)`` makes it)."""
     first, down = routed_weights(block)
     n = down.experts
-    rows = Axis(ctx.T * k)  # whole on an expert-parallel rank (module docstring)
+    rows = ctx.token_rows(k)  # ÷cp; whole on an expert-parallel rank (module docstring)
     d = x.axes[-1]
     idx = tensor(f"{prefix}.token_slot_indices", (rows, Axis(2)), INT64, "torch.where's (n_e, 2) indices per expert")
     xs = tensor(f"{prefix}.gathered_input", (rows, d), x.dtype_bytes, "hidden_states[token_idx]")
@@ -123,7 +124,7 @@ def grouped_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: T
     """transformers' ``grouped_mm`` path over the MoE input ``x`` (gated experts)."""
     first, down = routed_weights(block)
     n = down.experts
-    rows = Axis(ctx.T * k)  # whole on an expert-parallel rank (module docstring)
+    rows = ctx.token_rows(k)  # ÷cp; whole on an expert-parallel rank (module docstring)
     d = x.axes[-1]
     sort = [tensor(f"{prefix}.{nm}", (rows,), INT64, note) for nm, note in (
         ("sort_permutation", "argsort of the expert ids"), ("sort_inverse", "its inverse"),
@@ -158,7 +159,7 @@ def all_tokens_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, scores:
     product, down. The product keeps the repeated input and a transposed copy of the scores (compute dtype)."""
     first, down = routed_weights(block)
     n = down.experts
-    rows = Axis(n * ctx.T)  # whole on an expert-parallel rank (module docstring)
+    rows = ctx.token_rows(n)  # ÷cp; whole on an expert-parallel rank (module docstring)
     d = x.axes[-1]
     c = ctx.p.compute
     rep = tensor(f"{prefix}.repeated_input", (rows, d), x.dtype_bytes, "input repeated n times, saved by the product")
@@ -178,7 +179,7 @@ def clamped_swiglu_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, wei
     separate storages here (one is kept by the gather and index_add, the other by the weights' gather)."""
     first, down = routed_weights(block)
     n = down.experts
-    rows = Axis(ctx.T * k)  # whole on an expert-parallel rank (module docstring)
+    rows = ctx.token_rows(k)  # ÷cp; whole on an expert-parallel rank (module docstring)
     d = x.axes[-1]
     c = ctx.p.compute
     g = FP32 if ctx.p.autocast else c  # bf16 product + fp32 bias

@@ -6,8 +6,9 @@ checked by ``tests/activations`` (one and several chunks).
 The chunked scans keep many fp32 tensors whose sizes are exact only as the code pads and chunks them; each is
 one ``Tensor`` here (``count`` where the code keeps several equal ones: per chunk, per use). Heads (value heads,
 Mamba heads, groups) are ``tp``: ``parallelize_module`` splits the column-wise in_proj, conv and norm over them.
-Positions are ``seq``; context parallelism over a scan is not what the torch fallback runs, so its padding is
-per rank and these sizes under ``cp`` > 1 are an upper bound, not exact.
+Positions are ``seq``. Context parallelism over a scan is refused (``memory.activations``): torch's
+``context_parallel`` splits only SDPA, and the torch scan carries its state along the whole sequence, so there is
+no per-rank run of these layers to describe.
 """
 
 from __future__ import annotations
