@@ -230,6 +230,7 @@ def render_simulation(sim: dict) -> str:
         f"  less module buffers ({sim['buffers_bytes']:,} bytes, not modelled): {measured:,}",
         f"  predicted with --device cpu: {sim['predicted_cpu_peak_bytes']:,} at "
         f"{sim['predicted_cpu_peak_event']!r}; difference {sim['difference_bytes']:+,} bytes ({rel:+.2f}%)",
+        *(f"  {line}" for line in sim.get("routing", ())),
     ])
 
 
