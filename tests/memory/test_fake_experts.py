@@ -127,3 +127,20 @@ def test_grouped_mm_rule_is_the_kernels(n):
 def test_standin_text():
     assert standin_text(8, 128, 512).endswith("128 of 128 experts hit, 32 rows each; the sum T·k is any routing's")
     assert "3 of 8 experts hit, 0-1 rows each" in standin_text(1, 8, 3)
+
+
+def test_cli_states_the_routing(capsys, tmp_path):
+    """``trainmath memory ... --experts eager --simulate`` prints the routing it assumed beside the comparison."""
+    import json
+
+    from trainmath.cli import main
+
+    path = str(tmp_path / "config.json")
+    with open(path, "w") as f:
+        json.dump({"model_type": "mixtral", **BASE, **FAMILY["mixtral"]}, f)
+    assert main(["memory", path, "--micro-batch", "1", "--seq", "6", "--precision", "bf16", "--experts", "eager",
+                 "--simulate"]) == 0
+    out = capsys.readouterr().out
+    assert "stand-in routing, token t's slot j → expert (t·k + j) mod n (k = 2, n = 4, T = 6): 4 of 4 experts " \
+           "hit, 3 rows each" in out
+    assert "difference +0 bytes" in out
