@@ -8,7 +8,8 @@ the second measured). The simulated peak less the module buffers (rotary ``inv_f
 with the prediction. Target (issue 9): every case within 2%. Run: ``python benchmarks/memory_sim.py [--quick]``
 (``--quick``: one model). ``--fsdp W``: rank 0 of a W-rank FSDP2 run instead (``--zero 3 --dp W``, bf16, for-loop
 AdamW, over a fake process group). ``--moe``: Qwen3-30B-A3B cut to its first 4 layers (full width otherwise, as
-the issue's own GPU check did), grouped experts. Each full-width case takes minutes on two shared cores.
+the issue's own GPU check did), grouped experts (``--experts eager``: the eager loop). Each full-width case takes
+minutes on two shared cores.
 
 ``--families``: one catalog model per hf family (``trainmath.ops.families.STYLES``; the smallest catalog config of
 each, ``FAMILIES``), full width but cut to 2 decoder layers, b = 1, s = 512, single device (with ``--fsdp W``: rank 0
@@ -142,13 +143,15 @@ def main() -> None:
         moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
         for (precision, recompute), b in ((c, b) for b in batches for c in cases):
             setup = TrainingSetup(micro_batch=b, seq=2048, precision=precision, recompute=recompute,
-                                  device="cpu", optimizer_impl="forloop" if world > 1 else "foreach")
+                                  device="cpu", optimizer_impl="forloop" if world > 1 else "foreach",
+                                  experts=sys.argv[sys.argv.index("--experts") + 1] if "--experts" in sys.argv
+                                  else "grouped")
             r = training_memory(spec, setup, layout)
             sim = simulate(config, setup, layout, moe=moe)
             measured = sim.peak_bytes - sim.buffers_bytes
             diff = 100 * (r.peak_bytes - measured) / measured
             where = f"FSDP2 rank 0 of {world}" if world > 1 else "1 device"
-            where += ", 4 layers" if "--moe" in sys.argv else ""
+            where += f", 4 layers, {setup.experts} experts" if "--moe" in sys.argv else ""
             print(f"| {name} | {where} | {precision} | {recompute} | {b} × 2048 | {r.peak_bytes:,} | "
                   f"{r.stages[0].phase} | {measured:,} | {diff:+.3f}% | {sim.seconds:.0f} |", flush=True)
 

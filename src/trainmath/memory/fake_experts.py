@@ -3,32 +3,34 @@ expert code runs, and what it assumes.
 
 **The eager loop asks the routing for values.** transformers 5.24's eager experts (the original forward of every
 ``@use_experts_implementation`` class, e.g. ``Qwen3MoeExperts.forward``) do ``expert_hit = (one_hot(top_k_index)
-.sum(...) > 0).nonzero()``, loop over it in Python, branch on ``expert_idx == num_experts`` and take each
-expert's rows with ``torch.where(expert_mask[expert_idx])``. A fake tensor has no values, so FakeTensorMode stops
-at the first ``nonzero`` (``DynamicOutputShapeException``). A ``ShapeEnv`` with unbacked symints does not get
-further: the Python loop and the branch need the hit experts' ids, which no symbolic size answers, and MemTracker
-needs sizes in bytes. So the simulation **states a routing** (``routing_standin``): token t's slot j goes to
-expert (t·k + j) mod n — a token's k experts are distinct, every expert is hit once T·k ≥ n, and each receives
-T·k/n rows (±1). Σ n_e = T·k as for any routing, which is the calculator's own assumption
-(``ops.kernels.experts``: one T·k-row tensor stands for the per-expert ones; with ``experts_hit`` unset, every
-expert is hit). The indices handed to the experts module are a fake tensor carrying these values as its constant
-(``FakeTensor.constant``): FakeTensorMode evaluates an op whose fake inputs are all constants on the real values
-(its constant propagation), so ``one_hot``, ``nonzero``, ``where``, the loop and its branch run on real integers,
-while every gathered row, matmul, activation, routing product and ``index_add_`` runs on fake tensors through
-transformers' code, and MemTracker counts all of them (the routing masks too, as a real step allocates them).
-FakeTensorMode keeps an output constant only up to ``CONSTANT_NUMEL_LIMIT`` (1) elements, and a factory op
-(``one_hot``'s ``arange``) never; inside an experts forward, integer and bool outputs stay constant at any size
-and integer factories are constants (the masks and indices), floating ones never. The
-router still runs and allocates its own top-k indices as in a real step; the stand-in is made outside dispatch,
-so MemTracker does not count it twice. Under a real routing the rows per expert differ (not the sum), which moves
-only the transients of one expert's ops in flight.
+.sum(...) > 0).nonzero()``, loop over it in Python, branch on ``expert_idx == num_experts`` and take each expert's
+rows with ``torch.where(expert_mask[expert_idx])``. A fake tensor has no values, so FakeTensorMode stops at the
+first ``nonzero`` (``DynamicOutputShapeException``). A ``ShapeEnv`` with unbacked symints gets one line further:
+``nonzero`` returns (u0, 1), and the Python loop over it stops (``GuardOnDataDependentSymNode: Could not guard on
+data-dependent expression Eq(u0, 0)``, tried on transformers 5.24 / torch 2.13); the branch needs the hit experts'
+ids, which no symbolic size answers, and MemTracker needs sizes in bytes. So the simulation **states a routing**
+(``routing_standin``): token t's slot j goes to expert (t·k + j) mod n — a token's k experts are distinct, every
+expert is hit once T·k ≥ n, and each receives T·k/n rows (±1). Σ n_e = T·k as for any routing, which is the
+calculator's own assumption (``ops.kernels.experts``: one T·k-row tensor stands for the per-expert ones; with
+``experts_hit`` unset, every expert is hit). The indices handed to the experts module are a fake tensor carrying
+these values as its constant (``FakeTensor.constant``): FakeTensorMode evaluates an op whose fake inputs are all
+constants on the real values (its constant propagation), so ``one_hot``, ``nonzero``, ``where``, the loop and its
+branch run on real integers, while every gathered row, matmul, activation, routing product and ``index_add_`` runs
+on fake tensors through transformers' code, and MemTracker counts all of them (the routing masks too, as a real step
+allocates them). FakeTensorMode keeps an output constant only up to ``CONSTANT_NUMEL_LIMIT`` (1) elements, and a
+factory op (``one_hot``'s ``arange``) never; inside an experts forward, integer and bool outputs stay constant at
+any size and integer factories are constants (the masks and indices), floating ones never. The router still runs and
+allocates its own top-k indices as in a real step; the stand-in is made outside dispatch, so MemTracker does not
+count it twice. Under a real routing the rows per expert differ (not the sum), which moves only the transients of
+one expert's ops in flight.
 
 **grouped_mm in fp32 (amp-bf16).** ``_grouped_mm`` is not autocast-listed (no AutocastCUDA or AutocastCPU kernel:
 ``torch._C._dispatch_has_kernel_for_dispatch_key``), and transformers' ``integrations.moe._grouped_mm`` casts the
 input to the weight's dtype, so with fp32 weights under autocast it runs in fp32. CUDA and CPU accept that:
 ``_grouped_mm_validate_inputs`` (aten/src/ATen/native/GroupedMMUtils.h) takes fp32, bf16 or fp16 and the output
-in ``mat_a``'s dtype; CUDA's bf16 CUTLASS kernel is the fast path, anything else ``_grouped_mm_fallback``'s
-per-group ``mm_out`` into the same output tensor. Only the meta kernel (``torch/_meta_registrations.py``,
+in ``mat_a``'s dtype (``_grouped_mm_cuda``, GroupedBlas.cpp: the CUTLASS kernel for bf16 on sm90/sm100,
+anything else ``_grouped_mm_fallback``'s per-group ``mm_out`` into the same output tensor; not checked on a GPU
+here). Only the meta kernel (``torch/_meta_registrations.py``,
 ``_meta_grouped_mm_common``) demands bf16. ``grouped_mm_rule`` gives FakeTensorMode the real kernels' rule for
 non-bf16 inputs: the output of ``create_grouped_gemm_output_tensor`` (the last dimension's stride padded to 16
 bytes), in ``mat_a``'s dtype; bf16 goes to the meta kernel as before.
