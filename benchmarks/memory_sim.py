@@ -8,8 +8,8 @@ the second measured). The simulated peak less the module buffers (rotary ``inv_f
 with the prediction. Target (issue 9): every case within 2%. Run: ``python benchmarks/memory_sim.py [--quick]``
 (``--quick``: one model). ``--fsdp W``: rank 0 of a W-rank FSDP2 run instead (``--zero 3 --dp W``, bf16, for-loop
 AdamW, over a fake process group). ``--moe``: Qwen3-30B-A3B cut to its first 4 layers (full width otherwise, as
-the issue's own GPU check did), grouped experts (``--experts eager``: the eager loop). Each full-width case takes
-minutes on two shared cores.
+the issue's own GPU check did), grouped experts (``--experts eager``: the eager loop; ``--batch B``: only b = B
+of 1 and 8). Each full-width case takes minutes on two shared cores.
 
 ``--families``: one catalog model per hf family (``trainmath.ops.families.STYLES``; the smallest catalog config of
 each, ``FAMILIES``), full width but cut to 2 decoder layers, b = 1, s = 512, single device (with ``--fsdp W``: rank 0
@@ -131,7 +131,7 @@ def main() -> None:
     cases = [("bf16", r) for r in ("none", "full")] if world > 1 else CASES
     batches = (1,)
     if "--moe" in sys.argv:  # 8 × 2048 tokens put the peak in the activations
-        batches = (1, 8)
+        batches = (int(sys.argv[sys.argv.index("--batch") + 1]),) if "--batch" in sys.argv else (1, 8)
     print("| model | layout | precision | recompute | b × s | predicted (B) | event | simulated − buffers (B) | "
           "difference | sim s |")
     print("|---|---|---|---|---|---:|---|---:|---:|---:|")
