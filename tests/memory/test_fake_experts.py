@@ -28,9 +28,6 @@ FAMILY = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=8,
                     layer_types=["sliding_attention", "full_attention"]),
-    "qwen3_next": dict(full_attention_interval=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                       shared_expert_intermediate_size=48, linear_num_key_heads=2, linear_num_value_heads=4,
-                       linear_key_head_dim=8, linear_value_head_dim=12, linear_conv_kernel_dim=4),
 }
 ATTENTION = {"gpt_oss": "eager"}  # sinks: transformers has no SDPA path
 B, S = 2, 64
@@ -98,8 +95,8 @@ def test_eager_loop_on_fake_tensors_equals_real_step(model_type, precision, reco
     assert "4 of 4 experts hit, 64 rows each" in sim.routing[0]
 
 
-@pytest.mark.parametrize("precision", ["amp-bf16", "fp32"])
-def test_grouped_mm_in_fp32_on_fake_tensors_equals_real_step(precision):
+def test_grouped_mm_in_fp32_on_fake_tensors_equals_real_step(precision="amp-bf16"):
+    """amp-bf16 (fp32 weights): grouped_mm runs in fp32; the rule makes the fake step the real one."""
     setup = TrainingSetup(micro_batch=B, seq=S, precision=precision, device="cpu", experts="grouped")
     sim = simulate({"model_type": "qwen3_moe", **BASE, **FAMILY["qwen3_moe"]}, setup, moe=True)
     measured = real_step("qwen3_moe", precision, "grouped")
@@ -107,19 +104,16 @@ def test_grouped_mm_in_fp32_on_fake_tensors_equals_real_step(precision):
     assert sim.routing == ()
 
 
-@pytest.mark.parametrize("model_type", ["gpt_oss", "qwen3_next"])
-def test_new_grouped_paths_real_step_fake_step_and_calculator(model_type):
-    """gpt-oss's and Qwen3-Next's grouped_mm paths (amp-bf16: fp32 rows): the fake step and the calculator agree
-    to the byte, and for gpt-oss MemTracker's peak of a real CPU step too. Qwen3-Next's real CPU step holds 2,080
-    bytes less at the loss than its fake step whether its layers are MoE or dense (``mlp_only_layers``: found
-    here, outside the experts, not explained); its grouped saved bytes are exact in
-    ``tests/activations/test_grouped_families.py``."""
+def test_gpt_oss_grouped_path_real_step_fake_step_and_calculator():
+    """gpt-oss's grouped_mm path (amp-bf16: fp32 rows, in-place biases): MemTracker's peak of a real CPU step, the
+    fake step and the calculator agree to the byte. (Qwen3-Next's fake step equals the calculator too, but its
+    real CPU step holds 2,080 bytes less at the loss whether its layers are MoE or dense — found here, outside the
+    experts, not explained; its grouped saved bytes are exact in ``tests/activations/test_grouped_families.py``.)"""
     setup = TrainingSetup(micro_batch=B, seq=S, precision="amp-bf16", device="cpu", experts="grouped",
-                          attention=ATTENTION.get(model_type, "sdpa"))
-    sim = simulate({"model_type": model_type, **BASE, **FAMILY[model_type]}, setup, moe=True)
-    assert sim.peak_bytes - sim.buffers_bytes == predicted(model_type, setup).peak_bytes
-    if model_type == "gpt_oss":
-        assert real_step(model_type, "amp-bf16", "grouped") == sim.peak_bytes - sim.buffers_bytes
+                          attention="eager")
+    sim = simulate({"model_type": "gpt_oss", **BASE, **FAMILY["gpt_oss"]}, setup, moe=True)
+    assert sim.peak_bytes - sim.buffers_bytes == predicted("gpt_oss", setup).peak_bytes \
+        == real_step("gpt_oss", "amp-bf16", "grouped")
 
 
 @pytest.mark.parametrize("n", [64, 30])
