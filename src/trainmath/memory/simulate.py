@@ -25,6 +25,10 @@ global-shape transients (86,016 bytes more at the optimizer step of the tiny tp 
 ``detect_fake_mode`` is patched for the duration of the step so that the propagation gets a private mode, as it
 does in a real run.
 
+Routed experts run transformers' own code: the eager loop under a routing the result states (``routing``), an
+amp-bf16 ``grouped_mm`` in fp32 as the CUDA and CPU kernels run it (``trainmath.memory.fake_experts`` says what is
+added to the fake mode and why).
+
 torch and transformers are imported inside the functions: the calculator never needs them.
 """
 
