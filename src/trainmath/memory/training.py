@@ -344,7 +344,10 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     residual = prec.compute_bytes if setup.profile == "megatron" else prec.weight_bytes
     grads, gathered, full_grads = tl.unit_bytes(pl, layout, prec, granularity=gran)
     ffn = {}
-    slices = experts_path(spec, setup) == "eager" and op_families.style(spec.model_type).expert_slices
+    # the eager loop's full-size expert gradients, measured on one device; under ZeRO-3 (FSDP2's unsharded
+    # parameters and its own gradient handling) the simulation holds less than this term: not applied there yet
+    slices = experts_path(spec, setup) == "eager" and op_families.style(spec.model_type).expert_slices \
+        and layout.zero < 3
     for i in pl.layers:
         mlp = [b.dims for b in spec.layers[i].blocks if isinstance(b.dims, MLPDims)]
         ffn[i] = tl.ffn_backward_transient(tokens=tokens, hidden=spec.hidden_size, intermediate=mlp[-1].intermediate,
