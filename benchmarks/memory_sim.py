@@ -8,7 +8,8 @@ the second measured). The simulated peak less the module buffers (rotary ``inv_f
 with the prediction. Target (issue 9): every case within 2%. Run: ``python benchmarks/memory_sim.py [--quick]``
 (``--quick``: one model). ``--fsdp W``: rank 0 of a W-rank FSDP2 run instead (``--zero 3 --dp W``, bf16, for-loop
 AdamW, over a fake process group). ``--moe``: Qwen3-30B-A3B cut to its first 4 layers (full width otherwise, as
-the issue's own GPU check did), grouped experts. Each full-width case takes minutes on two shared cores.
+the issue's own GPU check did), grouped experts (``--experts eager``: the eager loop; ``--batch B``: only b = B
+of 1 and 8). Each full-width case takes minutes on two shared cores.
 
 ``--families``: one catalog model per hf family (``trainmath.ops.families.STYLES``; the smallest catalog config of
 each, ``FAMILIES``), full width but cut to 2 decoder layers, b = 1, s = 512, single device (with ``--fsdp W``: rank 0
@@ -17,8 +18,9 @@ each distinct type once (gpt-oss: sliding + full; Gemma 3: sliding + full; Qwen3
 Nemotron-H keeps 3 layers, pattern ``M*-`` (Mamba-2, attention, MLP); DeepSeek-V2/V3 and GLM-4.5 get
 ``first_k_dense_replace = 1`` (one dense layer, one MoE layer); Llama 4 runs its ``text_config`` (its first 2 layers:
 both chunked RoPE MoE layers). MoE experts: grouped
-where the family's grouped path is modelled, else eager (``trainmath.memory.training.experts_path``); fake
-``_grouped_mm`` takes bf16 only, so amp-bf16 MoE cases run eager experts (the experts column says which). A family
+where the family's grouped path is modelled, else eager (``trainmath.memory.training.experts_path``; the experts
+column says which); amp-bf16 grouped runs ``_grouped_mm`` in fp32 and eager loops run under the simulation's
+stated routing (``trainmath.memory.fake_experts``). ``--experts eager``: every MoE case on the eager loop. A family
 whose simulation fails is a row with the error, not a crash. Attention: SDPA, except ``EAGER_ATTENTION`` (Gemma 2's
 softcapping and gpt-oss's sinks: transformers runs them eager only). ``--only a,b``: those families only. Each case
 takes seconds; the whole single-device table about 5 minutes on two shared cores.
@@ -97,9 +99,9 @@ def families(world: int) -> None:
             setup = TrainingSetup(micro_batch=1, seq=512, precision=precision, recompute=recompute, device="cpu",
                                   optimizer_impl="forloop" if world > 1 else "foreach",
                                   attention="eager" if family in EAGER_ATTENTION else "sdpa")
+            if moe and "--experts" in sys.argv:
+                setup = dataclasses.replace(setup, experts=sys.argv[sys.argv.index("--experts") + 1])
             experts = experts_path(spec, setup) if moe else "-"
-            if experts == "grouped" and precision != "bf16":
-                experts = "eager"  # fake _grouped_mm takes bf16 only
             if moe:
                 setup = dataclasses.replace(setup, experts=experts)
             try:
@@ -128,8 +130,8 @@ def main() -> None:
     layout = ParallelLayout(dp=world, zero=3) if world > 1 else ParallelLayout()
     cases = [("bf16", r) for r in ("none", "full")] if world > 1 else CASES
     batches = (1,)
-    if "--moe" in sys.argv:  # fake grouped_mm takes bf16 only; 8 × 2048 tokens put the peak in the activations
-        cases, batches = [("bf16", r) for r in ("none", "full")], (1, 8)
+    if "--moe" in sys.argv:  # 8 × 2048 tokens put the peak in the activations
+        batches = (int(sys.argv[sys.argv.index("--batch") + 1]),) if "--batch" in sys.argv else (1, 8)
     print("| model | layout | precision | recompute | b × s | predicted (B) | event | simulated − buffers (B) | "
           "difference | sim s |")
     print("|---|---|---|---|---|---:|---|---:|---:|---:|")
@@ -141,13 +143,15 @@ def main() -> None:
         moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
         for (precision, recompute), b in ((c, b) for b in batches for c in cases):
             setup = TrainingSetup(micro_batch=b, seq=2048, precision=precision, recompute=recompute,
-                                  device="cpu", optimizer_impl="forloop" if world > 1 else "foreach")
+                                  device="cpu", optimizer_impl="forloop" if world > 1 else "foreach",
+                                  experts=sys.argv[sys.argv.index("--experts") + 1] if "--experts" in sys.argv
+                                  else "grouped")
             r = training_memory(spec, setup, layout)
             sim = simulate(config, setup, layout, moe=moe)
             measured = sim.peak_bytes - sim.buffers_bytes
             diff = 100 * (r.peak_bytes - measured) / measured
             where = f"FSDP2 rank 0 of {world}" if world > 1 else "1 device"
-            where += ", 4 layers" if "--moe" in sys.argv else ""
+            where += f", 4 layers, {setup.experts} experts" if "--moe" in sys.argv else ""
             print(f"| {name} | {where} | {precision} | {recompute} | {b} × 2048 | {r.peak_bytes:,} | "
                   f"{r.stages[0].phase} | {measured:,} | {diff:+.3f}% | {sim.seconds:.0f} |", flush=True)
 

@@ -185,11 +185,13 @@ def simulation(model: str, spec, setup, layout) -> dict:
     from dataclasses import replace
 
     from trainmath.memory.simulate import simulate
-    from trainmath.memory.training import training_memory
+    from trainmath.memory.training import experts_path, training_memory
     from trainmath.model.spec import MoEDims
     from trainmath.sources import resolve
 
     moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
+    if moe:  # simulate the path the prediction models (a grouped path not modelled is its eager loop)
+        setup = replace(setup, experts=experts_path(spec, setup))
     sim = simulate(resolve(model).config, setup, layout, moe=moe)
     cpu = training_memory(spec, replace(setup, device="cpu"), layout)
     out = sim.to_dict()
@@ -234,6 +236,7 @@ def render_simulation(sim: dict) -> str:
         f"  less module buffers ({sim['buffers_bytes']:,} bytes, not modelled): {measured:,}",
         f"  predicted with --device cpu: {sim['predicted_cpu_peak_bytes']:,} at "
         f"{sim['predicted_cpu_peak_event']!r}; difference {sim['difference_bytes']:+,} bytes ({rel:+.2f}%)",
+        *(f"  {line}" for line in sim.get("routing", ())),
     ])
 
 

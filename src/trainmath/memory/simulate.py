@@ -25,6 +25,10 @@ global-shape transients (86,016 bytes more at the optimizer step of the tiny tp 
 ``detect_fake_mode`` is patched for the duration of the step so that the propagation gets a private mode, as it
 does in a real run.
 
+Routed experts run transformers' own code: the eager loop under a routing the result states (``routing``), an
+amp-bf16 ``grouped_mm`` in fp32 as the CUDA and CPU kernels run it (``trainmath.memory.fake_experts`` says what is
+added to the fake mode and why).
+
 torch and transformers are imported inside the functions: the calculator never needs them.
 """
 
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout
+from trainmath.memory.fake_experts import grouped_mm_rule, routing_standin
 from trainmath.memory.training import TrainingSetup
 
 DROP = ("quantization_config", "auto_map", "torch_dtype", "dtype", "architectures", "transformers_version")
@@ -56,10 +61,13 @@ class Simulation:
     """What the first step's forward saved for backward (distinct non-parameter storages still held when it ends,
     ``saved_counter``): the calculator's activations plus the saved part of the logits. None under FSDP2 and
     with recompute."""
+    routing: tuple[str, ...] = ()
+    """The routing the eager expert loop ran with (``fake_experts.routing_standin``), in words; empty without
+    eager experts."""
 
     def to_dict(self) -> dict:
         return {"peak_bytes": self.peak_bytes, "by_kind": self.by_kind, "buffers_bytes": self.buffers_bytes,
-                "saved_bytes": self.saved_bytes, "seconds": round(self.seconds, 2)}
+                "saved_bytes": self.saved_bytes, "seconds": round(self.seconds, 2), "routing": list(self.routing)}
 
 
 def saved_counter(model):
@@ -162,10 +170,6 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
             raise TrainmathError(f"--simulate {'--zero 3' if fsdp else '--tp'} needs its own process group; "
                                  f"torch.distributed is already initialised in this process")
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=layout.ranks)
-    if moe and setup.experts == "grouped" and setup.precision != "bf16":
-        raise TrainmathError(f"--simulate with --experts grouped needs --precision bf16 (torch's fake-tensor "
-                             f"_grouped_mm accepts bf16 only), got --precision {setup.precision}; or pass "
-                             f"--experts eager")
     kw = {"attn_implementation": setup.attention}
     if moe:
         kw["experts_implementation"] = "grouped_mm" if setup.experts == "grouped" else "eager"
@@ -182,7 +186,7 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
         prop.detect_fake_mode = lambda *a: None  # as in a real run (module docstring)
     try:
         mesh = init_device_mesh("cpu", (layout.ranks,)) if fsdp or tp else None  # outside the fake mode
-        with FakeTensorMode():
+        with FakeTensorMode() as mode:
             model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, **kw)
             model.train()
             if setup.recompute == "full":
@@ -229,7 +233,8 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
             else:
                 mt = MemTracker()
                 mt.track_external(model, opt)
-            with mt:
+            routing: list[str] = []
+            with mt, routing_standin(mode, model, routing), grouped_mm_rule():
                 # the warm-up step counts what it saves (not under FSDP2, whose unsharded weights are not the
                 # module's parameters, nor with checkpointing, whose own hooks take the layers' tensors)
                 step(count=not fsdp and setup.recompute == "none")
@@ -246,5 +251,5 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
     snap = next(iter(peak.values()))
     kinds = {str(getattr(k, "value", k)): v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total"}
     return Simulation(peak_bytes=snap["Total"], by_kind=kinds, buffers_bytes=buffers,
-                      saved_bytes=held[0] if held else None,
+                      saved_bytes=held[0] if held else None, routing=tuple(routing),
                       seconds=time.perf_counter() - start)

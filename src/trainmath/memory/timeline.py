@@ -16,7 +16,8 @@ The step is ``out = model(ids, labels=ids); out.loss.backward(); opt.step(); opt
   (``out = model(...)``: the logits and the loss) or the loss alone (``loss = model(...).loss``);
 - ``backward layer i`` (i from the last down): its first backward ops, the MLP's, with every saved tensor of the
   layer (under full recompute: the recomputed ones) still alive, the gradient of the layer's output, and what the
-  MLP's backward has made so far (``ffn_backward_transient``); ``backward layer i done``: its saved tensors are
+  MLP's backward has made so far (``ffn_backward_transient``; a MoE layer on the eager loop: its routed weights'
+  gradient buffers, ``eager_experts_backward_transient``); ``backward layer i done``: its saved tensors are
   freed and all its weight gradients exist, beside the gradient of its input;
 - ``optimizer step``: every gradient, plus the implementation's temporaries (``optimizers.step_temporary_bytes``);
 - ``zero_grad``: set_to_none frees the gradients.
@@ -343,3 +344,15 @@ def ffn_backward_transient(*, tokens: int, hidden: int, intermediate: int, gated
     f = ceil_div(intermediate, tp)
     a = st.alloc_bytes(compute_bytes * tokens * f, granularity)
     return st.alloc_bytes(hidden * f * grad_bytes, granularity) + (2 if gated else 1) * a
+
+
+def eager_experts_backward_transient(*, first_bytes: int, down_bytes: int, granularity: int) -> int:
+    """Bytes the eager expert loop's backward holds at its peak for its weight gradients (derived from the loop,
+    measured with MemTracker: ``docs/benchmarks.md``, issue 9 eagersim). Each routed weight is one stacked
+    Parameter read per expert as ``W[e]``, so each expert's weight gradient is ``select_backward``'s full-size
+    zeros with one slice written, summed with the others in autograd's input buffer out of place: while the loop's
+    backward runs, one full-size buffer per routed weight (gate_up: ``first_bytes``, down: ``down_bytes``, in the
+    gradient dtype), and at its peak the larger one's old sum, its new contribution and their sum. The buffers
+    become the weights' gradients when the layer's backward is done."""
+    big, small = max(first_bytes, down_bytes), min(first_bytes, down_bytes)
+    return 3 * st.alloc_bytes(big, granularity) + st.alloc_bytes(small, granularity)

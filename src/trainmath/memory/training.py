@@ -27,8 +27,10 @@ from trainmath.memory import timeline as tl
 from trainmath.memory.optimizers import check_optimizer, step_temporary_bytes
 from trainmath.memory.precision import get_precision
 from trainmath.memory.terms import framework_overhead, loss_parallel_bytes, loss_transients, weight_copies_bytes
-from trainmath.model.spec import MLPDims, ModelSpec
+from trainmath.model.spec import MLPDims, ModelSpec, MoEDims
+from trainmath.ops import families as op_families
 from trainmath.ops.families import TP_MEASURED
+from trainmath.ops.kernels.experts import routed_weights
 from trainmath.placement import place
 from trainmath.tree import Node
 
@@ -348,11 +350,22 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     residual = prec.compute_bytes if setup.profile == "megatron" else prec.weight_bytes
     grads, gathered, full_grads = tl.unit_bytes(pl, layout, prec, granularity=gran)
     ffn = {}
+    # the eager loop's full-size expert gradients, measured on one device; under ZeRO-3 (FSDP2's unsharded
+    # parameters and its own gradient handling) the simulation holds less than this term: not applied there yet
+    slices = experts_path(spec, setup) == "eager" and op_families.style(spec.model_type).expert_slices \
+        and layout.zero < 3
     for i in pl.layers:
         mlp = [b.dims for b in spec.layers[i].blocks if isinstance(b.dims, MLPDims)]
         ffn[i] = tl.ffn_backward_transient(tokens=tokens, hidden=spec.hidden_size, intermediate=mlp[-1].intermediate,
                                            gated=mlp[-1].gated, compute_bytes=prec.compute_bytes,
                                            grad_bytes=prec.grad_bytes, granularity=gran, tp=layout.tp) if mlp else 0
+        moe = [b for b in spec.layers[i].blocks if isinstance(b.dims, MoEDims)]
+        if moe and slices:
+            first, down = routed_weights(moe[0])
+            per_rank = layout.ep * layout.tp
+            ffn[i] = max(ffn[i], tl.eager_experts_backward_transient(
+                first_bytes=ceil_div(sum(t.numel * t.experts for t in first), per_rank) * prec.grad_bytes,
+                down_bytes=ceil_div(down.numel * down.experts, per_rank) * prec.grad_bytes, granularity=gran))
     persist = setup.grad_lifetime != "set_to_none" or (setup.micro_batches or 1) > 1 or in_flight > 1
     ddp = layout.zero == 0 and layout.zero_degree > 1
     if ddp and setup.bucket_view:

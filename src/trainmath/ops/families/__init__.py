@@ -68,6 +68,10 @@ class Style:
     ``ColwiseParallel`` on such a weight gives each rank a contiguous slice of it, not its own heads of q, k and v
     (or columns of gate and up), so the module's split of the output is wrong: the hf profile refuses ``--tp``
     for these families (``memory.activations``)."""
+    expert_slices: bool = True
+    """The eager loop reads each expert's slice ``W[e]`` of the stacked weights, so each expert's weight gradient
+    is a full-size ``select_backward`` (``memory.timeline.eager_experts_backward_transient``); False: Llama 4's
+    batched experts over all tokens."""
     config_defaults: tuple[tuple[str, object], ...] = ()
     """transformers 5.24's config-class defaults of the switches that change what is saved but no parameter
     (``context.Family``, ``context.Router``), used where a config omits them."""
@@ -97,12 +101,10 @@ STYLES: dict[str, Style] = {
     "deepseek_v3": Style(router="sigmoid_noaux", router_fp32=True),
     "glm4_moe": Style(rotary="rotate_half_cat", router="sigmoid_noaux", router_fp32=True,
                       config_defaults=(("partial_rotary_factor", 0.5),)),
-    "gpt_oss": Style(norm="rms_fp32_weight", rope_half=True, attention="eager", router="topk_softmax",
-                     experts_grouped=False),
+    "gpt_oss": Style(norm="rms_fp32_weight", rope_half=True, attention="eager", router="topk_softmax"),
     "llama4_text": Style(positions="freqs_cis", rope_layers="windowed", router="sigmoid_scatter", qk_norm_kind="l2",
-                         experts_grouped=False, layer_mask="bool_chunked"),
-    "qwen3_next": Style(norm="gemma", rotary="rotate_half_cat", experts_grouped=False,
-                        config_defaults=(("partial_rotary_factor", 0.25),)),
+                         experts_grouped=False, layer_mask="bool_chunked", expert_slices=False),
+    "qwen3_next": Style(norm="gemma", rotary="rotate_half_cat", config_defaults=(("partial_rotary_factor", 0.25),)),
     "nemotron_h": Style(norm="nemotron", act="relu2", rotary="none", positions="none", router="sigmoid_noaux",
                         router_fp32=True, experts_grouped=False),
 }

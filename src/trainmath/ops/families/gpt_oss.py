@@ -1,7 +1,8 @@
 """gpt-oss (``GptOssDecoderLayer``): RMSNorms whose weight multiplies in fp32, biased q/k/v/o, half-width cos/sin,
 eager attention with learned sinks (transformers has no SDPA path for it: ``attention_ext.sink_attention``), and
 the biased MoE: a biased router, top-k on the logits and a softmax over the k values, the clamped interleaved
-SwiGLU experts (``experts.clamped_swiglu_experts``; eager loop only). Sliding and full layers keep the same (the
+SwiGLU experts (``experts.clamped_swiglu_experts``, the eager loop; ``grouped_clamped_swiglu_experts``,
+transformers' ``grouped_mm`` path). Sliding and full layers keep the same (the
 window only changes the mask). A bf16 model is ``model.to(bfloat16)``: ``from_pretrained`` with a bf16 dtype keeps
 the norms in fp32 (``_keep_in_fp32_modules``), which is not modelled."""
 
@@ -12,11 +13,11 @@ from trainmath.model.spec import LayerSpec, MoEDims
 from trainmath.ops.context import Ctx
 from trainmath.ops.families import LAYERS, Style
 from trainmath.ops.families.dense import blocks, residual
-from trainmath.ops.families.moe import check_experts_path, router_weight
+from trainmath.ops.families.moe import router_weight
 from trainmath.ops.ir import Axis, Program
 from trainmath.ops.kernels.attention import find
 from trainmath.ops.kernels.attention_ext import sink_attention
-from trainmath.ops.kernels.experts import clamped_swiglu_experts
+from trainmath.ops.kernels.experts import EXPERT_PATHS, clamped_swiglu_experts, grouped_clamped_swiglu_experts
 from trainmath.ops.kernels.linear import gather_seq, linear
 from trainmath.ops.kernels.norms import norm
 from trainmath.ops.kernels.router import topk_softmax
@@ -27,7 +28,8 @@ def gpt_oss_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> No
     if mixer is None or mixer.kind != "attention" or ffn is None or not isinstance(ffn.dims, MoEDims):
         raise TrainmathError(f"gpt_oss layer {layer.label!r} is not attention + MoE "
                              f"({[bl.kind for bl in layer.blocks]})")
-    check_experts_path(ctx, "gpt_oss")
+    if ctx.experts not in EXPERT_PATHS:
+        raise TrainmathError(f"experts path {ctx.experts!r} is not one of {', '.join(EXPERT_PATHS)}")
     x = residual(ctx, "layer.input")
     h = norm(prog, ctx, style.norm, "input_layernorm", x, find(norms, "input_layernorm"))
     sink_attention(prog, ctx, mixer, h)
@@ -38,8 +40,8 @@ def gpt_oss_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> No
     dims = ffn.dims
     logits = linear(prog, ctx, f"{prefix}.router", xg, Axis(dims.experts), weight=w)
     weights = topk_softmax(prog, ctx, f"{prefix}.router", logits, dims.top_k)
-    clamped_swiglu_experts(prog, ctx, ffn, xg, weights, k=dims.top_k, f=dims.expert_intermediate,
-                           prefix=f"{prefix}.experts")
+    experts = grouped_clamped_swiglu_experts if ctx.experts == "grouped" else clamped_swiglu_experts
+    experts(prog, ctx, ffn, xg, weights, k=dims.top_k, f=dims.expert_intermediate, prefix=f"{prefix}.experts")
 
 
 LAYERS["gpt_oss"] = gpt_oss_layer

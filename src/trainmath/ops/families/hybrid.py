@@ -3,13 +3,14 @@
 
 Qwen3-Next (``Qwen3NextDecoderLayer``): (1 + w) RMSNorms; the mixer is a Gated DeltaNet (``scans.gated_deltanet``)
 or gated full attention (q_proj emits query and gate, per-head q/k norms, partial rotary ending in ``torch.cat``:
-``attention_ext.sdpa_attention`` with ``project_gate``); then a Qwen2-MoE-style sparse block (softmax router, eager
+``attention_ext.sdpa_attention`` with ``project_gate``); then a Qwen2-MoE-style sparse block (softmax router, routed
 experts, sigmoid-gated shared expert, ``moe.moe_block``) or a gated MLP.
 
 Nemotron-H (``NemotronHBlock``): each layer is one Nemotron RMSNorm and one mixer: Mamba-2 (``scans.mamba2``),
 attention without rotary (SDPA), a relu² MLP, or a MoE with DeepSeek-V3's sigmoid router (fp32 linear, group
 selection, renormalised top-k) over non-gated relu² experts (eager loop) plus a relu² shared expert.
-``moe_latent_size`` raises. Neither family's eager attention nor grouped_mm expert path is modelled.
+``moe_latent_size`` raises. Neither family's eager attention is modelled, nor Nemotron-H's grouped_mm expert
+path (Qwen3-Next's is the standard one, ``experts.grouped_experts``).
 """
 
 from __future__ import annotations

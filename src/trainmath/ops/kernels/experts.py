@@ -20,7 +20,8 @@ expert-count axes (weight copies, per-expert offsets) are ``expert`` (÷ep). The
   autocast it runs in fp32 on the fp32 weights, uncast: no weight copies), the routing weights, no index_add.
 - ``all_tokens`` (Llama 4): every expert runs over all T tokens (scores 0 where unselected): n·T rows.
 - ``clamped_swiglu`` (gpt-oss): biased ``x·W + b`` (under autocast a bf16 product plus an fp32 bias: fp32 up to
-  the down projection), the gate and up interleaved views clamped, ``(up + 1)·gate·sigmoid(α·gate)``.
+  the down projection), the gate and up interleaved views clamped, ``(up + 1)·gate·sigmoid(α·gate)``; its
+  ``grouped_mm`` path adds the biases in place and keeps the sorted expert ids for their gathers.
 """
 
 from __future__ import annotations
@@ -173,6 +174,26 @@ def all_tokens_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, scores:
     expert_linear(prog, ctx, f"{prefix}.down_proj", prod, d, [down], copies=n, kernel="all_tokens")
 
 
+def _clamped_gate(prog: Program, prefix: str, h: Tensor, f: int, g: int) -> Tensor:
+    """gpt-oss's ``_apply_gate`` over the (rows × 2f) gate_up output ``h``: the interleaved gate and up views
+    clamped (each clamp keeps its view), ``glu = gate·sigmoid(α·gate)``, ``(up + 1)·glu``; returns the product."""
+    rows = h.axes[0]
+    gate = h.view(f"{prefix}.gate", rows, Axis(f, "tp"), note="interleaved views of gate_up, kept by both clamps")
+    up = h.view(f"{prefix}.up", rows, Axis(f, "tp"))
+    gc = tensor(f"{prefix}.gate_clamped", gate.axes, g)
+    uc = tensor(f"{prefix}.up_clamped", gate.axes, g)
+    prog.emit("act", f"{prefix}.clamp_gate", inputs=(gate,), outputs=(gc,), saved=(gate,), kernel="clamp")
+    prog.emit("act", f"{prefix}.clamp_up", inputs=(up,), outputs=(uc,), saved=(up,), kernel="clamp")
+    sig = tensor(f"{prefix}.sigmoid", gate.axes, g)
+    prog.emit("act", f"{prefix}.sigmoid", inputs=(gc,), outputs=(sig,), saved=(sig,), kernel="sigmoid")
+    glu = tensor(f"{prefix}.glu", gate.axes, g)
+    prog.emit("mul", f"{prefix}.glu", inputs=(gc, sig), outputs=(glu,), saved=(gc, sig))
+    up1 = tensor(f"{prefix}.up_plus_one", gate.axes, g)
+    prod = tensor(f"{prefix}.gated", gate.axes, g)
+    prog.emit("mul", f"{prefix}.gate_mul", inputs=(up1, glu), outputs=(prod,), saved=(up1, glu))
+    return prod
+
+
 def clamped_swiglu_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: Tensor, *, k: int, f: int,
                            prefix: str) -> None:
     """The eager loop over biased experts with the clamped, interleaved SwiGLU; token and slot indices are
@@ -190,22 +211,38 @@ def clamped_swiglu_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, wei
     copies = hit_copies(ctx, n)
     h = expert_linear(prog, ctx, f"{prefix}.gate_up_proj", xs, Axis(2 * f, "tp"), first, copies=copies,
                       out_dtype=g)
-    gate = h.view(f"{prefix}.gate", rows, Axis(f, "tp"), note="interleaved views of gate_up, kept by both clamps")
-    up = h.view(f"{prefix}.up", rows, Axis(f, "tp"))
-    gc = tensor(f"{prefix}.gate_clamped", gate.axes, g)
-    uc = tensor(f"{prefix}.up_clamped", gate.axes, g)
-    prog.emit("act", f"{prefix}.clamp_gate", inputs=(gate,), outputs=(gc,), saved=(gate,), kernel="clamp")
-    prog.emit("act", f"{prefix}.clamp_up", inputs=(up,), outputs=(uc,), saved=(up,), kernel="clamp")
-    sig = tensor(f"{prefix}.sigmoid", gate.axes, g)
-    prog.emit("act", f"{prefix}.sigmoid", inputs=(gc,), outputs=(sig,), saved=(sig,), kernel="sigmoid")
-    glu = tensor(f"{prefix}.glu", gate.axes, g)
-    prog.emit("mul", f"{prefix}.glu", inputs=(gc, sig), outputs=(glu,), saved=(gc, sig))
-    up1 = tensor(f"{prefix}.up_plus_one", gate.axes, g)
-    prod = tensor(f"{prefix}.gated", gate.axes, g)
-    prog.emit("mul", f"{prefix}.gate_mul", inputs=(up1, glu), outputs=(prod,), saved=(up1, glu))
+    prod = _clamped_gate(prog, prefix, h, f, g)
     y = expert_linear(prog, ctx, f"{prefix}.down_proj", prod, d, [down], copies=copies, out_dtype=g)
     rw = tensor(f"{prefix}.routing_weight", (rows, Axis(1)), weights.dtype_bytes)
     prog.emit("index", f"{prefix}.routing_weight", inputs=(weights,), outputs=(rw,), saved=(slot,))
     wy = tensor(f"{prefix}.index_add_source", (rows, d), g, "the weighted output, kept by index_add")
     prog.emit("mul", f"{prefix}.routing_mul", inputs=(y, rw), outputs=(wy,), saved=(y, rw))
     prog.emit("index_add", f"{prefix}.index_add", inputs=(wy, tok), saved=(wy,))
+
+
+def grouped_clamped_swiglu_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: Tensor, *, k: int,
+                                   f: int, prefix: str) -> None:
+    """transformers' ``grouped_mm`` path over gpt-oss's biased experts (``has_bias``, ``is_transposed``, its own
+    ``_apply_gate``): as ``grouped_experts``, plus the sorted expert ids (int64), which both bias gathers
+    (``gate_up_proj_bias[expert_ids_g]``, ``down_proj_bias[...]``) keep; the biases are added in place
+    (``out.add_(bias)``: nothing more saved, no dtype change), so every row tensor has the input's dtype, which
+    ``_grouped_mm``'s ``input.to(weight.dtype)`` makes the weights' (fp32 under autocast)."""
+    first, down = routed_weights(block)
+    n = down.experts
+    rows = Axis(ctx.T * k)  # whole on an expert-parallel rank (module docstring)
+    d = x.axes[-1]
+    sort = [tensor(f"{prefix}.{nm}", (rows,), INT64, note) for nm, note in (
+        ("sort_permutation", "argsort of the expert ids"), ("sort_inverse", "its inverse"),
+        ("token_index", "the token of each sorted row"),
+        ("sorted_expert_ids", "kept by the two bias gathers"))]
+    offsets = tensor(f"{prefix}.offsets", (Axis(n, "expert"),), 4, "int32 per-expert offsets")
+    xs = tensor(f"{prefix}.gathered_input", (rows, d), x.dtype_bytes, "sorted rows, in the input's dtype")
+    prog.emit("index", f"{prefix}.sort", inputs=(x,), outputs=(xs,), saved=(*sort, offsets))
+    h = expert_linear(prog, ctx, f"{prefix}.gate_up_proj", xs, Axis(2 * f, "tp"), first, copies=None,
+                      autocast=False)
+    prod = _clamped_gate(prog, prefix, h, f, h.dtype_bytes)
+    y = expert_linear(prog, ctx, f"{prefix}.down_proj", prod, d, [down], copies=None, autocast=False)
+    rw = tensor(f"{prefix}.routing_weight", (rows, Axis(1)), weights.dtype_bytes)
+    prog.emit("index", f"{prefix}.routing_weight", inputs=(weights,), outputs=(rw,), saved=(sort[0],))
+    wy = tensor(f"{prefix}.weighted", (rows, d), max(y.dtype_bytes, rw.dtype_bytes))
+    prog.emit("mul", f"{prefix}.routing_mul", inputs=(y, rw), outputs=(wy,), saved=(y, rw))
