@@ -188,6 +188,29 @@ def test_fsdp2_rank_exact(world, precision):
     assert r.breakdown.flat()["zero3_gather_bytes"] == sim.by_kind["Unsharded Param"] + sim.by_kind["All Gather"]
 
 
+def test_fsdp2_attention_backward_event():
+    """A StarCoder2-like layer with dropout on the CPU (math SDPA): FSDP2's rank 0 peaks inside the last layer's
+    attention backward, the MLP's full-size unsharded weight gradients already made, the MLP's saved tensors
+    freed, and the math kernel's fp32 backward buffers alive (``fsdp2.MixerBackward``). Exact but for one fp32
+    scalar (4 bytes) the timeline does not carry there (the other FSDP2 rows' 4 bytes)."""
+    from trainmath.layout import ParallelLayout
+    from trainmath.memory.simulate import simulate
+
+    config = {"model_type": "starcoder2", "vocab_size": 128, "hidden_size": 256, "intermediate_size": 1024,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 256, "attention_dropout": 0.1, "residual_dropout": 0.1,
+              "embedding_dropout": 0.0, "use_bias": True, "tie_word_embeddings": False, "bos_token_id": 0,
+              "eos_token_id": 0}
+    spec = spec_from_config(config, name="tiny", source="test")
+    setup = TrainingSetup(micro_batch=1, seq=64, precision="bf16", optimizer_impl="forloop", device="cpu")
+    layout = ParallelLayout(dp=4, zero=3)
+    r = training_memory(spec, setup, layout)
+    sim = simulate(config, setup, layout)
+    assert r.stages[0].phase == "backward layer 1 attention"
+    assert r.peak_bytes == 8_156_308
+    assert sim.peak_bytes - sim.buffers_bytes - r.peak_bytes == 4
+
+
 @pytest.mark.parametrize("bucket_view", [False, True])
 @pytest.mark.parametrize("vocab, b, s", [(1024, 2, 64), (128, 1, 8)])
 def test_ddp_buckets_exact(bucket_view, vocab, b, s):

@@ -22,6 +22,8 @@ in flight (torch's defaults). Read from ``torch/distributed/fsdp/_fully_shard/``
   (``reduce_scatter_states``, at most one kept), then reduce-scatters: its unsharded gradients beside its
   reduce-scatter input, until they are freed. The root's gradients (LM head, final norm, embedding) stay
   unsharded to the end of backward: its post-backward runs in the root's final callback.
+- **Inside a layer's backward.** Its unsharded weight gradients are full size, so the moment its mixer's backward
+  runs with every gradient of the ops after the mixer already made can be its peak (``MixerBackward``).
 
 Measured: ``benchmarks/memory_sim.py --families --fsdp 8`` (FSDPMemTracker over a fake process group, every hf
 family) and ``tests/memory/test_fsdp2_oracle.py`` (real gloo ranks).
@@ -61,6 +63,41 @@ class Unit:
     @property
     def grads(self) -> int:
         return sum(self.grad_bytes.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixerBackward:
+    """One layer's attention backward on the CPU's math SDPA (dropout on the probabilities: no fused kernel,
+    ``ops.kernels.dropout``), read from the layer's op list: the ops after the attention (the output projection,
+    the residual dropout, the second norm, the MLP) have run their backward, so their saved tensors are freed
+    and their weight gradients exist (full size under FSDP2); the math kernel's backward of
+    ``out = probs @ value`` (fp32) holds the output's gradient upcast to fp32 and the value's gradient (both
+    4·b·h·s·h_d) beside the probabilities' gradient (4·b·h·s², the softmax's shape) being made."""
+
+    saved_after: int
+    """Bytes of the layer's saved storages that only the ops after the attention keep."""
+    grads_after: int
+    """Bytes of the unsharded gradients of the parameters of the ops after the attention."""
+    transient: int
+    """The math kernel's backward buffers: 2 × 4·b·h·s·h_d + 4·b·h·s²."""
+
+
+def mixer_backward(ops, tensors, *, param_bytes: int, granularity: int) -> MixerBackward | None:
+    """``MixerBackward`` of one layer's op list ``ops`` (None without a math-SDPA attention); ``tensors``: the
+    placement's tensors of the layer (module-relative names), their gradients in ``param_bytes``."""
+    from trainmath.ops.fold import saved_storages
+
+    k = next((j for j, op in enumerate(ops) if op.kind == "attention" and op.kernel == "sdpa_math"), None)
+    if k is None:
+        return None
+    before = {id(s) for _, s in saved_storages(ops[:k + 1])}
+    saved_after = sum(s.nbytes() for _, s in saved_storages(ops) if id(s) not in before)
+    modules = {op.name for op in ops[k + 1:]}
+    grads_after = sum(st.alloc_bytes(numel(runtime_shape(t)) * param_bytes, granularity) for t in tensors
+                      if t.spec.name.rsplit(".", 1)[0] in modules)
+    by_name = {t.name.removeprefix("sdpa_math."): t.nbytes() for t in ops[k].saved}
+    transient = 2 * by_name["query_scaled"] + by_name["softmax_fp32"]
+    return MixerBackward(saved_after=saved_after, grads_after=grads_after, transient=transient)
 
 
 def runtime_shape(t) -> tuple[int, ...]:
@@ -186,6 +223,12 @@ def step_timeline(inp) -> tuple:
            + (router.all_gather_bytes if router and raf else before), reduce=root_grads + rs_prev,
            sharded=sharded, logits=held, hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0),
            copies=inp.weight_copies)
+        mix = inp.fsdp2_mixer.get(i)
+        if mix:
+            ev(f"backward layer {i} attention", acts=_acts(inp, kept, live_layer=i, less=mix.saved_after),
+               gather=mine + (router.all_gather_bytes if router and raf else before),
+               reduce=root_grads + rs_prev + mix.grads_after, sharded=sharded, logits=held,
+               hidden=inp.hidden_grad + mix.transient, copies=inp.weight_copies)
         if router:  # its post-backward (inside the layer's backward) frees rs_prev and keeps its own
             sharded += router.sharded_grad_bytes
             rs_prev = router.reduce_scatter_bytes

@@ -149,17 +149,22 @@ class StepInputs:
     """FSDP2's ``reshard_after_forward``: True for ZeRO-3, False for its ZeRO-2 (``zero_impl="fsdp2"``)."""
     positions: int = 0
     """Bytes of the model's int64 position ids, alive through the forward (FSDP2's forward all-gathers)."""
+    fsdp2_mixer: dict = field(default_factory=dict)
+    """layer index → ``fsdp2.MixerBackward`` (FSDP2 only): the moment inside its backward at its attention."""
 
 
-def _acts(inp: StepInputs, kept: list[int], live_layer: int | None = None) -> Node:
-    """The activations live now: resident tensors, the saved tensors of ``kept`` layers, and a recomputed one."""
+def _acts(inp: StepInputs, kept: list[int], live_layer: int | None = None, less: int = 0) -> Node:
+    """The activations live now: resident tensors, the saved tensors of ``kept`` layers, and a recomputed one;
+    ``less``: bytes of the live layer's saved tensors its backward has freed so far (from its recomputed ones
+    under recompute, else from its own)."""
     kids = list(inp.resident)
+    recomputed = inp.recomputed.get(live_layer, 0) if live_layer is not None else 0
     if kept:
         kids.append(Node(name=f"layers saved ({len(kept)} of {len(inp.layers)})",
-                         value=sum(inp.saved[i] for i in kept), unit="bytes",
+                         value=sum(inp.saved[i] for i in kept) - (0 if recomputed else less), unit="bytes",
                          note=f"layers {kept[0]}..{kept[-1]}"))
-    if live_layer is not None and inp.recomputed.get(live_layer):
-        kids.append(Node(name=f"layer {live_layer} recomputed", value=inp.recomputed[live_layer], unit="bytes",
+    if recomputed:
+        kids.append(Node(name=f"layer {live_layer} recomputed", value=recomputed - less, unit="bytes",
                          note="its saved tensors again, while its backward runs"))
     if inp.other_micro_batches:
         kids.append(Node(name="other micro-batches in flight", value=inp.other_micro_batches, unit="bytes",
