@@ -211,6 +211,28 @@ def test_fsdp2_attention_backward_event():
     assert sim.peak_bytes - sim.buffers_bytes - r.peak_bytes == 4
 
 
+def test_fsdp2_input_norm_backward_event():
+    """A Mistral-like layer under full recompute: FSDP2's rank 0 peaks inside layer 0's input RMSNorm backward
+    (``pow``'s backward), every full-size unsharded gradient of the layer made, layer 1's reduce-scatter input
+    alive, the recomputed saved tensors freed but the norm's fp32 x, and five fp32 tensors of x's shape
+    (``fsdp2.NormBackward``). Exact but for one fp32 scalar (4 bytes) the timeline does not carry there."""
+    from trainmath.layout import ParallelLayout
+    from trainmath.memory.simulate import simulate
+
+    config = {"model_type": "mistral", "vocab_size": 128, "hidden_size": 256, "intermediate_size": 1024,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 512, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 0}
+    spec = spec_from_config(config, name="tiny", source="test")
+    setup = TrainingSetup(micro_batch=1, seq=64, precision="bf16", optimizer_impl="forloop", device="cpu",
+                          recompute="full")
+    layout = ParallelLayout(dp=4, zero=3)
+    r = training_memory(spec, setup, layout)
+    sim = simulate(config, setup, layout)
+    assert r.stages[0].phase == "backward layer 0 input norm"
+    assert r.peak_bytes == 10_132_696
+    assert sim.peak_bytes - sim.buffers_bytes - r.peak_bytes == 4
+
+
 @pytest.mark.parametrize("bucket_view", [False, True])
 @pytest.mark.parametrize("vocab, b, s", [(1024, 2, 64), (128, 1, 8)])
 def test_ddp_buckets_exact(bucket_view, vocab, b, s):

@@ -23,7 +23,8 @@ in flight (torch's defaults). Read from ``torch/distributed/fsdp/_fully_shard/``
   reduce-scatter input, until they are freed. The root's gradients (LM head, final norm, embedding) stay
   unsharded to the end of backward: its post-backward runs in the root's final callback.
 - **Inside a layer's backward.** Its unsharded weight gradients are full size, so the moment its mixer's backward
-  runs with every gradient of the ops after the mixer already made can be its peak (``MixerBackward``).
+  runs with every gradient of the ops after the mixer already made can be its peak (``MixerBackward``); so can
+  its input norm's backward, the last of the layer, with all of its gradients made (``NormBackward``).
 
 Measured: ``benchmarks/memory_sim.py --families --fsdp 8`` (FSDPMemTracker over a fake process group, every hf
 family) and ``tests/memory/test_fsdp2_oracle.py`` (real gloo ranks).
@@ -98,6 +99,35 @@ def mixer_backward(ops, tensors, *, param_bytes: int, granularity: int) -> Mixer
     by_name = {t.name.removeprefix("sdpa_math."): t.nbytes() for t in ops[k].saved}
     transient = 2 * by_name["query_scaled"] + by_name["softmax_fp32"]
     return MixerBackward(saved_after=saved_after, grads_after=grads_after, transient=transient)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NormBackward:
+    """One layer's input RMSNorm backward (``ops.kernels.norms``, kind ``rms``), the last op of the layer's
+    backward, read from its op list: every gradient of the layer is made (full size under FSDP2) and every op
+    after the norm has freed its saved tensors; the norm's own node for ``weight * y.to(dtype)``,
+    ``x * rsqrt`` and ``rsqrt`` have run and freed theirs, so only ``pow``'s fp32 x remains. The peak is
+    ``pow``'s backward (``grad * (2 * x.pow(1))``, ``pow_backward`` in autograd's ``FunctionsManual.cpp``) with
+    five fp32 tensors of x's shape alive beside x: the gradient of x from ``x * rsqrt`` (waiting to be summed),
+    ``mean``'s backward (the expanded gradient divided by d), ``x.pow(1)``, ``2 * x.pow(1)`` and the product
+    (checked with a dispatch mode on one bf16 RMSNorm on the CPU)."""
+
+    saved_after: int
+    """Bytes of the layer's saved storages other than the norm's fp32 x."""
+    transient: int
+    """``pow``'s backward buffers: 5 × the fp32 x's bytes."""
+
+
+def norm_backward(ops) -> NormBackward | None:
+    """``NormBackward`` of one layer's op list ``ops`` (None unless its first norm is an ``rms`` one)."""
+    from trainmath.ops.fold import saved_storages
+
+    k = next((j for j, op in enumerate(ops) if op.kind == "norm"), None)
+    if k is None or ops[k].kernel != "rms":
+        return None
+    x = next(s for t, s in saved_storages(ops[k:k + 1]) if t.name.endswith(".x_fp32"))
+    saved_after = sum(s.nbytes() for _, s in saved_storages(ops) if s is not x)
+    return NormBackward(saved_after=saved_after, transient=5 * x.nbytes())
 
 
 def runtime_shape(t) -> tuple[int, ...]:
@@ -233,6 +263,11 @@ def step_timeline(inp) -> tuple:
             sharded += router.sharded_grad_bytes
             rs_prev = router.reduce_scatter_bytes
             mine -= 0 if raf else router.unsharded_bytes
+        norm = inp.fsdp2_norm.get(i)
+        if norm:  # the layer's input norm, its last op: every gradient of the layer made
+            ev(f"backward layer {i} input norm", acts=_acts(inp, kept, live_layer=i, less=norm.saved_after),
+               gather=mine + before, reduce=root_grads + rs_prev + g, sharded=sharded, logits=held,
+               hidden=inp.hidden_grad + norm.transient, copies=inp.weight_copies)
         kept.pop()
         ev(f"backward layer {i} done", acts=_acts(inp, kept), gather=mine + before,
            reduce=root_grads + rs_prev + g, sharded=sharded, logits=held, hidden=inp.hidden_grad,

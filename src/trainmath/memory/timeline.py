@@ -151,6 +151,8 @@ class StepInputs:
     """Bytes of the model's int64 position ids, alive through the forward (FSDP2's forward all-gathers)."""
     fsdp2_mixer: dict = field(default_factory=dict)
     """layer index → ``fsdp2.MixerBackward`` (FSDP2 only): the moment inside its backward at its attention."""
+    fsdp2_norm: dict = field(default_factory=dict)
+    """layer index → ``fsdp2.NormBackward`` (FSDP2 only): the moment inside its backward at its input norm."""
 
 
 def _acts(inp: StepInputs, kept: list[int], live_layer: int | None = None, less: int = 0) -> Node:

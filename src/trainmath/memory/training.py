@@ -285,12 +285,13 @@ def layout_text(setup: TrainingSetup, layout: ParallelLayout, model_type: str = 
     return f"layout {layout.describe()}: " + "; ".join(parts)
 
 
-def _fsdp2_mixer(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, pl, prec, gran: int) -> dict:
-    """layer index → ``fsdp2.MixerBackward`` of its op list (the hf profile, one rank of data parallelism only:
-    tp = cp = ep = 1), for the layers with one."""
+def _fsdp2_mixer(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, pl, prec,
+                 gran: int) -> tuple[dict, dict]:
+    """layer index → ``fsdp2.MixerBackward``, and layer index → ``fsdp2.NormBackward``, of its op list (the hf
+    profile, one rank of data parallelism only: tp = cp = ep = 1), for the layers with one."""
     if setup.profile != "hf" or layout.tp > 1 or layout.cp > 1 or layout.ep > 1 \
             or spec.model_type not in op_families.LAYERS:
-        return {}
+        return {}, {}
     from trainmath.ops.context import Ctx, Family, Router
     from trainmath.ops.context import Precision as OpPrecision
     from trainmath.ops.ir import Program
@@ -301,7 +302,7 @@ def _fsdp2_mixer(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
               p=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
               eager=setup.attention == "eager" or style.attention == "eager", experts=experts_path(spec, setup),
               router=Router.from_config(config), family=Family.from_config(config), device=setup.device)
-    out = {}
+    out, norms = {}, {}
     for i in pl.layers:
         prog = Program()
         op_families.LAYERS[spec.model_type](prog, ctx, spec.layers[i], style)
@@ -309,7 +310,10 @@ def _fsdp2_mixer(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                                    param_bytes=prec.weight_bytes, granularity=gran)
         if mix:
             out[i] = mix
-    return out
+        norm = fsdp2.norm_backward(prog.ops)
+        if norm:
+            norms[i] = norm
+    return out, norms
 
 
 def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, stage: int,
@@ -431,7 +435,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
             weights = st.model_states(pl, replace(layout, zero=3), prec, setup.optimizer, impl=setup.optimizer_impl,
                                       granularity=gran, device=setup.device).weights_bytes \
                 + _fp32_router_states(spec, pl, replace(layout, zero=3), prec, setup, gran)[0]
-    mixer = _fsdp2_mixer(spec, setup, layout, pl, prec, gran) if fsdp else {}
+    mixer, norms = _fsdp2_mixer(spec, setup, layout, pl, prec, gran) if fsdp else ({}, {})
     persistent = {"weights_bytes": weights, "master_weights_bytes": master, "optimizer_states_bytes": states,
                   "framework_overhead_bytes": overhead}
     inp = tl.StepInputs(
@@ -448,7 +452,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         tied_head=layout.pp == 1 and any(t.tied for t in spec.post), tied_grad=_tied_grad(spec, pl, layout, prec, gran),
         persistent=persistent, grads_persist=persist,
         optimizer_temporaries=temps, fp32_grad_copies=fp32g, flat=flat, flat_stage=layout.zero if flat else 0,
-        fsdp2=fsdp, fsdp2_reshard=layout.zero >= 3, fsdp2_mixer=mixer,
+        fsdp2=fsdp, fsdp2_reshard=layout.zero >= 3, fsdp2_mixer=mixer, fsdp2_norm=norms,
         positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0)
     events = tl.step_timeline(inp)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
