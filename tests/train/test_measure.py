@@ -84,9 +84,11 @@ def test_peak_within_stated_tolerance(strategy, impl, nproc, recompute):
     tol, kind = peak_tolerance(cfg)
     assert all(f.ok and f.tolerance == tol for f in peaks), [(f.name, f.rel_error) for f in peaks]
     phase = _phase(cfg, nproc)
-    if impl == "torch" and strategy in ("zero2", "zero3"):  # rank 0 holds full ⌈d/n⌉-row chunks; later ranks'
-        # optimizer states follow their unpadded local shards (at 4 ranks rank 3's peak is 0.4-1% lower)
-        assert peaks[0].rel_error < 0.01 and all(f.measured <= peaks[0].measured for f in peaks), \
+    if impl == "torch" and strategy in ("zero2", "zero3"):  # FSDP2: a rank whose collective completes late holds
+        # one more unit's buffer (``verify.PEAK_TOLERANCE["fsdp2_gloo"]``); on the modelled schedule a rank is
+        # within 1% (rank 0 holds full ⌈d/n⌉-row chunks; later ranks' optimizer states follow their unpadded
+        # local shards: at 4 ranks rank 3's peak is 0.4-1% lower)
+        assert kind == "fsdp2_gloo" and min(f.rel_error for f in peaks) < 0.01, \
             [(f.name, f.rel_error) for f in peaks]
     elif kind == "modelled" and not (phase.startswith("backward layer") and phase.endswith("done")):
         assert all(f.rel_error < 0.01 for f in peaks), (phase, [(f.name, f.rel_error) for f in peaks])
