@@ -296,6 +296,9 @@ def test_measured_families_are_the_plans_families():
     setup, layout = TrainingSetup(micro_batch=1, seq=16), ParallelLayout(tp=2)
     assert "olmo2: measured equal on gloo ranks" in layout_text(setup, layout, "olmo2")
     assert "deepseek_v3: derived from the op lists' axes, not measured" in layout_text(setup, layout, "deepseek_v3")
+    # Cohere is measured without its q/k norm only (apply_tp refuses use_qk_norm: Command R+)
+    assert "cohere: measured equal" in layout_text(setup, layout, "cohere", {"use_qk_norm": False})
+    assert "cohere: derived from the op lists' axes" in layout_text(setup, layout, "cohere", {"use_qk_norm": True})
 
 
 def test_cohere_qk_norm_refused():

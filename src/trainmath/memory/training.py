@@ -29,7 +29,7 @@ from trainmath.memory.precision import get_precision
 from trainmath.memory.terms import framework_overhead, loss_parallel_bytes, loss_transients, weight_copies_bytes
 from trainmath.model.spec import MLPDims, ModelSpec, MoEDims
 from trainmath.ops import families as op_families
-from trainmath.ops.families import TP_MEASURED
+from trainmath.ops.families import TP_MEASURED, tp_measured
 from trainmath.ops.kernels.experts import routed_weights
 from trainmath.placement import place
 from trainmath.tree import Node
@@ -255,7 +255,8 @@ def vocab_sharded(setup: TrainingSetup, layout: ParallelLayout) -> bool:
     return layout.tp > 1 and (layout.vocab_parallel or setup.profile == "megatron")
 
 
-def layout_text(setup: TrainingSetup, layout: ParallelLayout, model_type: str = "") -> str:
+def layout_text(setup: TrainingSetup, layout: ParallelLayout, model_type: str = "",
+                options: dict | None = None) -> str:
     """The convention line that says what each degree means here."""
     if layout.tp == 1 and layout.cp == 1 and layout.ep == 1:
         return f"layout {layout.describe()}: no tensor, context or expert parallelism; per-rank figures"
@@ -271,7 +272,7 @@ def layout_text(setup: TrainingSetup, layout: ParallelLayout, model_type: str = 
                      + (", vocabulary-parallel embedding, head and loss (V/tp per rank)" if layout.vocab_parallel
                         else ", embedding, LM head and loss whole on every rank")
                      + (f"; {model_type}: measured equal on gloo ranks (the plan is trainmath.runtime.tensor_parallel"
-                        f".apply_tp)" if model_type in TP_MEASURED else
+                        f".apply_tp)" if tp_measured(model_type, options) else
                         f"; {model_type or 'this family'}: derived from the op lists' axes, not measured (measured: "
                         f"{', '.join(TP_MEASURED)})"))
     if layout.cp > 1:
@@ -555,7 +556,7 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
         "the loop keeps " + ("the model output (out = model(...)): the logits live until the step returns"
                              if setup.loop_keeps == "output" else
                              "the loss only (loss = model(...).loss): the logits are freed after the forward"),
-        layout_text(setup, layout, spec.model_type),
+        layout_text(setup, layout, spec.model_type, spec.options),
         "1F1B pipeline: stage s holds min(pp - s, micro-batches) micro-batches of activations",
         f"peak_bytes is the largest event of the step's timeline (here: {top.phase!r} on stage {top.stage}); "
         "op-level transients inside one layer's forward or backward are not events",

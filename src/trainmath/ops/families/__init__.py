@@ -114,7 +114,15 @@ TP_MEASURED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text",
                "phi3")
 """Families whose per-rank fold under ``--tp``/``--sp``/``--vocab-parallel`` is measured equal, to the byte, to
 what transformers' layers save on 2 gloo ranks under ``trainmath.runtime.tensor_parallel.apply_tp`` (its
-``FAMILIES``; ``tests/memory/test_tp_oracle.py``). Cohere only without ``use_qk_norm``."""
+``FAMILIES``; ``tests/memory/test_tp_oracle.py``). Cohere only without ``use_qk_norm`` (``tp_measured``)."""
+
+
+def tp_measured(model_type: str, options: dict | None = None) -> bool:
+    """Is this config's per-rank TP fold measured (``TP_MEASURED``)? Not Cohere with ``use_qk_norm`` (Command R+),
+    whose (heads, head_dim) q/k norm weights ``apply_tp`` does not split."""
+    if model_type == "cohere" and (options or {}).get("use_qk_norm"):
+        return False
+    return model_type in TP_MEASURED
 
 GROUPED_UNMODELLED = tuple(name for name, row in STYLES.items() if not row.experts_grouped)
 """MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is)."""
