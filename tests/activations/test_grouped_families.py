@@ -2,7 +2,7 @@
 "grouped_mm"``, transformers 5's default) saves what the hf profile with ``experts="grouped"`` says, exactly
 (the method of ``test_hf_oracle``: saved_tensors_hooks, distinct storages still held when the forward ends).
 
-gpt-oss's grouped path differs from the standard one (``experts.grouped_clamped_swiglu_experts``): biased
+gpt-oss's grouped path differs from the standard one (``experts.grouped_experts(..., clamped=True)``): biased
 experts (the bias gathers keep the sorted expert ids; ``add_`` in place), the clamped interleaved SwiGLU, and
 under autocast fp32 rows throughout (``_grouped_mm`` casts its input to the fp32 weights). Qwen3-Next's is the
 standard one. The routing of a tiny random model is its own: every expert must be hit for the grouped path to

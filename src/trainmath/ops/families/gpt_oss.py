@@ -1,7 +1,7 @@
 """gpt-oss (``GptOssDecoderLayer``): RMSNorms whose weight multiplies in fp32, biased q/k/v/o, half-width cos/sin,
 eager attention with learned sinks (transformers has no SDPA path for it: ``attention_ext.sink_attention``), and
 the biased MoE: a biased router, top-k on the logits and a softmax over the k values, the clamped interleaved
-SwiGLU experts (``experts.clamped_swiglu_experts``, the eager loop; ``grouped_clamped_swiglu_experts``,
+SwiGLU experts (``experts.clamped_swiglu_experts``, the eager loop; ``grouped_experts(..., clamped=True)``,
 transformers' ``grouped_mm`` path). Sliding and full layers keep the same (the
 window only changes the mask). A bf16 model is ``model.to(bfloat16)``: ``from_pretrained`` with a bf16 dtype keeps
 the norms in fp32 (``_keep_in_fp32_modules``), which is not modelled."""
@@ -17,7 +17,7 @@ from trainmath.ops.families.moe import router_weight
 from trainmath.ops.ir import Axis, Program
 from trainmath.ops.kernels.attention import find
 from trainmath.ops.kernels.attention_ext import sink_attention
-from trainmath.ops.kernels.experts import EXPERT_PATHS, clamped_swiglu_experts, grouped_clamped_swiglu_experts
+from trainmath.ops.kernels.experts import EXPERT_PATHS, clamped_swiglu_experts, grouped_experts
 from trainmath.ops.kernels.linear import gather_seq, linear
 from trainmath.ops.kernels.norms import norm
 from trainmath.ops.kernels.router import topk_softmax
@@ -40,8 +40,11 @@ def gpt_oss_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> No
     dims = ffn.dims
     logits = linear(prog, ctx, f"{prefix}.router", xg, Axis(dims.experts), weight=w)
     weights = topk_softmax(prog, ctx, f"{prefix}.router", logits, dims.top_k)
-    experts = grouped_clamped_swiglu_experts if ctx.experts == "grouped" else clamped_swiglu_experts
-    experts(prog, ctx, ffn, xg, weights, k=dims.top_k, f=dims.expert_intermediate, prefix=f"{prefix}.experts")
+    kw = dict(k=dims.top_k, f=dims.expert_intermediate, prefix=f"{prefix}.experts")
+    if ctx.experts == "grouped":
+        grouped_experts(prog, ctx, ffn, xg, weights, clamped=True, **kw)
+    else:
+        clamped_swiglu_experts(prog, ctx, ffn, xg, weights, **kw)
 
 
 LAYERS["gpt_oss"] = gpt_oss_layer

@@ -121,21 +121,27 @@ def eager_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: Ten
 
 
 def grouped_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: Tensor, *, k: int, f: int,
-                    prefix: str, act: str = "silu") -> None:
-    """transformers' ``grouped_mm`` path over the MoE input ``x`` (gated experts)."""
+                    prefix: str, act: str = "silu", clamped: bool = False) -> None:
+    """transformers' ``grouped_mm`` path over the MoE input ``x`` (gated experts). ``clamped``: gpt-oss's biased
+    experts (``has_bias``, ``is_transposed``, its own ``_apply_gate``, ``_clamped_gate``), which also keep the
+    sorted expert ids (int64) for both bias gathers (``gate_up_proj_bias[expert_ids_g]``, ``down_proj_bias[...]``);
+    the biases are added in place (``out.add_(bias)``: nothing more saved, no dtype change), so every row tensor has
+    the input's dtype, which ``_grouped_mm``'s ``input.to(weight.dtype)`` makes the weights' (fp32 under
+    autocast)."""
     first, down = routed_weights(block)
     n = down.experts
     rows = ctx.token_rows(k)  # ÷cp; whole on an expert-parallel rank (module docstring)
     d = x.axes[-1]
     sort = [tensor(f"{prefix}.{nm}", (rows,), INT64, note) for nm, note in (
         ("sort_permutation", "argsort of the expert ids"), ("sort_inverse", "its inverse"),
-        ("token_index", "the token of each sorted row"))]
+        ("token_index", "the token of each sorted row"),
+        *((("sorted_expert_ids", "kept by the two bias gathers"),) if clamped else ()))]
     offsets = tensor(f"{prefix}.offsets", (Axis(n, "expert"),), 4, "int32 per-expert offsets")
     xs = tensor(f"{prefix}.gathered_input", (rows, d), x.dtype_bytes, "sorted rows, in the input's dtype")
     prog.emit("index", f"{prefix}.sort", inputs=(x,), outputs=(xs,), saved=(*sort, offsets))
     h = expert_linear(prog, ctx, f"{prefix}.gate_up_proj", xs, Axis(2 * f, "tp"), first, copies=None,
                       autocast=False)
-    prod = _gated(prog, prefix, h, f, act)
+    prod = _clamped_gate(prog, prefix, h, f, h.dtype_bytes) if clamped else _gated(prog, prefix, h, f, act)
     y = expert_linear(prog, ctx, f"{prefix}.down_proj", prod, d, [down], copies=None, autocast=False)
     rw = tensor(f"{prefix}.routing_weight", (rows, Axis(1)), weights.dtype_bytes)
     prog.emit("index", f"{prefix}.routing_weight", inputs=(weights,), outputs=(rw,), saved=(sort[0],))
@@ -219,30 +225,3 @@ def clamped_swiglu_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, wei
     prog.emit("mul", f"{prefix}.routing_mul", inputs=(y, rw), outputs=(wy,), saved=(y, rw))
     prog.emit("index_add", f"{prefix}.index_add", inputs=(wy, tok), saved=(wy,))
 
-
-def grouped_clamped_swiglu_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: Tensor, *, k: int,
-                                   f: int, prefix: str) -> None:
-    """transformers' ``grouped_mm`` path over gpt-oss's biased experts (``has_bias``, ``is_transposed``, its own
-    ``_apply_gate``): as ``grouped_experts``, plus the sorted expert ids (int64), which both bias gathers
-    (``gate_up_proj_bias[expert_ids_g]``, ``down_proj_bias[...]``) keep; the biases are added in place
-    (``out.add_(bias)``: nothing more saved, no dtype change), so every row tensor has the input's dtype, which
-    ``_grouped_mm``'s ``input.to(weight.dtype)`` makes the weights' (fp32 under autocast)."""
-    first, down = routed_weights(block)
-    n = down.experts
-    rows = Axis(ctx.T * k)  # whole on an expert-parallel rank (module docstring)
-    d = x.axes[-1]
-    sort = [tensor(f"{prefix}.{nm}", (rows,), INT64, note) for nm, note in (
-        ("sort_permutation", "argsort of the expert ids"), ("sort_inverse", "its inverse"),
-        ("token_index", "the token of each sorted row"),
-        ("sorted_expert_ids", "kept by the two bias gathers"))]
-    offsets = tensor(f"{prefix}.offsets", (Axis(n, "expert"),), 4, "int32 per-expert offsets")
-    xs = tensor(f"{prefix}.gathered_input", (rows, d), x.dtype_bytes, "sorted rows, in the input's dtype")
-    prog.emit("index", f"{prefix}.sort", inputs=(x,), outputs=(xs,), saved=(*sort, offsets))
-    h = expert_linear(prog, ctx, f"{prefix}.gate_up_proj", xs, Axis(2 * f, "tp"), first, copies=None,
-                      autocast=False)
-    prod = _clamped_gate(prog, prefix, h, f, h.dtype_bytes)
-    y = expert_linear(prog, ctx, f"{prefix}.down_proj", prod, d, [down], copies=None, autocast=False)
-    rw = tensor(f"{prefix}.routing_weight", (rows, Axis(1)), weights.dtype_bytes)
-    prog.emit("index", f"{prefix}.routing_weight", inputs=(weights,), outputs=(rw,), saved=(sort[0],))
-    wy = tensor(f"{prefix}.weighted", (rows, d), max(y.dtype_bytes, rw.dtype_bytes))
-    prog.emit("mul", f"{prefix}.routing_mul", inputs=(y, rw), outputs=(wy,), saved=(y, rw))
