@@ -160,7 +160,8 @@ def layer_terms(layer: LayerSpec, *, b: int, s: int, d: int, t: int = 1, sp: boo
                      ("router: logits", x * rows * dims.experts, 1),
                      ("experts: permuted rows (linear_fc1 input)", x * routed * d, 1)]
             kept += _mlp(dims.expert_intermediate, dims.gated, x * routed, t, "experts")
-            kept += [("unpermute: expert output", x * routed * d, 1), ("unpermute: probabilities (fp32)", 4 * routed, 1)]
+            kept += [("unpermute: expert output", x * routed * d, 1),
+                     ("unpermute: probabilities (fp32)", 4 * routed, 1)]
             if dims.shared_intermediate:
                 kept += _mlp(dims.shared_intermediate, dims.gated, x * rows, t, "shared expert")
             if residual_dropout > 0:
