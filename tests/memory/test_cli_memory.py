@@ -66,6 +66,6 @@ def test_bad_input_one_line_exit_2(capsys, argv, message):
 def test_calculator_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
             "import trainmath.layout, trainmath.placement, trainmath.memory.training, trainmath.memory.optimizers\n"
-            "import trainmath.memory.timeline, trainmath.memory.fit, trainmath.memory.simulate\n"
+            "import trainmath.memory.timeline, trainmath.memory.fit, trainmath.verify.simulate\n"
             "import trainmath.cli.memory\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise TrainmathError("; ".join(bad))
     if args.simulate:
-        from trainmath.memory.simulate import check_simulable
+        from trainmath.verify.simulate import check_simulable
 
         check_simulable(setup, layout)
     gpu = None
@@ -184,10 +184,10 @@ def simulation(model: str, spec, setup, layout) -> dict:
     """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures)."""
     from dataclasses import replace
 
-    from trainmath.memory.simulate import simulate
     from trainmath.memory.training import experts_path, training_memory
     from trainmath.model.spec import MoEDims
     from trainmath.sources import resolve
+    from trainmath.verify.simulate import simulate
 
     moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
     if moe:  # simulate the path the prediction models (a grouped path not modelled is its eager loop)
@@ -204,8 +204,8 @@ def simulation(model: str, spec, setup, layout) -> dict:
 def simulate_only(args, spec, setup, layout, refusal: str) -> int:
     """``--simulate`` of a layout the calculator refuses (the hf profile with --tp > 1, for now): the simulated
     rank alone, with the refusal in place of the prediction."""
-    from trainmath.memory.simulate import simulate
     from trainmath.sources import resolve
+    from trainmath.verify.simulate import simulate
 
     sim = simulate(resolve(args.model).config, setup, layout).to_dict()
     if args.json:

@@ -141,7 +141,7 @@ def _check_model(cfg, world_size: int, local_ranks: int, backend: str) -> None:
     """Resolve the config and check that the calculator's peak fits, before any rank starts: a bad model name or
     a model that cannot fit is one line."""
     from trainmath.runtime.train.model import model_spec, shrunk_config
-    from trainmath.runtime.train.verify import predict
+    from trainmath.verify.train import predict
 
     name, conf = shrunk_config(cfg.model, cfg.overrides)
     peak = predict(model_spec(name, conf), cfg, world_size, cuda=backend == "nccl")["peak_bytes"]

@@ -2,7 +2,7 @@
 with the calculator's prediction. Exit 0 only when every field is within its tolerance, 1 otherwise.
 
 Top level imports only the standard library; the tolerances and what they stand for are in
-``trainmath.runtime.train.verify``.
+``trainmath.verify.train``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainmath.cli.train import run_training
     from trainmath.runtime.train.model import model_spec, shrunk_config
-    from trainmath.runtime.train.verify import compare, predict
+    from trainmath.verify.train import compare, predict
 
     if args.steps < 2:
         raise TrainmathError(f"verify measures the second step (the first creates the optimizer states): --steps must "

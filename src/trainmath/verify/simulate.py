@@ -26,7 +26,7 @@ global-shape transients (86,016 bytes more at the optimizer step of the tiny tp 
 does in a real run.
 
 Routed experts run transformers' own code: the eager loop under a routing the result states (``routing``), an
-amp-bf16 ``grouped_mm`` in fp32 as the CUDA and CPU kernels run it (``trainmath.memory.fake_experts`` says what is
+amp-bf16 ``grouped_mm`` in fp32 as the CUDA and CPU kernels run it (``trainmath.verify.fake_experts`` says what is
 added to the fake mode and why).
 
 torch and transformers are imported inside the functions: the calculator never needs them.
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout
-from trainmath.memory.fake_experts import grouped_mm_rule, routing_standin
 from trainmath.memory.training import TrainingSetup
+from trainmath.verify.fake_experts import grouped_mm_rule, routing_standin
 
 DROP = ("quantization_config", "auto_map", "torch_dtype", "dtype", "architectures", "transformers_version")
 """Config keys that describe a checkpoint's files, not the model's shapes."""
