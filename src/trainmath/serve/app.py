@@ -14,20 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from trainmath.errors import TrainmathError
+from trainmath.serve.flags import parser
 
 MAX_BODY_BYTES = 1 << 20
 """Largest request body accepted (a config.json is a few KiB; the largest in the catalog is under 64 KiB)."""
-
-
-def parser():
-    """The flags of ``trainmath report`` (without MODEL and -o), raising instead of exiting."""
-    from trainmath.report.options import RaisingParser, add_plan_flags, add_serving_flags, add_training_flags
-
-    p = RaisingParser(prog="trainmath serve", add_help=False)
-    add_training_flags(p)
-    add_serving_flags(p)
-    add_plan_flags(p)
-    return p
 
 
 def _argv(fields: dict[str, str]) -> list[str]:
