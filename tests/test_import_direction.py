@@ -35,7 +35,6 @@ KNOWN_UPWARD = {
 """Imports from a lower floor to a higher one not yet removed."""
 KNOWN_CYCLES = {
     frozenset({"trainmath.memory.terms", "trainmath.memory.training"}),
-    frozenset({"trainmath.runtime.launch", "trainmath.runtime.liveness"}),
 }
 """Module cycles not yet removed (the loop inside ``ops/`` through ``ops.context.config_defaults`` is reported by
 its size; it goes with the family definitions)."""
