@@ -162,7 +162,7 @@ def grows_with_context(spec: ModelSpec, fmt: CacheFormat) -> bool:
 
 def kv_bytes_per_token(spec: ModelSpec, *, fmt: CacheFormat, tp: int) -> int:
     """Cache bytes one more token of context adds on one TP rank once every sliding window is full: the K/V of
-    the full-attention and MLA layers (the seed's 2·N·h_kv·h_d·bytes for a dense model)."""
+    the full-attention and MLA layers (the blog series' 2·N·h_kv·h_d·bytes for a dense model)."""
     big = 1 << 40  # a context beyond every window: sliding layers are saturated at both points
     a = cache_tree(spec, batch=1, context=big, fmt=fmt, tp=tp).value
     b = cache_tree(spec, batch=1, context=big + 1, fmt=fmt, tp=tp).value

@@ -207,7 +207,7 @@ def _activation_model(activation_model):
         return activation_model
     try:
         from trainmath.memory import activations
-    except ModuleNotFoundError as e:  # pragma: no cover - until the activation model lands
+    except ModuleNotFoundError as e:  # pragma: no cover
         raise TrainmathError("the activation model (trainmath.memory.activations) is not available") from e
     if not (hasattr(activations, "activation_bytes") and hasattr(activations, "logits_bytes")):
         raise TrainmathError("the activation model (trainmath.memory.activations) has no activation_bytes / "

@@ -1,9 +1,10 @@
-"""The seed's torch.distributed examples, one function per primitive, with the tensors each rank holds.
+"""The torch.distributed examples of Jiang Yi's blog series, one function per primitive, with the tensors each rank
+holds.
 
 Each demo runs on every rank with an explicit :class:`RankContext` and returns one record per rank:
 ``{"rank", "before", "after", ...}`` with tensors as plain lists (so they print, serialise to JSON and
 compare in tests). The records are all-gathered at the end so any launcher (any node) can show every rank
-in rank order. Tensors follow the seed: rank r holds ``[r+1]*5``; rank 0 sends ``[1, 2, 3, 4, 5]``.
+in rank order. Tensors follow the blog series: rank r holds ``[r+1]*5``; rank 0 sends ``[1, 2, 3, 4, 5]``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _v(t: torch.Tensor) -> list:
 
 
 def _seed(ctx: RankContext) -> torch.Tensor:
-    # The seed's per-rank tensor: [rank+1] * 5.
+    # The blog series' per-rank tensor: [rank+1] * 5.
     return torch.full((5,), float(ctx.rank + 1), dtype=torch.float32, device=ctx.device)
 
 
