@@ -16,7 +16,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainmath"
 
 FLOORS = {
-    "trainmath": 0, "arith": 0, "errors": 0, "tree": 0, "catalog": 0,
+    "trainmath": 0, "arith": 0, "errors": 0, "tree": 0, "catalog": 0, "vocabulary": 0,
     "model": 1, "hardware": 1,
     "layout": 2, "placement": 2, "params": 2, "sources": 2, "explain": 2, "checkpoint": 2, "usable": 2,
     "ops": 3, "flops": 4, "comm": 4, "memory": 5, "infer": 5, "perf": 7, "plan": 8,
@@ -151,3 +151,11 @@ def test_the_checker_sees_what_it_checks():
     assert "trainmath.ops.flops" in EDGES["trainmath.flops.model"]
     assert "torch" in EDGES["trainmath.runtime.demo"]
     assert FLOORS[_room("trainmath.verify.simulate")] > FLOORS[_room("trainmath.runtime.fsdp")]
+
+
+def test_recompute_is_defined_once():
+    """One vocabulary: the recompute choices are ``trainmath.vocabulary.RECOMPUTE``, imported everywhere else."""
+    from trainmath import vocabulary
+
+    spelled = [p for p in MODULES.values() if '("none", "selective", "full")' in p.read_text()]
+    assert spelled == [Path(vocabulary.__file__).resolve()]

@@ -8,6 +8,7 @@ import json
 
 from trainmath.memory.optimizers import OPTIMIZERS
 from trainmath.memory.precision import RECIPES
+from trainmath.vocabulary import RECOMPUTE
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
 PRECISIONS = tuple(RECIPES)
@@ -66,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dp", type=int, default=None, help="default: GPUs / (tp·pp·cp)")
     p.add_argument("--zero", type=int, default=1, choices=(0, 1, 2, 3), help="ZeRO stage (default 1)")
     p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+    p.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
                         "; timed and counted in HFU the same way; full = every decoder layer")

@@ -7,6 +7,7 @@ import argparse
 import json
 
 from trainmath.cli.args import add_strict, config_json, config_lines, count, positions_warning
+from trainmath.vocabulary import RECOMPUTE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--causal", choices=("executed", "half"), default="executed",
                    help="attention products: 'executed' counts all s×s as eager attention runs them (default); "
                         "'half' only the causally attended pairs")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+    p.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recomputation: none (default), selective (torchtitan's op-level policy: "
                         "the linears it does not cache, every 2nd mm), full (every layer)")
     p.add_argument("--checkpoint", choices=("megatron", "torch"), default="megatron",

@@ -8,6 +8,7 @@ import json
 from trainmath.cli.args import add_strict, config_json, config_lines, integer, positions_warning
 from trainmath.memory.optimizers import OPTIMIZERS
 from trainmath.memory.precision import RECIPES
+from trainmath.vocabulary import RECOMPUTE
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
 PRECISIONS = tuple(RECIPES)
@@ -48,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
                    help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
                         "parameter shards")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+    p.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
                         "; full = every decoder layer")

@@ -45,8 +45,7 @@ from trainmath.ops.emit import head_ops, layer_ops, layer_top_k
 from trainmath.ops.gemm import CAUSAL, Gemm, core_note, module_name
 from trainmath.ops.ir import SINGLE, Degrees
 from trainmath.tree import Node
-
-RECOMPUTE = ("none", "selective", "full")
+from trainmath.vocabulary import RECOMPUTE
 
 # Components in output order: the parameter ledger's, with the attention core between attention and the FFN.
 COMPONENT_ORDER = ("embed_tokens", "pos_embed", "attention", "attention_core", "linear_attention", "mamba",

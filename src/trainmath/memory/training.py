@@ -33,8 +33,8 @@ from trainmath.ops.families import TP_MEASURED, tp_measured
 from trainmath.ops.kernels.experts import routed_weights
 from trainmath.placement import place
 from trainmath.tree import Node
+from trainmath.vocabulary import RECOMPUTE
 
-RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("sdpa", "eager")
 PROFILES = ("hf", "megatron")
 DEVICES = ("cuda", "cpu")

@@ -36,12 +36,12 @@ from trainmath.perf.compute import memo, spec_cache
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.step import estimate, memory_peak_bytes, memory_recompute
 from trainmath.plan.bounds import memory_lb, states_max, time_lower_bound
+from trainmath.vocabulary import RECOMPUTE as RECOMPUTES
 
 MAX_GPUS = 1 << 20
 """Largest job searched (1,048,576 GPUs, a few seconds on one core). The enumeration of degrees grows with the
 divisors of the GPU count (720,720 GPUs: ~9 s; 2**40: over a minute), and the web page runs the planner on a typed
 count, so a larger one is refused rather than left running."""
-RECOMPUTES = ("none", "selective", "full")
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL_STAGES = (1, 2, 4)
 ZERO_STAGES = (0, 1, 2, 3)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from trainmath.errors import TrainmathError
 from trainmath.plot.charts import peak_phase
+from trainmath.vocabulary import RECOMPUTE
 
 COMPARE = ("recompute", "zero", "none")
 
@@ -78,7 +79,7 @@ def memory_variants(spec, setup, layout, compare: str = "recompute", layouts: tu
             cases.append((text, setup, lay))
     elif compare == "recompute":
         cases = [(f"recompute {r}", setup if r == setup.recompute else replace(setup, recompute=r), layout)
-                 for r in ("none", "selective", "full")]
+                 for r in RECOMPUTE]
     elif compare == "zero":
         cases = [(f"ZeRO-{z}", setup, replace(layout, zero=z)) for z in range(4)]
     else:

@@ -12,13 +12,13 @@ import os
 from dataclasses import dataclass, field
 
 from trainmath.errors import TrainmathError
+from trainmath.vocabulary import RECOMPUTE
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 IMPLS = ("torch", "trainmath")
 PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 OPTIMIZER_IMPLS = ("torch", "trainmath")
-RECOMPUTE = ("none", "selective", "full")
 COMMS = ("ring", "torch")
 
 CALCULATOR_OPTIMIZER = {"sgd": "sgd", "momentum": "sgd-momentum", "adam": "adam", "adamw": "adamw"}
