@@ -37,7 +37,8 @@ def gpus(run: dict) -> int:
 
 
 def predict(run: dict, hardware: Hardware | None = None) -> float:
-    """The model's figure for ``run``'s metric (tokens/s per GPU or seconds per step) (no memory model: the runs did fit); raises TrainmathError when
+    """The model's figure for ``run``'s metric: tokens/s per GPU or seconds per step (no memory model: the runs
+    did fit); raises TrainmathError when
     the model cannot price the run."""
     hw = hardware or presets()
     job = dict(run["job"])
