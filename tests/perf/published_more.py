@@ -37,9 +37,8 @@ def gpus(run: dict) -> int:
 
 
 def predict(run: dict, hardware: Hardware | None = None) -> float:
-    """The model's figure for ``run``'s metric: tokens/s per GPU or seconds per step (no memory model: the runs
-    did fit); raises TrainmathError when
-    the model cannot price the run."""
+    """The model's figure for ``run``'s metric: tokens/s per GPU, seconds per step or model TFLOP/s per GPU (no
+    memory model: the runs did fit); raises TrainmathError when the model cannot price the run."""
     hw = hardware or presets()
     job = dict(run["job"])
     uneven = job.get("virtual_stages", 1) * run["layout"]["pp"]
@@ -47,8 +46,8 @@ def predict(run: dict, hardware: Hardware | None = None) -> float:
         job["uneven_stages"] = True
     est = estimate(spec(run["id"]), ParallelLayout(**run["layout"]), Job(**job), hw.gpu(run["gpu"]),
                    hardware=hw, memory=False)
-    if run["metric"] == "step_time_s":
-        return est.step_time_s
+    if run["metric"] in ("step_time_s", "tflops_per_gpu"):
+        return getattr(est, run["metric"])
     if run["metric"] != "tokens_per_s_per_gpu":
         raise TrainmathError(f"unknown metric {run['metric']!r}")
     return est.tokens_per_s / gpus(run)

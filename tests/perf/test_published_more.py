@@ -46,7 +46,7 @@ def test_run_is_sourced_and_well_formed(run):
     assert LOCATION.search(run["location"]), run["location"]
     assert run["gpu"] in {g.name for g in presets().gpus}
     assert ("catalog" in run) != ("model" in run)
-    assert run["metric"] in ("tokens_per_s_per_gpu", "step_time_s") and run["published"] > 0
+    assert run["metric"] in ("tokens_per_s_per_gpu", "step_time_s", "tflops_per_gpu") and run["published"] > 0
     assert run["precision"] in ("bf16", "fp8") and run["job"]["precision"] == (
         "fp8" if run["precision"] == "fp8" else "mixed-bf16")
     layout = ParallelLayout(**run["layout"])
