@@ -24,6 +24,10 @@ UNIT = {"step_time_s": "s/step", "tflops_per_gpu": "TFLOP/s/GPU (model)",
         "hardware_tflops_per_gpu": "TFLOP/s/GPU (with recompute)"}
 
 
+MORE_UNIT = {"step_time_s": "s/step", "tflops_per_gpu": "TFLOP/s", "hardware_tflops_per_gpu": "HW TFLOP/s",
+             "tokens_per_s_per_gpu": "tok/s/GPU"}
+
+
 def speed_ratio(run: dict, predicted: float) -> float:
     """Predicted / published speed: tokens/s and TFLOP/s as they are, step time inverted (above 1: too fast)."""
     return run["published"] / predicted if run["metric"] == "step_time_s" else predicted / run["published"]
@@ -48,7 +52,7 @@ def more() -> None:
         errors.setdefault(r["paper"], []).append(abs(ratio - 1))
         kind = ("moe" if r["moe"] else "dense") + ("+fsdp" if r.get("fsdp") else "")
         groups.setdefault(f"{r['precision']} {kind}", []).append(abs(ratio - 1))
-        metric = {"step_time_s": "s/step", "tflops_per_gpu": "TFLOP/s"}.get(r["metric"], "tok/s/GPU")
+        metric = MORE_UNIT[r["metric"]]
         print(f"{r['id']:64s} {r['gpu']:14s} {r['precision']:4s} {metric:9s} {r['published']:10.2f} {p:10.2f} "
               f"{ratio:6.3f}")
     print("\nspeed = predicted / published throughput (step times inverted); error = |speed - 1|")

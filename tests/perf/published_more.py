@@ -46,7 +46,7 @@ def predict(run: dict, hardware: Hardware | None = None) -> float:
         job["uneven_stages"] = True
     est = estimate(spec(run["id"]), ParallelLayout(**run["layout"]), Job(**job), hw.gpu(run["gpu"]),
                    hardware=hw, memory=False)
-    if run["metric"] in ("step_time_s", "tflops_per_gpu"):
+    if run["metric"] in ("step_time_s", "tflops_per_gpu", "hardware_tflops_per_gpu"):
         return getattr(est, run["metric"])
     if run["metric"] != "tokens_per_s_per_gpu":
         raise TrainmathError(f"unknown metric {run['metric']!r}")
