@@ -34,7 +34,8 @@ def search(args: argparse.Namespace):
     from trainmath.plan import plan
 
     spec, gpu, hw, job, tokens = load(args)
-    profiles = None if args.fit_profiles is None else tuple(p for p in args.fit_profiles.split(",") if p)
+    text = getattr(args, "fit_profiles", None)  # `plot plan MODEL` shares the job flags, not this one
+    profiles = None if text is None else tuple(p for p in text.split(",") if p)
     result = plan(spec, gpus=args.gpus, gpu=gpu, job=job, gpus_per_node=args.gpus_per_node, top=args.top,
                   hardware=hw, fit_profiles=profiles)
     return result, tokens
@@ -109,6 +110,7 @@ def render(result, *, explain: bool = False, tokens: int | None = None, price: f
                            align="rrrrrrrrlrl"))
     if result.layouts:
         lines += [""] + [f"convention: {c}" for c in result.layouts[0].conventions]
+    lines.append(result.fit_rule)
     lines.append(f"fit: every layout's peak fits under the {' and the '.join(result.fit_profiles)} activation "
                  f"profile{'s' if len(result.fit_profiles) > 1 else ''} (memory column: the larger peak)")
     lines.append("search: tp within a node, sp on whenever tp > 1, cp while each rank keeps >= 1024 tokens; "

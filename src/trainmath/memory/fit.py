@@ -1,9 +1,9 @@
 """Does a training step fit a GPU, and if not, which of the usual levers would make it fit.
 
-The verdict compares ``peak_bytes`` (the largest event of the step's timeline) with the preset's memory. Preset
-capacities are the datasheet's "GB" read as GiB (``hardware/gpus.json``'s conventions: "80GB" = 80 · 2**30 bytes);
-the margin is exact bytes, rendered in GiB. The CUDA context and the allocator's cached-free memory come on top of
-``peak_bytes`` at run time and are not in the margin (they are not tensors; see ``training``).
+The verdict is the one fit rule of every command (``trainmath.usable``): ``peak_bytes`` (the largest event of the
+step's timeline, 512-byte blocks) plus the stated CUDA context must stay under ``--mem-util`` percent of the
+preset's memory. Preset capacities are the datasheet's "GB" read as GiB (``hardware/gpus.json``'s conventions:
+"80GB" = 80 · 2**30 bytes); the margin is exact bytes, rendered in GiB.
 
 Levers are not guessed: each is the same model re-run with one change to the setup or layout, and its peak is
 reported beside whether it fits. Tried in order: selective recompute (from none: torchtitan's op-level policy
@@ -23,6 +23,7 @@ from trainmath.hardware import GPU
 from trainmath.layout import ParallelLayout
 from trainmath.memory.training import MemoryReport, TrainingSetup, training_memory
 from trainmath.model.spec import ModelSpec
+from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +46,14 @@ class Fit:
     gpu: GPU
     peak_bytes: int
     capacity_bytes: int
+    """What ``peak_bytes`` may reach under the fit rule (``usable.usable_bytes``)."""
     levers: tuple[Lever, ...]
     """Empty when the job fits as given."""
+    mem_util_percent: int = MEM_UTIL_PERCENT
+
+    @property
+    def rule(self) -> str:
+        return rule_text(self.gpu.memory_bytes, self.mem_util_percent)
 
     @property
     def fits(self) -> bool:
@@ -58,7 +65,8 @@ class Fit:
         return self.capacity_bytes - self.peak_bytes
 
     def to_dict(self) -> dict:
-        return {"gpu": self.gpu.name, "capacity_bytes": self.capacity_bytes, "fits": self.fits,
+        return {"gpu": self.gpu.name, "capacity_bytes": self.capacity_bytes, "memory_bytes": self.gpu.memory_bytes,
+                "mem_util_percent": self.mem_util_percent, "fit_rule": self.rule, "fits": self.fits,
                 "margin_bytes": self.margin_bytes, "levers": [lv.to_dict() for lv in self.levers]}
 
 
@@ -86,19 +94,21 @@ def candidate_changes(setup: TrainingSetup, layout: ParallelLayout) -> list[tupl
 
 
 def fit(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, gpu: GPU, *,
-        report: MemoryReport | None = None, activation_model=None) -> Fit:
-    """The verdict for ``gpu`` and, when the job does not fit, every lever re-run."""
+        report: MemoryReport | None = None, activation_model=None, mem_util_percent: int = MEM_UTIL_PERCENT) -> Fit:
+    """The verdict for ``gpu`` under the fit rule and, when the job does not fit, every lever re-run."""
     report = report or training_memory(spec, setup, layout, activation_model=activation_model)
+    capacity = usable_bytes(gpu.memory_bytes, mem_util_percent)
     levers: list[Lever] = []
-    if report.peak_bytes > gpu.memory_bytes:
+    if report.peak_bytes > capacity:
         for name, s, lay in candidate_changes(setup, layout):
             try:
                 peak = training_memory(spec, s, lay, activation_model=activation_model).peak_bytes
             except TrainmathError as e:
                 levers.append(Lever(name=name, peak_bytes=None, fits=False, reason=str(e)))
                 continue
-            levers.append(Lever(name=name, peak_bytes=peak, fits=peak <= gpu.memory_bytes))
-    return Fit(gpu=gpu, peak_bytes=report.peak_bytes, capacity_bytes=gpu.memory_bytes, levers=tuple(levers))
+            levers.append(Lever(name=name, peak_bytes=peak, fits=peak <= capacity))
+    return Fit(gpu=gpu, peak_bytes=report.peak_bytes, capacity_bytes=capacity, levers=tuple(levers),
+               mem_util_percent=mem_util_percent)
 
 
 def derive_dp(world_size: int, *, tp: int, pp: int, cp: int) -> int:

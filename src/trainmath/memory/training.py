@@ -37,6 +37,13 @@ from trainmath.tree import Node
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("sdpa", "eager")
 PROFILES = ("hf", "megatron")
+PROFILE_TEXT = {
+    "hf": "transformers' modeling code, every saved tensor as autograd keeps it (the default of memory, report and "
+          "the web page, which describe a transformers step; estimate and plan default to megatron)",
+    "megatron": "Megatron-Core's saved tensors (memory/megatron.py; the default of estimate and plan, whose layouts "
+                "are Megatron-Core's; plan also requires the hf profile's peak to fit)",
+}
+"""Each activation profile and why a command defaults to it (printed with every result)."""
 DEVICES = ("cuda", "cpu")
 EXPERTS = ("grouped", "eager")
 OFFLOAD = ("none", "optimizer", "params")
@@ -540,6 +547,7 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
     top = max(stages, key=lambda m: (m.breakdown.value, -m.stage))
     prec = get_precision(setup.precision)
     conventions = (
+        f"activation profile {setup.profile}: " + PROFILE_TEXT[setup.profile],
         f"precision {prec.name}: {prec.description}",
         f"optimizer {setup.optimizer} ({setup.optimizer_impl}); ZeRO-{layout.zero} over dp·cp = "
         f"{layout.zero_degree} ranks (experts over {layout.expert_zero_degree})"
