@@ -6,12 +6,16 @@ preset's memory. Preset capacities are the datasheet's "GB" read as GiB (``hardw
 "80GB" = 80 · 2**30 bytes); the margin is exact bytes, rendered in GiB.
 
 Levers are not guessed: each is the same model re-run with one change to the setup or layout, and its peak is
-reported beside whether it fits. Tried in order: selective recompute (from none: torchtitan's op-level policy
-under the hf profile, Korthikanti et al.'s under megatron); full recompute; each higher ZeRO stage (when data
-parallelism has more than one rank); more data-parallel ranks (×2, ×4, ×8, only with ZeRO ≥ 1, since plain DDP
-replicates everything); tensor parallelism (2, 4, 8, as the layout's other flags give it: plain
-``parallelize_module`` unless ``--sp``/``--vocab-parallel``; impossible degrees, or a family whose hf activation
-profile is one device only, are skipped with the reason); optimizer offload; parameter offload (ZeRO-3).
+reported beside whether it fits. First those that keep the job's GPUs: the fused optimizer (no foreach
+temporaries); bitsandbytes' 8-bit Adam/AdamW (``--optimizer adamw8bit``: 2 bytes of state per parameter plus one
+fp32 absmax per 256-element block, ``memory.optimizers``); a smaller micro-batch with more accumulation steps
+(the same sequences per step); selective recompute (from none: torchtitan's op-level policy under the hf profile,
+Megatron-Core's under megatron); full recompute; each higher ZeRO stage (when data parallelism has more than one
+rank); optimizer offload; parameter offload (ZeRO-3). Then those that need more GPUs, labelled ``(needs N
+GPUs)``: more data-parallel ranks (×2, ×4, ×8; with ZeRO-3 when the job has none, since plain DDP replicates every
+state); tensor parallelism (2, 4, 8, as the layout's other flags give it: plain ``parallelize_module`` unless
+``--sp``/``--vocab-parallel``; impossible degrees, or a family whose hf activation profile is one device only,
+are skipped with the reason).
 """
 
 from __future__ import annotations
@@ -71,8 +75,21 @@ class Fit:
 
 
 def candidate_changes(setup: TrainingSetup, layout: ParallelLayout) -> list[tuple[str, TrainingSetup, ParallelLayout]]:
-    """The levers to try, each as (flags, setup, layout)."""
+    """The levers to try, each as (flags, setup, layout): those that keep the job's GPUs first, then those that
+    need more GPUs (their flags end in ``(needs N GPUs)``)."""
     out: list[tuple[str, TrainingSetup, ParallelLayout]] = []
+    if setup.optimizer_impl != "fused" and setup.optimizer not in ("adam8bit", "adamw8bit"):
+        # torch's fused Adam/AdamW/SGD updates in one kernel: no foreach temporaries at the step
+        out.append(("--optimizer-impl fused", replace(setup, optimizer_impl="fused"), layout))
+    if setup.optimizer in ("adam", "adamw"):  # bitsandbytes' blockwise 8-bit states (memory.optimizers)
+        impl = "foreach" if setup.optimizer_impl == "fused" else setup.optimizer_impl  # its own kernels, not torch's
+        out.append((f"--optimizer {setup.optimizer}8bit", replace(setup, optimizer=f"{setup.optimizer}8bit",
+                                                                  optimizer_impl=impl), layout))
+    steps = setup.micro_batches or layout.pp
+    for k in (2, 4, 8):  # the same sequences per step in k times more, k times smaller micro-batches
+        if setup.micro_batch % k == 0:
+            out.append((f"--micro-batch {setup.micro_batch // k} --micro-batches {steps * k}",
+                        replace(setup, micro_batch=setup.micro_batch // k, micro_batches=steps * k), layout))
     if setup.recompute == "none":  # torchtitan's op-level policy (hf) or Korthikanti's (megatron): lighter first
         out.append(("--recompute selective", replace(setup, recompute="selective"), layout))
     if setup.recompute != "full":
@@ -80,16 +97,23 @@ def candidate_changes(setup: TrainingSetup, layout: ParallelLayout) -> list[tupl
     if layout.zero_degree > 1:
         for z in range(layout.zero + 1, 4):
             out.append((f"--zero {z}", setup, replace(layout, zero=z)))
-    if layout.zero >= 1:
-        for k in (2, 4, 8):
-            out.append((f"--dp {layout.dp * k}", setup, replace(layout, dp=layout.dp * k, world_size=None)))
-    if layout.tp == 1:
-        for t in (2, 4, 8):
-            out.append((f"--tp {t}", setup, replace(layout, tp=t, world_size=None)))
     if setup.offload == "none":
         out.append(("--offload optimizer", replace(setup, offload="optimizer"), layout))
     if layout.zero == 3 and setup.offload != "params":
         out.append(("--offload params", replace(setup, offload="params"), layout))
+    more: list[ParallelLayout] = []
+    for k in (2, 4, 8):
+        if layout.zero >= 1:
+            more.append(replace(layout, dp=layout.dp * k, world_size=None))
+        else:  # ZeRO shards the states over the new ranks (plain DDP would replicate them)
+            more.append(replace(layout, dp=layout.dp * k, zero=3, world_size=None))
+    if layout.tp == 1:
+        more += [replace(layout, tp=t, world_size=None) for t in (2, 4, 8)]
+    for lay in more:
+        flags = f"--dp {lay.dp}" if lay.tp == layout.tp else f"--tp {lay.tp}"
+        if lay.zero != layout.zero:
+            flags += f" --zero {lay.zero}"
+        out.append((f"{flags} (needs {lay.ranks} GPUs)", setup, lay))
     return out
 
 
