@@ -19,12 +19,17 @@ JOB_REQUIRED = ("gpus", "gpu", "seq", "global_batch")
 
 
 def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, required: bool = True,
-                      printing: bool = True) -> None:
+                      printing: bool = True, gpus_auto: bool = False) -> None:
     """The arguments ``estimate``, ``plan`` and ``plot plan`` share (``plot plan`` names its own positional and
     makes the job optional, since it also reads a PLAN.json)."""
     if model:
         p.add_argument("model", metavar="MODEL")
-    p.add_argument("--gpus", type=int, required=required, help="GPUs in the job")
+    if gpus_auto:  # plan: a count, or auto (how many GPUs: with --deadline or --budget)
+        p.add_argument("--gpus", type=_gpus_or_auto, default=None,
+                       help="GPUs in the job, or auto: the fewest that meet --deadline, or the count whose layout is "
+                            "fastest within --budget (default auto when either is given)")
+    else:
+        p.add_argument("--gpus", type=int, required=required, help="GPUs in the job")
     p.add_argument("--gpu", required=required, help="GPU preset (case-insensitive, e.g. h100, a100-80gb, mi300x)")
     p.add_argument("--seq", type=int, required=required, help="tokens per sequence")
     p.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step, all DP ranks")
@@ -77,6 +82,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _gpus_or_auto(text: str):
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
+
+
 def load(args: argparse.Namespace):
     """(spec, GPU, Hardware, Job, token budget) from the shared arguments; bad values raise TrainmathError."""
     from trainmath.errors import TrainmathError
@@ -86,7 +100,7 @@ def load(args: argparse.Namespace):
     from trainmath.sources import load_spec
 
     bad = [f"--{k.replace('_', '-')} must be a positive integer, got {getattr(args, k)}"
-           for k in ("gpus", "seq", "global_batch") if getattr(args, k) < 1]
+           for k in ("gpus", "seq", "global_batch") if isinstance(getattr(args, k), int) and getattr(args, k) < 1]
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         bad.append(f"--gpus-per-node must be a positive integer, got {args.gpus_per_node}")
     price, budget = getattr(args, "price_per_gpu_hour", None), getattr(args, "tokens", None)
