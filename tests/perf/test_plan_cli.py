@@ -178,3 +178,15 @@ def test_plan_70b_8k_layouts_fit_under_both_profiles():
                                   profile=profile, micro_batches=e.micro_batches)
             lay = replace(e.layout, vocab_parallel=e.layout.tp > 1) if profile == "hf" else e.layout
             assert training_memory(spec, setup, lay).peak_bytes <= limit, (profile, e.layout.describe())
+
+
+def test_nothing_fits_closest_show_every_zero_stage():
+    """Llama-3.1-70B on 8 H100: even ZeRO-3's states (16 bytes × 70.6B / 8 ranks) exceed 75.7 GiB. The closest
+    list shows the least-needing candidate of each ZeRO stage, ZeRO-3 first (it shards all the states)."""
+    spec = load_spec("meta-llama/Llama-3.1-70B")
+    r = plan(spec, gpus=8, gpu=gpu("h100"), job=Job(global_batch=64, seq=8192))
+    assert not r.layouts
+    assert {c.layout.zero for c in r.closest} == {0, 1, 2, 3}
+    assert r.closest[0].layout.zero == 3 and r.closest[0].layout.dp == 8
+    assert [c.peak_bytes for c in r.closest] == sorted(c.peak_bytes for c in r.closest)
+    assert all(c.peak_bytes > r.usable_bytes for c in r.closest)

@@ -344,12 +344,25 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
         counts["not needed: slower than the top K"] = bounded
     closest = ()
     if not layouts:
-        mem = [r for r in rejected if r.peak_bytes is not None]
-        closest = tuple(sorted(mem, key=lambda r: r.peak_bytes)[:top])
+        closest = _closest(rejected, top)
     return PlanResult(model=spec.name, gpu=gpu.name, gpus=gpus, gpus_per_node=gpn, layouts=layouts,
                       rejected=counts, rejected_list=tuple(rejected), closest=closest, usable_bytes=limit,
                       candidates=n, memory_checks=checks, bounded=bounded, fit_profiles=profiles,
                       memory_bytes=gpu.memory_bytes, mem_util_percent=job.mem_util_percent)
+
+
+def _closest(rejected: list[Rejected], top: int) -> tuple[Rejected, ...]:
+    """When nothing fits: the candidate that needs the least memory under each ZeRO stage (so the stages that
+    shard the states are shown beside the others, each with what it lacks), then the next smallest needs up to
+    ``top``, smallest need first."""
+    mem = sorted((r for r in rejected if r.peak_bytes is not None), key=lambda r: r.peak_bytes)
+    picked: list[Rejected] = []
+    for z in ZERO_STAGES:
+        best = next((r for r in mem if r.layout.zero == z), None)
+        if best is not None:
+            picked.append(best)
+    picked += [r for r in mem if r not in picked][:max(0, top - len(picked))]
+    return tuple(sorted(picked, key=lambda r: r.peak_bytes))
 
 
 def _peak(spec, layout, job, micro_batches, profiles, limit: int) -> int:
