@@ -71,7 +71,9 @@ def test_plan_nothing_fits_json_says_what_is_lacking(capsys):
     assert main(["plan", "meta-llama/Llama-3.1-70B", "--gpus", "16", "--gpu", "h100", "--seq", "4096",
                  "--global-batch", "64", "--top", "3", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
-    assert out["layouts"] == [] and len(out["closest"]) == 3
+    # one per ZeRO stage even beyond --top 3: the stages that shard the states are always shown
+    assert out["layouts"] == [] and len(out["closest"]) == 4
+    assert {c["zero"] for c in out["closest"]} == {0, 1, 2, 3}
     for c in out["closest"]:
         assert c["lacks_bytes"] == c["peak_bytes"] - out["usable_bytes"] > 0
 
