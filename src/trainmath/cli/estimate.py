@@ -37,10 +37,15 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
                    help="GPUs per node (NVLink domain); default: the preset's reference node")
     p.add_argument("--hardware", metavar="FILE", default=None,
                    help="JSON file of extra GPUs / efficiency curves with the fields of hardware/gpus.json")
-    p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
+    p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16",
+                   help="training precision recipe (default mixed-bf16); fp8 = Transformer Engine's: the decoder's "
+                        "linear layers (fprop, dgrad, wgrad) in FP8 with their casts, attention and the LM head BF16")
+    p.add_argument("--fp8-head", action="store_true",
+                   help="with --precision fp8: run the LM head's GEMMs in FP8 too")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
-                   help="tensor-core format of the GEMMs; its dense peak is MFU's denominator (default bf16)")
+                   help="tensor-core format of the GEMMs (under --precision fp8, the recipe decides) and MFU's "
+                        "denominator peak (default bf16)")
     p.add_argument("--attention", choices=("flash", "eager"), default="flash",
                    help="attention kernel: flash (default) or eager (materialised s×s scores)")
     p.add_argument("--mfu-causal", choices=("executed", "half"), default="executed",
@@ -118,10 +123,14 @@ def load(args: argparse.Namespace):
     spec = load_spec(args.model)
     job = Job(global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
               dtype=args.dtype, attention=args.attention, mfu_causal=args.mfu_causal, mem_util_percent=args.mem_util,
-              profile=args.profile,
+              profile=args.profile, fp8_head=getattr(args, "fp8_head", False),
               micro_batch=getattr(args, "micro_batch", 1), recompute=getattr(args, "recompute", "none"),
               virtual_stages=getattr(args, "virtual_stages", 1), uneven_stages=getattr(args, "uneven_stages", False))
     gpu.peak_flops_per_s(args.dtype)  # an error now if the chip has no such format
+    if job.precision == "fp8" and gpu.fp8_flops_per_s is None:
+        raise TrainmathError(f"--precision fp8 needs FP8 tensor cores; {gpu.name} has none: use mixed-bf16")
+    elif job.fp8_head:
+        raise TrainmathError("--fp8-head needs --precision fp8")
     return spec, gpu, hw, job, tokens
 
 

@@ -35,9 +35,25 @@ class Job:
     """Activation profile of the memory model."""
     uneven_stages: bool = False
     """Allow pp · virtual_stages not dividing the layers (stages differ by one layer, like Llama 3's)."""
+    fp8_head: bool = False
+    """With ``precision="fp8"``: run the LM head's GEMMs in FP8 too (Transformer Engine's recipe keeps it BF16)."""
     mem_util_percent: int = MEM_UTIL_PERCENT
     """The fit rule's usable share (``trainmath.usable``: peak_bytes + the CUDA context under this share of the
     GPU's memory)."""
+
+    @property
+    def fp8_gemms(self) -> str:
+        """Which GEMMs run in FP8 (``trainmath.perf.compute.FP8_GEMMS``): with ``precision="fp8"``, Transformer
+        Engine's recipe (the decoder's linear layers; the LM head too with ``fp8_head``); otherwise none."""
+        if self.precision != "fp8":
+            return "none"
+        return "linears+head" if self.fp8_head else "linears"
+
+    @property
+    def gemm_dtype(self) -> str:
+        """The format of the GEMMs not named by ``fp8_gemms``: BF16 under ``precision="fp8"`` (attention cores,
+        and the head unless ``fp8_head``), else ``dtype``."""
+        return "bf16" if self.precision == "fp8" else self.dtype
 
     def micro_batches(self, dp: int) -> int:
         """Micro-batches per optimizer step on each data-parallel rank: global_batch / (dp · micro_batch)."""

@@ -25,14 +25,14 @@ from trainmath.layout import ParallelLayout
 from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
-from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, layer_times, memo
+from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, FP8_CAST_TRANSPOSE_BYTES, layer_times, memo
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.placement import place, stage_layers
 from trainmath.usable import rule_text, usable_bytes
 
-BREAKDOWN = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm", "zero3_comm", "pipeline_bubble",
-             "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step")
+BREAKDOWN = ("forward", "backward", "recompute", "fp8_cast", "tp_comm", "cp_comm", "ep_comm", "zero3_comm",
+             "pipeline_bubble", "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step")
 """Every key of an estimate's ``breakdown`` (seconds), in order; their sum is ``step_time_s``."""
 
 _TP_BLOCKS = ("attention", "mla", "linear_attention", "mamba", "mlp", "moe")
@@ -74,6 +74,18 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tupl
     return memo(spec, ("params", tp, pp, ep, stage), make)
 
 
+def _fp8_conventions(job: Job) -> tuple[str, ...]:
+    if job.fp8_gemms == "none":
+        return ()
+    head = "the LM head too" if job.fp8_head else "attention cores, norms and the LM head in BF16"
+    return (f"precision fp8 (Transformer Engine's recipe): fprop, dgrad and wgrad of the decoder's linear layers "
+            f"in FP8 at the FP8 peak on the same efficiency curve (1-byte operands in the roofline); {head}; "
+            f"casts memory-bound, {FP8_CAST_TRANSPOSE_BYTES} bytes per element (fused cast-transpose with amax: "
+            f"read 16-bit, write FP8 and its transpose) per linear input and output gradient each micro-batch, "
+            f"per weight once per step (fp8_cast); memory counted as mixed-bf16 plus the FP8 weight copies "
+            f"(TE's FP8 saved activations not modelled)",)
+
+
 def memory_recompute(job: Job) -> str:
     """The recompute setting the memory model is asked with: the job's own. The attention kernel is passed as
     itself (``flash`` → ``sdpa``: the megatron profile keeps flash's logsumexp, no s² tensor; ``eager``: the
@@ -113,17 +125,21 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     groups = place_groups(layout, gpu.gpus_per_node)
     M = job.micro_batches(layout.dp)
     per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
-                                  recompute=job.recompute, dtype=job.dtype, compute_bytes=c,
-                                  attention=job.attention, profile=job.profile)
+                                  recompute=job.recompute, dtype=job.gemm_dtype, compute_bytes=c,
+                                  attention=job.attention, profile=job.profile, fp8=job.fp8_gemms)
     stages = stage_layers(spec.num_layers, layout.pp)
 
-    def stage_time(s: int) -> tuple[float, float, float]:
+    def stage_time(s: int) -> tuple[float, float, float, float]:
         ts = [per_layer[i] for i in stages[s]] + ([head] if s == layout.pp - 1 else [])
-        return (sum(t.forward_s for t in ts), sum(t.backward_s for t in ts), sum(t.recompute_s for t in ts))
+        return (sum(t.forward_s for t in ts), sum(t.backward_s for t in ts), sum(t.recompute_s for t in ts),
+                sum(t.fp8_cast_s for t in ts))
 
     times = [stage_time(s) for s in range(layout.pp)]
     busiest = max(range(layout.pp), key=lambda s: sum(times[s]))
-    f, b, r = times[busiest]
+    f, b, r, cast = times[busiest]
+    weight_cast_bytes = sum(t.fp8_weight_cast_bytes for t in [per_layer[i] for i in stages[busiest]]
+                            + ([head] if busiest == layout.pp - 1 else []))
+    weight_cast_s = weight_cast_bytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
     layers = stages[busiest]
     dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest)
 
@@ -216,9 +232,10 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     once = {k: 0.0 for k in ("pp_p2p", "dp_grad_sync", "zero_param_gather")}
     for it in items:
         (per_mb_comm if it.name in per_mb_comm else once)[it.name] += it.exposed_s
-    per_mb = f + b + r + sum(per_mb_comm.values()) / M
+    per_mb = f + b + r + cast + sum(per_mb_comm.values()) / M
     bubble = (layout.pp - 1) / job.virtual_stages * per_mb
-    breakdown = {"forward": M * f, "backward": M * b, "recompute": M * r, **per_mb_comm,
+    breakdown = {"forward": M * f, "backward": M * b, "recompute": M * r, "fp8_cast": M * cast + weight_cast_s,
+                 **per_mb_comm,
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
@@ -236,6 +253,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"HFU: executed FLOPs (recompute={job.recompute} included, same attention convention) / the same",
         f"compute at the {gpu.generation} efficiency curve (gpus.json 'generations'); flash attention skips "
         f"causally masked blocks",
+        *_fp8_conventions(job),
         f"1F1B pipeline, {job.virtual_stages} virtual stage(s): bubble (pp - 1)/v micro-batch times",
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",

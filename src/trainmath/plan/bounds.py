@@ -140,8 +140,8 @@ def time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> f
 
         c = get_precision(job.precision).compute_bytes
         per_layer, head = layer_times(spec, micro_batch=mb, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
-                                      recompute=rc, dtype=job.dtype, compute_bytes=c, attention=job.attention,
-                                      profile=job.profile)
+                                      recompute=rc, dtype=job.gemm_dtype, compute_bytes=c, attention=job.attention,
+                                      profile=job.profile, fp8=job.fp8_gemms)
         stages = stage_layers(spec.num_layers, layout.pp)
         topo = Topology.of_gpu(gpu, eff.link_fraction)
         tp_group = placed_group(layout.tp, 1, gpu.gpus_per_node)
@@ -161,7 +161,7 @@ def time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> f
                 one_ep = 2 * cm.item("ep_comm", "all_to_all", "ep", ep_group, size, 1, topo).time_s
         def compute(s: int) -> float:
             ts = [per_layer[i] for i in stages[s]] + ([head] if s == layout.pp - 1 else [])
-            return sum(t.forward_s + t.backward_s + t.recompute_s for t in ts)
+            return sum(t.forward_s + t.backward_s + t.recompute_s + t.fp8_cast_s for t in ts)
 
         busiest = max(range(layout.pp), key=compute)  # the stage the estimate charges, chosen the same way
         layers = stages[busiest]
@@ -170,7 +170,7 @@ def time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> f
         return compute(busiest) + passes * (n_tp * one_tp + n_moe * one_ep)
 
     key = ("bound", layout.tp, layout.cp, layout.ep, layout.sp, layout.pp, mb, job.seq, rc, job.dtype,
-           job.attention, job.precision, gpu, eff, job.profile)
+           job.attention, job.precision, job.fp8_head, gpu, eff, job.profile)
     per_mb = memo(spec, key, make)
     m = job.global_batch // (layout.dp * mb)
     return (m + (layout.pp - 1) / v) * per_mb
