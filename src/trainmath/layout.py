@@ -48,6 +48,16 @@ class ParallelLayout:
     gradients, 3 also weights (Rajbhandari et al. 2020, §5)."""
     world_size: int | None = None
     """The number of GPUs, when given: must equal dp·tp·pp·cp."""
+    first_stage_layers: int | None = None
+    """Decoder layers on the first pipeline stage (Megatron-LM's ``--decoder-first-pipeline-num-layers``);
+    None: the even split. The other stages share the rest evenly (``trainmath.placement.stage_layers``)."""
+    last_stage_layers: int | None = None
+    """Decoder layers on the last pipeline stage (Megatron-LM's ``--decoder-last-pipeline-num-layers``)."""
+
+    @property
+    def stage_split(self) -> tuple[int | None, int | None]:
+        """(first_stage_layers, last_stage_layers): what a pipeline split reads besides pp."""
+        return (self.first_stage_layers, self.last_stage_layers)
 
     @property
     def ranks(self) -> int:
@@ -67,7 +77,9 @@ class ParallelLayout:
 
     def describe(self) -> str:
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} cp={self.cp} ep={self.ep} sp={self.sp} "
-                f"zero={self.zero}" + (" vocab_parallel=True" if self.vocab_parallel else ""))
+                f"zero={self.zero}" + (" vocab_parallel=True" if self.vocab_parallel else "")
+                + (f" first_stage_layers={self.first_stage_layers}" if self.first_stage_layers is not None else "")
+                + (f" last_stage_layers={self.last_stage_layers}" if self.last_stage_layers is not None else ""))
 
 
 def _divisors(n: int, flag: str) -> str:

@@ -84,6 +84,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B chunks per pipeline rank")
     p.add_argument("--uneven-stages", action="store_true",
                    help="allow pp·virtual-stages not dividing the layers (stages differ by one layer)")
+    p.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None, metavar="N",
+                   help="decoder layers on the first pipeline stage, as Megatron-LM's flag (the stages between "
+                        "share the rest evenly)")
+    p.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None, metavar="N",
+                   help="decoder layers on the last pipeline stage, as Megatron-LM's flag")
     p.set_defaults(func=run)
 
 
@@ -149,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
     dp = args.dp if args.dp is not None else args.gpus // inner
     spec, gpu, hw, job, tokens = load(args)
     layout = ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp, zero=args.zero,
-                            world_size=args.gpus)
+                            world_size=args.gpus, first_stage_layers=args.decoder_first_pipeline_num_layers,
+                            last_stage_layers=args.decoder_last_pipeline_num_layers)
     est = estimate(spec, layout, job, gpu, hardware=hw)
     budget = est.budget(tokens, args.price_per_gpu_hour) if tokens else None
     if args.json:
@@ -173,6 +179,12 @@ def render(est, budget: dict | None = None) -> str:
     rows.append(["step", f"{est.step_time_s:.4f}", "100.0%"])
     lines.append(table(["step breakdown", "seconds", "share"], rows))
     lines.append("")
+    if len(est.stage_times_s) > 1:
+        slow = max(est.stage_times_s)
+        lines.append("pipeline stages (layers: compute s per micro-batch): " + ", ".join(
+            f"{n}: {t:.4f}" + ("*" if t == slow else "") for n, t in zip(est.stage_layers, est.stage_times_s))
+            + "   (* the slowest: it sets the pace and the bubble)")
+        lines.append("")
     crow = [[c.name, c.op, f"{c.group}({c.group_size})", c.link, human_bytes(c.size_bytes, "MiB"), f"{c.count:,}",
              human_bytes(c.bytes_per_step, "GB"), f"{c.time_s:.4f}", f"{c.exposed_s:.4f}"]
             for c in est.comm if c.group_size > 1 and c.count]

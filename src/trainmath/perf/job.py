@@ -85,6 +85,11 @@ class Estimate:
     memory_bytes: int
     fits: bool | None
     conventions: tuple = field(default=())
+    stage_times_s: tuple = field(default=())
+    """Per pipeline stage: seconds of one micro-batch's compute (forward + backward + recompute + FP8 casts);
+    the slowest sets the pace and the bubble."""
+    stage_layers: tuple = field(default=())
+    """Per pipeline stage: its decoder layers (count)."""
 
     def budget(self, tokens: float, price_per_gpu_hour: float | None = None) -> dict:
         """Wall time, GPU-hours and cost of training on ``tokens`` tokens at this step's rate."""
@@ -114,7 +119,9 @@ class Estimate:
                 "fit_rule": rule_text(self.memory_bytes, self.job.mem_util_percent),
                 "activation_profile": self.job.profile, "fits": self.fits, "breakdown": dict(self.breakdown),
                 "comm": [c.to_dict() for c in self.comm], "groups": self.groups.to_dict(),
-                "conventions": list(self.conventions)}
+                "conventions": list(self.conventions), "stage_times_s": list(self.stage_times_s),
+                "stage_layers": list(self.stage_layers),
+                "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers}
 
 
 def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | None = None) -> list[str]:
@@ -141,7 +148,10 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
         bad.append(f"global batch ({job.global_batch}) must be divisible by dp × micro-batch ({layout.dp} × "
                    f"{job.micro_batch} = {layout.dp * job.micro_batch})")
     chunks = layout.pp * job.virtual_stages
-    if chunks > spec.num_layers:
+    split = split_problems(spec.num_layers, layout, job.virtual_stages)
+    if split or layout.stage_split != (None, None):
+        bad += split
+    elif chunks > spec.num_layers:
         bad.append(f"pp × virtual stages ({layout.pp} × {job.virtual_stages}) must not exceed the layers "
                    f"({spec.num_layers})")
     elif spec.num_layers % chunks and not job.uneven_stages:
@@ -155,4 +165,33 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
                        f"of pp ({layout.pp})")
     if job.seq % layout.cp:
         bad.append(f"cp ({layout.cp}) must divide the sequence length ({job.seq})")
+    return bad
+
+
+def split_problems(num_layers: int, layout: ParallelLayout, virtual_stages: int = 1) -> list[str]:
+    """Why ``layout``'s first/last stage layers (Megatron-LM's ``--decoder-first-pipeline-num-layers`` /
+    ``--decoder-last-pipeline-num-layers``) cannot split ``num_layers``: Megatron-Core gives the stages between
+    an equal share of the rest, so it must divide; interleaving is not modelled with them."""
+    first, last = layout.stage_split
+    if first is None and last is None:
+        return []
+    bad = [f"{name} stage layers must be a positive integer, got {v!r}"
+           for name, v in (("first", first), ("last", last)) if v is not None and (not isinstance(v, int) or v < 1)]
+    if bad:
+        return bad
+    if layout.pp < 2:
+        return [f"first/last stage layers need pp >= 2, got pp {layout.pp}"]
+    if virtual_stages > 1:
+        return ["first/last stage layers with virtual stages > 1 are not modelled; pass --virtual-stages 1"]
+    ends = [n for n in (first, last) if n is not None]
+    inner = layout.pp - len(ends)
+    rest = num_layers - sum(ends)
+    if inner == 0:
+        if rest:
+            bad.append(f"first + last stage layers ({' + '.join(map(str, ends))}) must equal the layers "
+                       f"({num_layers}) with pp 2")
+    elif rest < inner or rest % inner:
+        bad.append(f"the {rest} layers left after the first/last stage(s) must split evenly over the other "
+                   f"{inner} stage(s) (Megatron-Core's rule): {num_layers} - {' - '.join(map(str, ends))} = {rest} "
+                   f"is not a positive multiple of {inner}")
     return bad

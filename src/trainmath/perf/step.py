@@ -57,21 +57,31 @@ def _flops_per_sequence(spec: ModelSpec, seq: int, causal: str, recompute: str, 
     return memo(spec, ("flops", seq, causal, recompute, profile), make)
 
 
-def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tuple[int, int, tuple[int, ...]]:
-    """(dense, expert) parameters of one rank of ``stage`` before ZeRO, and each layer's (ZeRO-3 gathers)."""
+def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int,
+                 split: tuple[int | None, int | None] = (None, None)) -> tuple[int, int, tuple[int, ...]]:
+    """(dense, expert) parameters of one rank of ``stage`` before ZeRO, and each layer's (ZeRO-3 gathers).
+    ``split``: the layout's (first, last) stage layers (``ParallelLayout.stage_split``)."""
     if len(_layer_types(spec)) == 1 and 0 < stage < pp - 1:
         # one layer type: an inner stage is known by its length alone (no embeddings, no head)
-        stages = memo(spec, ("stages", pp), lambda: stage_layers(spec.num_layers, pp))
-        twin = 1 if len(stages[1]) == len(stages[stage]) else len(stages) - 2  # array_split: two lengths at most
+        stages = memo(spec, ("stages", pp, split), lambda: stage_layers(spec.num_layers, pp, *split))
+        twin = next(i for i in range(1, pp - 1) if len(stages[i]) == len(stages[stage]))
         if twin != stage:
-            return stage_params(spec, tp, pp, ep, twin)
+            return stage_params(spec, tp, pp, ep, twin, split)
 
     def make():
-        p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep), stage)
+        p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep, first_stage_layers=split[0],
+                                       last_stage_layers=split[1]), stage)
         units = p.unit_params()
         return p.dense_params, p.expert_params, tuple(units.get(f"layer.{i}", 0) for i in p.layers)
 
-    return memo(spec, ("params", tp, pp, ep, stage), make)
+    return memo(spec, ("params", tp, pp, ep, stage, split), make)
+
+
+def _split_text(stages) -> str:
+    sizes = [len(r) for r in stages]
+    if len(set(sizes)) == 1:
+        return f"{sizes[0]} each"
+    return "/".join(map(str, sizes)) + " (first/last as Megatron-LM's --decoder-first/last-pipeline-num-layers)"
 
 
 def _fp8_conventions(job: Job) -> tuple[str, ...]:
@@ -127,7 +137,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
                                   recompute=job.recompute, dtype=job.gemm_dtype, compute_bytes=c,
                                   attention=job.attention, profile=job.profile, fp8=job.fp8_gemms)
-    stages = stage_layers(spec.num_layers, layout.pp)
+    stages = stage_layers(spec.num_layers, layout.pp, *layout.stage_split)
 
     def stage_time(s: int) -> tuple[float, float, float, float]:
         ts = [per_layer[i] for i in stages[s]] + ([head] if s == layout.pp - 1 else [])
@@ -141,7 +151,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                             + ([head] if busiest == layout.pp - 1 else []))
     weight_cast_s = weight_cast_bytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
     layers = stages[busiest]
-    dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest)
+    dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest, layout.stage_split)
 
     # ---- per micro-batch communication on the busiest stage --------------------------------------------
     tokens = job.micro_batch * job.seq // layout.cp
@@ -254,7 +264,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"compute at the {gpu.generation} efficiency curve (gpus.json 'generations'); flash attention skips "
         f"causally masked blocks",
         *_fp8_conventions(job),
-        f"1F1B pipeline, {job.virtual_stages} virtual stage(s): bubble (pp - 1)/v micro-batch times",
+        f"1F1B pipeline, {job.virtual_stages} virtual stage(s): bubble (pp - 1)/v micro-batch times of the slowest "
+        f"stage; layers per stage {_split_text(stages)}",
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
@@ -268,4 +279,5 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                     hardware_flops=hw_flops, tflops_per_gpu=model_flops / step / n / 1e12,
                     hardware_tflops_per_gpu=hw_flops / step / n / 1e12, mfu=model_flops / (step * n * peak),
                     hfu=hw_flops / (step * n * peak), peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
-                    fits=fits, conventions=conventions)
+                    fits=fits, conventions=conventions, stage_times_s=tuple(sum(t) for t in times),
+                    stage_layers=tuple(len(r) for r in stages))
