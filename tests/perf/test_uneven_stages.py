@@ -85,3 +85,18 @@ def test_cli_flags_and_one_line_error():
     assert "pipeline stages" in ok.stdout and "7/8/8" in ok.stdout
     bad = subprocess.run(base + ["--decoder-first-pipeline-num-layers", "5"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("trainmath: error:") and len(bad.stderr.splitlines()) == 1
+
+
+def test_planner_tries_megatrons_split_when_pp_does_not_divide():
+    from trainmath.plan.search import _structures, megatron_split
+
+    assert megatron_split(126, 16) == (7, 7)  # 7 + 8·14 + 7
+    assert megatron_split(126, 8) == (15, 15)  # ⌈126/8⌉ = 16 on the 6 inner stages, 126 − 96 = 30 → 15 + 15
+    assert megatron_split(80, 16) is None  # pp divides the layers
+    small = load_spec("Qwen/Qwen3-0.6B")  # 28 layers
+    assert megatron_split(28, 8) == (2, 2)  # 2 + 4·6 + 2
+    with_split = [lay for lay in _structures(small, 8, 8, 4096, uneven=True) if lay.stage_split != (None, None)]
+    assert {(lay.pp, lay.stage_split) for lay in with_split} == {(8, (2, 2))}
+    assert not [lay for lay in _structures(small, 8, 8, 4096) if lay.stage_split != (None, None)]
+    for lay in with_split:
+        assert not job_problems(small, lay, Job(global_batch=8, seq=4096), 8)

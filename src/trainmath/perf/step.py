@@ -77,10 +77,12 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int,
     return memo(spec, ("params", tp, pp, ep, stage, split), make)
 
 
-def _split_text(stages) -> str:
+def _split_text(stages, layout: ParallelLayout) -> str:
     sizes = [len(r) for r in stages]
     if len(set(sizes)) == 1:
         return f"{sizes[0]} each"
+    if layout.stage_split == (None, None):
+        return "/".join(map(str, sizes)) + " (uneven: the first L mod pp stages one layer longer)"
     return "/".join(map(str, sizes)) + " (first/last as Megatron-LM's --decoder-first/last-pipeline-num-layers)"
 
 
@@ -265,7 +267,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"causally masked blocks",
         *_fp8_conventions(job),
         f"1F1B pipeline, {job.virtual_stages} virtual stage(s): bubble (pp - 1)/v micro-batch times of the slowest "
-        f"stage; layers per stage {_split_text(stages)}",
+        f"stage; layers per stage {_split_text(stages, layout)}",
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
