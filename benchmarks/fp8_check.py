@@ -10,6 +10,10 @@ publisher's table has no BF16 row at the same layout, so the BF16 column is the 
 
 from __future__ import annotations
 
+import json
+import pathlib
+import sys
+
 from trainmath.hardware import gpu
 from trainmath.layout import ParallelLayout
 from trainmath.perf import Job, estimate
@@ -44,6 +48,31 @@ def main() -> None:
     print("tokens/s per GPU; sources:")
     for r in RUNS:
         print(f"  {r[0]}: {r[-1]}")
+    pairs()
+
+
+def pairs() -> None:
+    here = pathlib.Path(__file__).resolve().parents[1] / "tests" / "perf"
+    sys.path.insert(0, str(here))
+    from published_more import predict
+
+    data = json.loads((here / "published_runs_more.json").read_text())
+    runs = {r["id"]: r for r in (data["runs"] if isinstance(data, dict) else data)}
+
+    def rest(r):
+        return r["layout"], {k: v for k, v in r["job"].items() if k != "precision"}
+
+    print()
+    print(f"{'BF16/FP8 pair (published_runs_more.json)':48s} {'published':>9s} {'model':>6s} {'ratio':>6s}")
+    for rid, bf in runs.items():
+        f8 = runs.get(rid.replace("-bf16-", "-fp8-")) if "-bf16-" in rid else None
+        if f8 is None or rest(bf) != rest(f8):
+            continue
+        step = bf["metric"] == "step_time_s"  # a time: the gain is bf16 / fp8
+        pub = bf["published"] / f8["published"] if step else f8["published"] / bf["published"]
+        mod = predict(bf) / predict(f8) if step else predict(f8) / predict(bf)
+        print(f"{rid.replace('-bf16', ''):48s} {pub:9.3f} {mod:6.3f} {mod / pub:6.3f}")
+    print("gain = FP8 throughput / BF16 throughput at the same layout; ratio = modelled / published gain")
 
 
 if __name__ == "__main__":
