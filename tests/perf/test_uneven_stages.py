@@ -100,3 +100,22 @@ def test_planner_tries_megatrons_split_when_pp_does_not_divide():
     assert not [lay for lay in _structures(small, 8, 8, 4096) if lay.stage_split != (None, None)]
     for lay in with_split:
         assert not job_problems(small, lay, Job(global_batch=8, seq=4096), 8)
+
+
+@pytest.mark.parametrize("precision", ["mixed-bf16", "fp8"])
+def test_time_lower_bound_holds_with_fp8_and_megatron_splits(precision):
+    """The planner's best-first search needs its bound below every estimate, FP8 casts and uneven splits too."""
+    from trainmath.plan.bounds import time_lower_bound
+    from trainmath.plan.search import _options, _structures
+
+    small = load_spec("Qwen/Qwen3-0.6B")
+    job = Job(global_batch=32, seq=2048, precision=precision, uneven_stages=True)
+    n = 0
+    for lay in _structures(small, 8, 8, job.seq, uneven=True):
+        for jb in _options(lay, job):
+            if job_problems(small, lay, jb, 8):
+                continue
+            bound = time_lower_bound(small, lay, jb, H100, EFF, jb.micro_batch, jb.recompute, jb.virtual_stages)
+            assert bound <= estimate(small, lay, jb, H100, memory=False).step_time_s * (1 + 1e-12)
+            n += 1
+    assert n > 100
