@@ -1,0 +1,209 @@
+"""LoRA / QLoRA adapters: which Linear modules peft wraps, and the exact parameters it adds.
+
+peft (the reference implementation) replaces each targeted ``nn.Linear`` (or GPT-2's ``Conv1D``) of in → out
+features with the frozen base plus ``lora_A`` (in → r) and ``lora_B`` (r → out), both without bias by default:
+r·(in + out) trainable parameters per module. The targeted modules come from the parameter ledger itself (every
+``linear`` weight of a decoder layer), so there is no second list of module names per family.
+
+What is and is not supported, as peft 0.18+ sees transformers 5's modules:
+- ``all-linear``: every ``nn.Linear``/``Conv1D`` except the output layer (``get_output_embeddings()``, lm_head);
+  fused projections (Phi-3's ``qkv_proj``/``gate_up_proj``, Falcon's ``query_key_value``, GPT-2's ``c_attn``)
+  are one module, one adapter.
+- MoE: attention, dense MLPs, shared experts and Llama 4's router (an ``nn.Linear`` subclass) are Linear modules.
+  Routed experts are stored fused as 3-d ``nn.Parameter``s, and most routers as a bare weight ``nn.Parameter``:
+  they are not Linear modules, ``all-linear`` skips them, and peft reaches them only through
+  ``LoraConfig(target_parameters=...)``, which this ledger does not model yet: naming them is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from trainmath.errors import TrainmathError
+
+METHODS = ("none", "lora", "qlora")
+ALL_LINEAR = "all-linear"
+ADAPTER_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# transformers 5 model types whose MoE router is an nn.Linear (Llama4Router subclasses nn.Linear); every other
+# router in the catalog is a module holding a bare weight Parameter, which peft cannot wrap as a Linear.
+LINEAR_ROUTERS = ("llama4", "llama4_text")
+CONVENTIONS = (
+    "LoRA adds r·(in + out) per targeted Linear (lora_A in→r, lora_B r→out, bias='none'), as peft's LoraConfig",
+    "trainable = adapters only (the base is frozen); total = base + adapters, as peft's "
+    "get_nb_trainable_parameters()",
+    "all-linear = every Linear/Conv1D but the output layer (peft's rule); routed experts are not targeted",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeftJob:
+    """The fine-tuning job: ``method`` none (full training), lora or qlora; adapter rank, alpha, targets, dtype."""
+
+    method: str = "none"
+    rank: int = 8
+    alpha: int | None = None
+    targets: tuple[str, ...] | str = ("q_proj", "v_proj")
+    dtype: str = "fp32"
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    @property
+    def lora_alpha(self) -> int:
+        """peft's default lora_alpha is 8 whatever the rank; the scaling applied is alpha / r."""
+        return 8 if self.alpha is None else self.alpha
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetModule:
+    """One targeted module name (relative to its layer), in all layers that have it."""
+
+    name: str
+    in_features: int
+    out_features: int
+    count: int  # modules of this name in the model (layers that have it)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapterReport:
+    job: PeftJob
+    modules: tuple[tuple[TargetModule, int], ...]  # (module, adapter params over all its copies)
+    base_params: int
+
+    @property
+    def adapter_params(self) -> int:
+        return sum(p for _, p in self.modules)
+
+    @property
+    def trainable_params(self) -> int:
+        return self.adapter_params
+
+    @property
+    def total_params(self) -> int:
+        return self.base_params + self.adapter_params
+
+    @property
+    def adapter_bytes(self) -> int:
+        return self.adapter_params * ADAPTER_DTYPES[self.job.dtype]
+
+    def to_dict(self) -> dict:
+        j = self.job
+        return {
+            "peft": j.method, "lora_rank": j.rank, "lora_alpha": j.lora_alpha,
+            "lora_targets": j.targets if isinstance(j.targets, str) else list(j.targets), "lora_dtype": j.dtype,
+            "trainable_params": self.trainable_params, "adapter_params": self.adapter_params,
+            "total_params": self.total_params, "adapter_bytes": self.adapter_bytes,
+            "adapter_modules": [{"module": m.name, "in_features": m.in_features, "out_features": m.out_features,
+                                 "modules": m.count, "params": p} for m, p in self.modules],
+            "peft_conventions": list(CONVENTIONS),
+        }
+
+
+def linear_modules(spec) -> dict[str, TargetModule]:
+    """Every Linear module peft can wrap, by name relative to its layer, in order of first appearance."""
+    found: dict[str, list] = {}
+    for layer, idx in spec.layer_groups():
+        for t in layer.tensors:
+            if t.kind != "linear" or not t.name.endswith(".weight") or t.experts:
+                continue
+            if t.component == "router" and spec.model_type not in LINEAR_ROUTERS:
+                continue
+            out_f, in_f = reversed(t.shape) if t.transposed else t.shape
+            name = t.name[: -len(".weight")]
+            entry = found.setdefault(name, [in_f, out_f, 0])
+            if (entry[0], entry[1]) != (in_f, out_f):
+                raise TrainmathError(f"module {name} changes shape across layers; per-layer LoRA is not modelled")
+            entry[2] += len(idx)
+    return {n: TargetModule(name=n, in_features=i, out_features=o, count=c) for n, (i, o, c) in found.items()}
+
+
+def expert_modules(spec) -> set[str]:
+    """Names of routed-expert and router weights: targetable by peft only as parameters, not modules."""
+    out = set()
+    for layer in spec.layers:
+        for t in layer.tensors:
+            if t.kind == "linear" and (t.experts or t.component == "router"):
+                out.add(t.name.rsplit(".weight", 1)[0].replace(".{e}", ""))
+    return out
+
+
+def _matches(name: str, target: str) -> bool:
+    """peft's suffix rule for a string in target_modules: the module's name equals it or ends with '.' + it."""
+    return name == target or name.endswith("." + target)
+
+
+def select(spec, job: PeftJob) -> list[TargetModule]:
+    """The modules ``job`` targets, or a one-line error naming what the model has."""
+    mods = linear_modules(spec)
+    if job.targets == ALL_LINEAR:
+        return list(mods.values())
+    chosen: dict[str, TargetModule] = {}
+    for target in job.targets:
+        hits = [m for n, m in mods.items() if _matches(n, target)]
+        if not hits:
+            experts = sorted(n for n in expert_modules(spec) if _matches(n, target) or target in n.split("."))
+            if experts:
+                raise TrainmathError(
+                    f"--lora-targets {target}: {', '.join(experts)} is a routed-expert/router weight stored as a "
+                    f"bare Parameter, not a Linear; peft reaches it only via target_parameters, not modelled here")
+            names = sorted({n.rsplit(".", 1)[-1] for n in mods})
+            raise TrainmathError(f"--lora-targets {target}: no such Linear module in {spec.name}; it has "
+                                 f"{', '.join(names)} (or {ALL_LINEAR})")
+        for m in hits:
+            chosen[m.name] = m
+    return list(chosen.values())
+
+
+def adapter_report(spec, job: PeftJob, base_params: int) -> AdapterReport:
+    """Adapters of ``job`` on ``spec``: r·(in + out) per targeted module, checked against each module's width."""
+    if job.method == "qlora" and spec.options.get("quantization_config"):
+        qm = (spec.options["quantization_config"] or {}).get("quant_method", "quantized")
+        raise TrainmathError(f"--peft qlora: {spec.name} already ships quantized ({qm} quantization_config); "
+                             f"QLoRA quantizes a bf16/fp16 base: use --peft lora, or a bf16 checkpoint")
+    rows = []
+    for m in select(spec, job):
+        if job.rank > min(m.in_features, m.out_features):
+            raise TrainmathError(f"--lora-rank {job.rank} exceeds {m.name}'s smaller dimension "
+                                 f"({m.in_features} → {m.out_features}): choose r ≤ "
+                                 f"{min(m.in_features, m.out_features)}")
+        rows.append((m, job.rank * (m.in_features + m.out_features) * m.count))
+    return AdapterReport(job=job, modules=tuple(rows), base_params=base_params)
+
+
+def add_peft_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fine-tuning (peft)")
+    g.add_argument("--peft", choices=METHODS, default=None,
+                   help="none (full training, the default), lora, or qlora (4-bit NF4 frozen base, bitsandbytes)")
+    g.add_argument("--lora-rank", type=int, default=None, metavar="R", help="adapter rank r (default 8, as peft)")
+    g.add_argument("--lora-alpha", type=int, default=None, metavar="A",
+                   help="lora_alpha (default 8, as peft); scaling alpha/r, no effect on counts")
+    g.add_argument("--lora-targets", default=None, metavar="NAMES",
+                   help="comma-separated module names matched as peft does (suffix of the module's name), or "
+                        "all-linear (every Linear but the output layer); default q_proj,v_proj")
+    g.add_argument("--lora-dtype", choices=tuple(ADAPTER_DTYPES), default=None,
+                   help="adapter dtype (default fp32: where peft's autocast_adapter_dtype=True leaves adapters of "
+                        "a bf16/fp16 model)")
+
+
+def peft_from_args(args: argparse.Namespace) -> PeftJob:
+    """The job from the flags; ``--lora-*`` without ``--peft lora|qlora`` is an error."""
+    given = [f for f in ("lora_rank", "lora_alpha", "lora_targets", "lora_dtype") if getattr(args, f) is not None]
+    method = args.peft or "none"
+    if method == "none":
+        if given:
+            flags = ", ".join("--" + f.replace("_", "-") for f in given)
+            raise TrainmathError(f"{flags} needs --peft lora or --peft qlora (without it the job is full training)")
+        return PeftJob()
+    rank = 8 if args.lora_rank is None else args.lora_rank
+    if rank < 1:
+        raise TrainmathError(f"--lora-rank {rank}: the rank must be a positive integer")
+    raw = args.lora_targets or "q_proj,v_proj"
+    if raw.strip().lower() == ALL_LINEAR:
+        targets: tuple[str, ...] | str = ALL_LINEAR
+    else:
+        targets = tuple(t.strip() for t in raw.split(",") if t.strip())
+        if not targets:
+            raise TrainmathError(f"--lora-targets {raw!r}: name at least one module, or {ALL_LINEAR}")
+    return PeftJob(method=method, rank=rank, alpha=args.lora_alpha, targets=targets, dtype=args.lora_dtype or "fp32")
