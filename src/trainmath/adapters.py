@@ -10,9 +10,13 @@ What is and is not supported, as peft 0.18+ sees transformers 5's modules:
   fused projections (Phi-3's ``qkv_proj``/``gate_up_proj``, Falcon's ``query_key_value``, GPT-2's ``c_attn``)
   are one module, one adapter.
 - MoE: attention, dense MLPs, shared experts and Llama 4's router (an ``nn.Linear`` subclass) are Linear modules.
-  Routed experts are stored fused as 3-d ``nn.Parameter``s, and most routers as a bare weight ``nn.Parameter``:
-  they are not Linear modules, ``all-linear`` skips them, and peft reaches them only through
-  ``LoraConfig(target_parameters=...)``, which this ledger does not model yet: naming them is refused.
+  Routed experts are stored fused as 3-d ``nn.Parameter``s (E, in, out), most routers as a bare weight Parameter.
+  For the model types transformers converts from v4 checkpoints (Mixtral; Qwen3-MoE, Qwen3-Next, DeepSeek-V2/V3,
+  GLM-4.5), peft (``utils/transformers_weight_conversion.py``) maps the v4 names to those parameters:
+  ``gate`` → ``gate.weight`` (r·(d + E)), ``gate_proj``+``up_proj`` (``w1``+``w3``) → ``gate_up_proj`` at rank 2r,
+  ``down_proj`` (``w2``) → ``down_proj``, each expert r·(in + out); ``all-linear`` adds all three. A leaf name so
+  mapped no longer targets the Linear modules of that name (dense MLPs, shared experts), as in peft. Experts of
+  other MoE types (gpt-oss, Llama 4, Qwen1.5-MoE) are reached only by ``target_parameters``: naming them is refused.
 """
 
 from __future__ import annotations
@@ -28,6 +32,17 @@ ADAPTER_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # transformers 5 model types whose MoE router is an nn.Linear (Llama4Router subclasses nn.Linear); every other
 # router in the catalog is a module holding a bare weight Parameter, which peft cannot wrap as a Linear.
 LINEAR_ROUTERS = ("llama4", "llama4_text")
+# peft's v4 → v5 MoE target conversion: model type → (v4 leaf name → v5 parameter, the fused pair)
+_QWEN2_MOE = ({"gate": "gate.weight", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
+               "down_proj": "down_proj"}, ("gate_proj", "up_proj"))
+MOE_CONVERSION = {
+    "mixtral": ({"gate": "gate.weight", "w1": "gate_up_proj", "w3": "gate_up_proj", "w2": "down_proj"},
+                ("w1", "w3")),
+    **dict.fromkeys(("qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"), _QWEN2_MOE),
+}
+# peft refuses LoRA on these leaf modules of these model types (tuners_utils._check_lora_target_modules_mamba)
+MAMBA_TYPES = ("falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h")
+MAMBA_REFUSED = ("out_proj", "conv1d")
 CONVENTIONS = (
     "LoRA adds r·(in + out) per targeted Linear (lora_A in→r, lora_B r→out, bias='none'), as peft's LoraConfig",
     "trainable = adapters only (the base is frozen); total = base + adapters, as peft's "
@@ -63,7 +78,8 @@ class TargetModule:
     name: str
     in_features: int
     out_features: int
-    count: int  # modules of this name in the model (layers that have it)
+    count: int  # modules of this name in the model (layers that have it; × experts for a fused parameter)
+    rank_mult: int = 1  # peft's rank_pattern: 2 for a fused gate_up_proj that stands for two v4 targets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +87,7 @@ class AdapterReport:
     job: PeftJob
     modules: tuple[tuple[TargetModule, int], ...]  # (module, adapter params over all its copies)
     base_params: int
+    notes: tuple[str, ...] = ()
 
     @property
     def adapter_params(self) -> int:
@@ -97,7 +114,7 @@ class AdapterReport:
             "total_params": self.total_params, "adapter_bytes": self.adapter_bytes,
             "adapter_modules": [{"module": m.name, "in_features": m.in_features, "out_features": m.out_features,
                                  "modules": m.count, "params": p} for m, p in self.modules],
-            "peft_conventions": list(CONVENTIONS),
+            "peft_notes": list(self.notes), "peft_conventions": list(CONVENTIONS),
         }
 
 
@@ -134,13 +151,55 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
+def _expert_parameters(spec, new: str, fused: bool) -> TargetModule:
+    """The fused expert / router parameter ``new`` (gate.weight, gate_up_proj, down_proj) as peft wraps it."""
+    count = in_f = out_f = 0
+    for layer, idx in spec.layer_groups():
+        ts = [t for t in layer.tensors if t.kind == "linear" and t.name.endswith(".weight")]
+        if new == "gate.weight":
+            ts = [t for t in ts if t.component == "router" and t.name.endswith("gate.weight")]
+        else:
+            ts = [t for t in ts if t.experts and (t.shard == "column") == (new == "gate_up_proj")]
+        if not ts:
+            continue
+        out_f, in_f = ts[0].shape
+        if new == "gate_up_proj":
+            out_f = sum(t.shape[0] for t in ts)
+        count += len(idx) * (ts[0].experts or 1)
+    return TargetModule(name=f"experts.{new}" if new != "gate.weight" else new, in_features=in_f,
+                        out_features=out_f, count=count, rank_mult=2 if fused and new == "gate_up_proj" else 1)
+
+
+def _convert_moe(spec, targets) -> tuple[list[str], list[TargetModule]]:
+    """peft's conversion: v4 expert/router names become fused parameters; the rest stay module targets."""
+    mapping, pair = MOE_CONVERSION[spec.model_type]
+    if targets == ALL_LINEAR:
+        targets = sorted({n.rsplit(".", 1)[-1] for n in linear_modules(spec)} | set(mapping))
+    modules, params, olds = [], {}, set()
+    for t in targets:
+        old = next((o for o in mapping if t == o or t.endswith("." + o)), None)
+        if old is None:
+            modules.append(t)
+        else:
+            params[mapping[old]] = None
+            olds.add(old)
+    if len(olds & set(pair)) == 1:
+        raise TrainmathError(f"--lora-targets: {' and '.join(pair)} are fused into the experts' gate_up_proj in "
+                             f"transformers 5; target both or neither (peft refuses one alone)")
+    fused = set(pair) <= olds
+    return modules, [_expert_parameters(spec, new, fused) for new in params]
+
+
 def select(spec, job: PeftJob) -> list[TargetModule]:
     """The modules ``job`` targets, or a one-line error naming what the model has."""
     mods = linear_modules(spec)
-    if job.targets == ALL_LINEAR:
+    targets, extra = job.targets, []
+    if spec.model_type in MOE_CONVERSION:
+        targets, extra = _convert_moe(spec, targets)
+    elif targets == ALL_LINEAR:
         return list(mods.values())
     chosen: dict[str, TargetModule] = {}
-    for target in job.targets:
+    for target in targets:
         hits = [m for n, m in mods.items() if _matches(n, target)]
         if not hits:
             experts = sorted(n for n in expert_modules(spec) if _matches(n, target) or target in n.split("."))
@@ -153,7 +212,7 @@ def select(spec, job: PeftJob) -> list[TargetModule]:
                                  f"{', '.join(names)} (or {ALL_LINEAR})")
         for m in hits:
             chosen[m.name] = m
-    return list(chosen.values())
+    return list(chosen.values()) + [m for m in extra if m.count]
 
 
 def adapter_report(spec, job: PeftJob, base_params: int) -> AdapterReport:
@@ -162,14 +221,23 @@ def adapter_report(spec, job: PeftJob, base_params: int) -> AdapterReport:
         qm = (spec.options["quantization_config"] or {}).get("quant_method", "quantized")
         raise TrainmathError(f"--peft qlora: {spec.name} already ships quantized ({qm} quantization_config); "
                              f"QLoRA quantizes a bf16/fp16 base: use --peft lora, or a bf16 checkpoint")
-    rows = []
-    for m in select(spec, job):
-        if job.rank > min(m.in_features, m.out_features):
-            raise TrainmathError(f"--lora-rank {job.rank} exceeds {m.name}'s smaller dimension "
-                                 f"({m.in_features} → {m.out_features}): choose r ≤ "
-                                 f"{min(m.in_features, m.out_features)}")
-        rows.append((m, job.rank * (m.in_features + m.out_features) * m.count))
-    return AdapterReport(job=job, modules=tuple(rows), base_params=base_params)
+    rows, notes = [], []
+    chosen = select(spec, job)
+    bad = sorted({m.name for m in chosen if m.name.rsplit(".", 1)[-1] in MAMBA_REFUSED})
+    if spec.model_type in MAMBA_TYPES and bad:
+        ok = sorted({m.name.rsplit(".", 1)[-1] for m in linear_modules(spec).values()} - set(MAMBA_REFUSED))
+        raise TrainmathError(f"--lora-targets: peft refuses LoRA on {', '.join(bad)} of Mamba-based models "
+                             f"({spec.model_type}); name the targets instead, from {','.join(ok)}")
+    for m in chosen:
+        width = min(m.in_features, m.out_features)
+        if job.rank > width:
+            if job.targets != ALL_LINEAR:
+                raise TrainmathError(f"--lora-rank {job.rank} exceeds {m.name}'s smaller dimension "
+                                     f"({m.in_features} → {m.out_features}): choose r ≤ {width}")
+            notes.append(f"r={job.rank} exceeds {m.name}'s smaller dimension {width}: all-linear adapts it anyway, "
+                         f"as peft does (a rank beyond {width} adds parameters, not expressiveness)")
+        rows.append((m, job.rank * m.rank_mult * (m.in_features + m.out_features) * m.count))
+    return AdapterReport(job=job, modules=tuple(rows), base_params=base_params, notes=tuple(notes))
 
 
 def add_peft_args(p: argparse.ArgumentParser) -> None:

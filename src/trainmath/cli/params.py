@@ -69,6 +69,7 @@ def render_adapters(a) -> str:
                  f"{100 * a.trainable_params / a.total_params:.4f}% of total)")
     lines.append(f"adapter params        {a.adapter_params:>20,}  ({human_count(a.adapter_params)})")
     lines.append(f"total params          {a.total_params:>20,}  ({human_count(a.total_params)}, base + adapters)")
+    lines.extend(f"note: {n}" for n in a.notes)
     lines.append("peft conventions: " + "; ".join(CONVENTIONS))
     return "\n".join(lines)
 
