@@ -47,7 +47,9 @@ CONVENTIONS = (
     "LoRA adds r·(in + out) per targeted Linear (lora_A in→r, lora_B r→out, bias='none'), as peft's LoraConfig",
     "trainable = adapters only (the base is frozen); total = base + adapters, as peft's "
     "get_nb_trainable_parameters()",
-    "all-linear = every Linear/Conv1D but the output layer (peft's rule); routed experts are not targeted",
+    "all-linear = every Linear/Conv1D but the output layer (peft's rule)",
+    "routed experts: fused 3-d parameters, adapted only where peft converts v4 names (Mixtral, Qwen3-MoE/Next, "
+    "DeepSeek-V2/V3, GLM-4.5: gate_up_proj at rank 2r, r·(in+out) per expert)",
 )
 
 
@@ -113,7 +115,8 @@ class AdapterReport:
             "trainable_params": self.trainable_params, "adapter_params": self.adapter_params,
             "total_params": self.total_params, "adapter_bytes": self.adapter_bytes,
             "adapter_modules": [{"module": m.name, "in_features": m.in_features, "out_features": m.out_features,
-                                 "modules": m.count, "params": p} for m, p in self.modules],
+                                 "rank": j.rank * m.rank_mult, "modules": m.count, "params": p}
+                                for m, p in self.modules],
             "peft_notes": list(self.notes), "peft_conventions": list(CONVENTIONS),
         }
 

@@ -62,8 +62,9 @@ def render_adapters(a) -> str:
     j = a.job
     targets = j.targets if isinstance(j.targets, str) else ",".join(j.targets)
     lines = [f"{j.method} adapters: r={j.rank}, alpha={j.lora_alpha}, targets={targets}, dtype={j.dtype}", ""]
-    rows = [[m.name, f"{m.in_features:,}", f"{m.out_features:,}", m.count, f"{p:,}"] for m, p in a.modules]
-    lines.append(table(["module", "in", "out", "modules", "adapter params"], rows))
+    rows = [[m.name, f"{m.in_features:,}", f"{m.out_features:,}", j.rank * m.rank_mult, m.count, f"{p:,}"]
+            for m, p in a.modules]
+    lines.append(table(["module", "in", "out", "rank", "modules", "adapter params"], rows))
     lines.append("")
     lines.append(f"trainable params      {a.trainable_params:>20,}  ({human_count(a.trainable_params)}, "
                  f"{100 * a.trainable_params / a.total_params:.4f}% of total)")
