@@ -50,7 +50,7 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
 
     warning = positions_warning(spec, args.input + args.output, "--input + --output")
     if args.device == "cpu":
-        from trainmath.infer.cpu import measured_cpu
+        from trainmath.runtime.cpu_rates import measured_cpu
 
         gpu, eff = measured_cpu()
     else:
@@ -69,6 +69,8 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
     else:
         r = fixed_batch(spec, setup, gpu, input=args.input, output=args.output, eff=eff)
     conventions = [
+        *([f"cpu measured: fp32 matmul {gpu.bf16_flops_per_s / 1e9:,.1f} GFLOP/s (reported as its peak), read "
+           f"bandwidth {gpu.hbm_bytes_per_s / 1e9:,.2f} GB/s"] if args.device == "cpu" else []),
         f"{gpu.name}: peak bf16 {gpu.bf16_flops_per_s / 1e12:.1f} TFLOP/s, HBM {gpu.hbm_bytes_per_s / 1e12:.2f} TB/s; "
         f"efficiency compute {eff.compute}, memory {eff.memory}, link {eff.link}",
         "FLOPs: the op lists' forward fold of the new tokens (causal half), logits only where sampled, divided "
@@ -81,7 +83,8 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
     if cap is not None:
         conventions += cap.conventions()
     if args.json:
-        out = {"model": spec.name, "gpu": gpu.name, "tp": setup.tp, "ep": setup.ep, "gpus": setup.ranks,
+        out = {"model": spec.name, "gpu": gpu.name, "device_flops_per_s": gpu.bf16_flops_per_s,
+               "device_bytes_per_s": gpu.hbm_bytes_per_s, "tp": setup.tp, "ep": setup.ep, "gpus": setup.ranks,
                "dtype": setup.weights.dtype, "kv_dtype": setup.cache.kv_dtype, **r.to_dict(),
                "vllm": cap.to_dict() if cap else None, "conventions": conventions,
                "warnings": [warning] if warning else []}
