@@ -21,7 +21,7 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
-def measure(n: int = 1024, stream_bytes: int = 256 << 20, repeats: int = 5) -> tuple[float, float]:
+def measure(n: int = 1024, stream_bytes: int = 256 << 20, repeats: int = 10) -> tuple[float, float]:
     """(fp32 matmul FLOP/s, read bandwidth in bytes/s) of this CPU."""
     import torch
 
