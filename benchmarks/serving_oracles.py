@@ -58,16 +58,16 @@ def raw(r: dict) -> dict:
     def trip(s) -> tuple[float, float, float]:
         return (s.compute_s, s.memory_s, s.comm_s)
 
-    I, O = r["input"], r["output"]
+    inp, out = r["input"], r["output"]
     if r.get("batch"):
         b = r["batch"]
-        pre = trip(step(spec, setup, gpu, (Part(n=b, t=I, c=0),), unit))
+        pre = trip(step(spec, setup, gpu, (Part(n=b, t=inp, c=0),), unit))
         dec = [trip(step(spec, setup, gpu, (Part(n=b, t=1, c=c),), unit))
-               for c in decode_samples(I, max(O - 1, 1))]
-        return {"generation": gpu.generation, "kind": "batch", "n": b, "I": I, "O": O, "prefill": pre,
+               for c in decode_samples(inp, max(out - 1, 1))]
+        return {"generation": gpu.generation, "kind": "batch", "n": b, "I": inp, "O": out, "prefill": pre,
                 "decode": dec}
-    st = steady_state(spec, setup, gpu, concurrency=r["concurrency"], input=I, output=O, eff=unit)
-    return {"generation": gpu.generation, "kind": "concurrency", "n": r["concurrency"], "I": I, "O": O,
+    st = steady_state(spec, setup, gpu, concurrency=r["concurrency"], input=inp, output=out, eff=unit)
+    return {"generation": gpu.generation, "kind": "concurrency", "n": r["concurrency"], "I": inp, "O": out,
             "step": trip(st.step), "chunk": trip(st.chunk_step), "p": st.prefill_steps}
 
 

@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
                                group_size=args.group_size, zero_point=args.zero_point, scale_dtype=scale)
     tp = args.tp if args.tp is not None else (args.gpus if args.gpus and args.ep == 1 else 1)
     setup = InferenceSetup(
-        batch=args.batch or args.concurrency or 1, context=args.context, tp=tp, ep=args.ep, gpus=args.gpus, workspace_bytes=args.workspace,
+        batch=args.batch if args.batch is not None else (args.concurrency or 1), context=args.context, tp=tp,
+        ep=args.ep, gpus=args.gpus, workspace_bytes=args.workspace,
         weights=weights,
         cache=CacheFormat(
             kv_dtype=dtype_name(args.kv_dtype, KV_DTYPES, "kv dtype"), mla_cache=args.mla_cache,

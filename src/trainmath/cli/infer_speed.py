@@ -59,7 +59,8 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
 
         gpu = find_gpu(args.gpu)
         eff = Efficiency.of(gpu)
-    engine = EngineMemory(gpu_memory_utilization=args.mem_util / 100, max_num_batched_tokens=args.max_num_batched_tokens)
+    engine = EngineMemory(gpu_memory_utilization=args.mem_util / 100,
+                          max_num_batched_tokens=args.max_num_batched_tokens)
     cap = None
     if args.engine == "vllm":
         cap = vllm_capacity(spec, setup, gpu, request_tokens=args.input + args.output, engine=engine)
@@ -78,8 +79,8 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         "memory: weights touched (routed experts E*[1-(1-k/E)^T]) + cache read + cache written, per rank",
     ]
     if args.concurrency is not None:
-        conventions.append(f"continuous batching: chunked prefill, max_num_batched_tokens {args.max_num_batched_tokens:,}"
-                           " (vLLM V1 default 8192; 2048 in older releases), decodes scheduled first")
+        conventions.append("continuous batching: chunked prefill, max_num_batched_tokens "
+                           f"{args.max_num_batched_tokens:,} (vLLM V1 default 8192; 2048 in older releases), decodes scheduled first")
     if cap is not None:
         conventions += cap.conventions()
     if args.json:
