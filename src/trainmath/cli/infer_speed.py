@@ -80,7 +80,8 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
     ]
     if args.concurrency is not None:
         conventions.append("continuous batching: chunked prefill, max_num_batched_tokens "
-                           f"{args.max_num_batched_tokens:,} (vLLM V1 default 8192; 2048 in older releases), decodes scheduled first")
+                           f"{args.max_num_batched_tokens:,} (vLLM V1 default 8192; 2048 in older releases), "
+                           "decodes scheduled first")
     if cap is not None:
         conventions += cap.conventions()
     if args.json:
