@@ -140,8 +140,8 @@ def main() -> int:
     batches, contexts = ((1, 4), (64, 256)) if a.tiny else (BATCHES, CONTEXTS)
     name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     print(f"{spec.name} on {name}, predicted for {gpu.name}; torch {torch.__version__}")
-    print(f"{'B':>4} {'ctx':>6} | {'prefill ms':>10} {'pred':>8} {'ratio':>6} {'bound':>8} | {'decode ms':>9} {'pred':>8} "
-          f"{'floor':>8} {'ratio':>6} {'bound':>8}")
+    print(f"{'B':>4} {'ctx':>6} | {'prefill ms':>10} {'pred':>8} {'ratio':>6} {'bound':>8} | "
+          f"{'decode ms':>9} {'pred':>8} {'floor':>8} {'ratio':>6} {'bound':>8}")
     rows = []
     for b in batches:
         for c in contexts:
@@ -155,9 +155,9 @@ def main() -> int:
             rows.append({"batch": b, "context": c, "prefill_s": tp, "decode_s": td, "pred_prefill_s": pre.time_s,
                          "pred_decode_s": dec.time_s, "floor_decode_s": floor.time_s, "prefill_bound": pre.bound,
                          "decode_bound": dec.bound})
-            print(f"{b:>4} {c:>6} | {tp * 1e3:>10.2f} {pre.time_s * 1e3:>8.2f} {pre.time_s / tp:>6.2f} {pre.bound:>8} | "
-                  f"{td * 1e3:>9.3f} {dec.time_s * 1e3:>8.3f} {floor.time_s * 1e3:>8.3f} {dec.time_s / td:>6.2f} "
-                  f"{dec.bound:>8}")
+            print(f"{b:>4} {c:>6} | {tp * 1e3:>10.2f} {pre.time_s * 1e3:>8.2f} {pre.time_s / tp:>6.2f} "
+                  f"{pre.bound:>8} | {td * 1e3:>9.3f} {dec.time_s * 1e3:>8.3f} {floor.time_s * 1e3:>8.3f} "
+                  f"{dec.time_s / td:>6.2f} {dec.bound:>8}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
