@@ -9,22 +9,15 @@ from trainmath.plot.charts import Line, LineChart
 from trainmath.plot.palette import colour
 
 
-def knee_batch(spec, setup, gpu, *, context: int, most: int = 1 << 16) -> int | None:
-    """The smallest batch whose decode step at ``context`` is compute-bound at the floor (None: not up to
-    ``most``); the ridge point of the roofline, about peak / bandwidth × bytes per weight / 2 for a dense model."""
+def knee_batch(spec, setup, gpu, *, context: int) -> int:
+    """The roofline's ridge batch of a decode step: where the compute of the batch equals the time to read the
+    weights (both at the floor), weight bytes / bandwidth ÷ (FLOPs per token / peak), about peak / bandwidth ×
+    bytes per weight / 2 for a dense model. The cache read is left out: it grows with the batch as the compute
+    does, so past the knee a long context keeps the step memory-bound."""
     from trainmath.infer.speed import FLOOR, Part, step
 
-    def compute_bound(b: int) -> bool:
-        s = step(spec, replace(setup, batch=b), gpu, (Part(n=b, t=1, c=context),), FLOOR)
-        return s.compute_s >= s.memory_s
-
-    if not compute_bound(most):
-        return None
-    lo, hi = 0, most  # lo memory-bound (or 0), hi compute-bound
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if compute_bound(mid) else (mid, hi)
-    return hi
+    s = step(spec, replace(setup, batch=1), gpu, (Part(n=1, t=1, c=context),), FLOOR)
+    return max(1, round(s.weight_bytes / gpu.hbm_bytes_per_s / s.compute_s))
 
 
 def latency_charts(spec, setup, gpu, *, input: int, output: int, batches: tuple[int, ...]) -> list[LineChart]:
@@ -36,16 +29,15 @@ def latency_charts(spec, setup, gpu, *, input: int, output: int, batches: tuple[
     name = spec.name.split("/")[-1]
     where = f"{name} on {gpu.name}, tp {setup.tp}, {setup.weights.dtype} weights, {input:,} in / {output:,} out"
     tpot = LineChart(
-        title=f"TPOT against batch: {where}", xlabel="batch", ylabel="TPOT (ms)", xlog2=True,
+        title=f"TPOT against batch: {name}", xlabel="batch", ylabel="TPOT (ms)", xlog2=True,
         lines=(Line(name="predicted", colour=colour("predicted"), xs=xs, ys=tuple(r.tpot_s * 1e3 for r in rows)),
                Line(name="floor (efficiency 1)", colour=colour("floor"), xs=xs, dashed=True,
                     ys=tuple(r.tpot_floor_s * 1e3 for r in rows))),
         marks=((float(knee), _at(batches, rows, knee, lambda r: r.tpot_floor_s * 1e3), f"knee: batch {knee}"),)
-        if knee and batches[0] <= knee <= batches[-1] else (),
-        notes=(f"roofline knee (decode compute = memory at the floor): batch {knee}" if knee else
-               "no knee up to batch 65,536",))
+        if batches[0] <= knee <= batches[-1] else (),
+        notes=(where, f"roofline knee (a batch's decode FLOPs take as long as reading the weights): batch {knee}"))
     thr = LineChart(
-        title=f"Output throughput against batch: {where}", xlabel="batch", ylabel="output tokens/s", xlog2=True,
+        title=f"Output throughput: {name}", xlabel="batch", ylabel="output tokens/s", xlog2=True,
         lines=(Line(name="predicted", colour=colour("predicted"), xs=xs,
                     ys=tuple(r.output_tokens_per_s for r in rows)),),
         notes=("B x O / (TTFT + (O - 1) x TPOT)",))
