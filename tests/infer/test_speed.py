@@ -184,3 +184,19 @@ def test_infer_plan(capsys):
     assert "nothing meets" in capsys.readouterr().out
     for bad in (["--qps", "0"], ["--qps", "nan"], ["--qps", "-1"]):
         assert main(base + bad + ["--ttft-slo", "1", "--tpot-slo", "0.05"]) == 2
+
+
+def test_latency_knee_and_plot(tmp_path):
+    """The ridge batch: weight bytes / bandwidth ÷ (FLOPs per token / peak), from the hand counts."""
+    from trainmath.plot.latency import knee_batch
+
+    spec, h100 = load_spec(L8), gpu("h100")
+    c = 1000
+    weights = 8_030_261_248 * 2 - 128_256 * 4096 * 2
+    flops = 2 * LINEAR_8B + 4 * (c + 1) * 32 * 4096
+    assert knee_batch(spec, InferenceSetup(batch=1, context=c), h100, context=c) == round(
+        weights / 3.35e12 / (flops / 989.4e12))
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "lat.svg"
+    assert main(["plot", "latency", L8, "--gpu", "h100", "--max-batch", "64", "-o", str(out)]) == 0
+    assert "TPOT" in out.read_text()
