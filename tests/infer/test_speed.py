@@ -200,3 +200,16 @@ def test_latency_knee_and_plot(tmp_path):
     out = tmp_path / "lat.svg"
     assert main(["plot", "latency", L8, "--gpu", "h100", "--max-batch", "64", "-o", str(out)]) == 0
     assert "TPOT" in out.read_text()
+
+
+def test_mla_decode_is_the_absorbed_form():
+    """DeepSeek-V3 decode at context c: the op list's per-head form (forward FLOPs of c + 1 tokens less those of
+    c) + 2·h·(c+1)·(2·d_c − d_nope − d_v) per layer: scores over the 576-wide latent + rotary key and values over
+    the 512-wide latent instead of 192- and 128-wide heads."""
+    from trainmath.flops.model import count_flops
+
+    spec = load_spec("deepseek-ai/DeepSeek-V3")
+    c = 999
+    per_head = (count_flops(spec, batch=1, seq=c + 1, causal="half").forward.value
+                - count_flops(spec, batch=1, seq=c, causal="half").forward.value)
+    assert new_token_flops(spec, Part(n=1, t=1, c=c)) == per_head + 61 * 2 * 128 * (c + 1) * (2 * 512 - 128 - 128)

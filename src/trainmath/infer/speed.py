@@ -9,9 +9,10 @@ t = I, c = 0; a decode step t = 1, c = the context so far). On one rank of the i
   causal ``half`` convention (the pairs a causal flash kernel computes), minus the LM head of all but the last new
   token of each sequence (engines compute logits only where a token is sampled); divided evenly over the ranks
   (tensor parallel splits every GEMM, attention data parallel the batch, expert parallel the experts: balanced
-  routing assumed). The peak is the dense tensor-core peak of the kernel format: fp8 weights run fp8 GEMMs on a
-  GPU with an fp8 peak (W8A8), every other format the bf16 peak (4-bit weights are dequantised inside W4A16
-  kernels, Marlin-style: their gain is in bytes, not FLOPs);
+  routing assumed); MLA decode in the absorbed form (``absorbed_extra``). The peak is the dense tensor-core
+  peak of the kernel format: fp8 weights run fp8 GEMMs on a GPU with an fp8 peak (W8A8), every other format
+  the bf16 peak (4-bit weights are dequantised inside W4A16 kernels, Marlin-style: their gain is in bytes, not
+  FLOPs);
 - **memory**: bytes read and written / (HBM bandwidth · memory efficiency): the rank's weights in their serving
   format (``infer.weights``) — routed experts only for the share the step's tokens touch, E·[1 − (1 − k/E)^T]
   of E experts for T tokens routing to k each (uniform routing), the input embedding table not at all (one row
@@ -109,10 +110,28 @@ def _forward(spec: ModelSpec, seq: int) -> tuple[int, int]:
 
 
 def new_token_flops(spec: ModelSpec, part: Part) -> int:
-    """Forward FLOPs of ``part``'s new tokens on the whole instance (logits of the last new token only)."""
+    """Forward FLOPs of ``part``'s new tokens on the whole instance (logits of the last new token only); a decode
+    token (t = 1) of an MLA layer in the absorbed form (``absorbed_extra``)."""
     total, head = _forward(spec, part.c + part.t)
     before = _forward(spec, part.c)[0] if part.c else 0
-    return part.n * (total - before - head * (part.t - 1))
+    extra = absorbed_extra(spec, part.c + 1) if part.t == 1 else 0
+    return part.n * (total - before - head * (part.t - 1) + extra)
+
+
+@lru_cache(maxsize=256)
+def _mla_layers(spec: ModelSpec) -> tuple[tuple[int, int, int, int], ...]:
+    """(heads, kv_lora_rank, qk_nope_head_dim, v_head_dim) of every MLA layer."""
+    return tuple((b.dims.heads, b.dims.kv_lora_rank, b.dims.qk_nope_head_dim, b.dims.v_head_dim)
+                 for layer, idx in spec.layer_groups() for b in layer.blocks if b.kind == "mla" for _ in idx)
+
+
+def absorbed_extra(spec: ModelSpec, pairs: int) -> int:
+    """FLOPs a decode token of MLA's absorbed form (DeepSeek-V2 §2.1.2, W_UK folded into the query and W_UV into
+    the output, as vLLM and SGLang decode) adds to the op list's per-head form, over ``pairs`` cached positions:
+    scores against the latent and rotary key (d_c + d_R per head instead of d_nope + d_R) and values of d_c
+    instead of d_v, i.e. 2·h·pairs·(2·d_c − d_nope − d_v) per layer; the absorbed projections cost what
+    kv_b_proj costs per token, so they cancel."""
+    return sum(2 * h * pairs * (2 * c - nope - v) for h, c, nope, v in _mla_layers(spec))
 
 
 @lru_cache(maxsize=256)
