@@ -213,3 +213,17 @@ def test_mla_decode_is_the_absorbed_form():
     per_head = (count_flops(spec, batch=1, seq=c + 1, causal="half").forward.value
                 - count_flops(spec, batch=1, seq=c, causal="half").forward.value)
     assert new_token_flops(spec, Part(n=1, t=1, c=c)) == per_head + 61 * 2 * 128 * (c + 1) * (2 * 512 - 128 - 128)
+
+
+def test_tp_beyond_kv_heads_replicates_them():
+    """Llama-3.1-70B has 8 K/V heads: at TP 16 each rank holds one (replicated on 2 ranks), as at TP 8."""
+    spec, h100 = load_spec("meta-llama/Llama-3.1-70B"), gpu("h100")
+    p = (Part(n=4, t=1, c=4096),)
+    tp8 = step(spec, InferenceSetup(batch=4, context=4097, tp=8), h100, p, FLOOR)
+    tp16 = step(spec, InferenceSetup(batch=4, context=4097, tp=16), h100, p, FLOOR)
+    assert tp8.cache_bytes == tp16.cache_bytes == 4 * 4097 * 80 * 2 * 128 * 2
+
+
+def test_absurd_batch(capsys):
+    assert main(["infer", L8, "--gpu", "h100", "--batch", str(10**9), "--input", "8", "--output", "8"]) == 2
+    assert "--batch must be in 1..1,048,576" in capsys.readouterr().err

@@ -44,6 +44,8 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         raise TrainmathError("serving speed needs both --input and --output")
     if (args.batch is None) == (args.concurrency is None):
         raise TrainmathError("give one of --batch (a fixed batch) or --concurrency (continuous batching)")
+    if args.batch is not None and not 1 <= args.batch <= MAX_SEQS:
+        raise TrainmathError(f"--batch must be in 1..{MAX_SEQS:,} sequences for serving speed, got {args.batch:,}")
     if args.gpu is None and args.device is None:
         raise TrainmathError("serving speed needs --gpu G (or --device cpu)")
     from trainmath.cli.args import positions_warning
