@@ -28,10 +28,10 @@ MODELS = {
                       num_key_value_heads=8, vocab_size=8192, max_position_embeddings=4096),
 }
 CASES = [  # (batch, input, output)
-    (1, 128, 16), (4, 128, 16), (16, 128, 16),  # batch scaling
-    (1, 1024, 16),  # context scaling (prefill and decode)
+    (1, 128, 33), (4, 128, 33), (16, 128, 33),  # batch scaling
+    (1, 1024, 33),  # context scaling (prefill and decode)
 ]
-QUICK = [(1, 128, 8), (8, 128, 8)]
+QUICK = [(1, 128, 17), (8, 128, 17)]
 
 
 def build(name: str, where: str):
@@ -46,7 +46,7 @@ def build(name: str, where: str):
     return LlamaForCausalLM(cfg).eval(), os.path.join(path, "config.json")
 
 
-def measure(model, batch: int, inp: int, out: int, repeats: int = 2) -> tuple[float, float]:
+def measure(model, batch: int, inp: int, out: int, repeats: int = 3) -> tuple[float, float]:
     import torch
 
     ids = torch.randint(0, model.config.vocab_size, (batch, inp))
