@@ -33,7 +33,7 @@ def test_best_first_search_equals_exhaustive():
             peak = training_memory(SMALL, setup, lay).peak_bytes
             if peak <= limit:
                 fits.append(e.step_time_s)
-    result = plan(SMALL, gpus=8, gpu=g, job=job, top=4)
+    result = plan(SMALL, gpus=8, gpu=g, job=job, top=4, fit_profiles=("megatron",))
     assert [e.step_time_s for e in result.layouts] == sorted(fits)[:4]
     assert result.memory_checks < len(fits)
     assert all(e.fits for e in result.layouts)
@@ -156,3 +156,25 @@ def test_time_lower_bound_never_exceeds_the_estimate():
             assert bound <= estimate(spec, lay, jb, g, memory=False).step_time_s * (1 + 1e-12)
             n += 1
     assert n > 500
+
+
+def test_plan_70b_8k_layouts_fit_under_both_profiles():
+    """Llama-3.1-70B on 1024 H100 at 8k: every recommended layout fits under the megatron profile (which the
+    planner asks) and under the hf profile (transformers' saved tensors, vocabulary-parallel head as Megatron's);
+    none is the tp=1, no-recompute layout that cannot hold 70B's activations at 8k."""
+    from dataclasses import replace
+
+    spec = load_spec("meta-llama/Llama-3.1-70B")
+    g = gpu("h100")
+    job = Job(global_batch=1024, seq=8192)
+    result = plan(spec, gpus=1024, gpu=g, job=job)
+    limit = g.memory_bytes * job.mem_util_percent // 100
+    assert len(result.layouts) == 5
+    for e in result.layouts:
+        assert e.fits and e.peak_bytes <= limit
+        assert e.layout.tp * e.layout.cp > 1 or e.job.recompute != "none"
+        for profile in ("megatron", "hf"):
+            setup = TrainingSetup(micro_batch=e.job.micro_batch, seq=e.job.seq, recompute=e.job.recompute,
+                                  profile=profile, micro_batches=e.micro_batches)
+            lay = replace(e.layout, vocab_parallel=e.layout.tp > 1) if profile == "hf" else e.layout
+            assert training_memory(spec, setup, lay).peak_bytes <= limit, (profile, e.layout.describe())

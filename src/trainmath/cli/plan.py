@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_job_arguments(p)
     p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
     p.add_argument("--explain", action="store_true", help="also list every rejected candidate with its reason")
+    p.add_argument("--fit-profiles", default=None, metavar="P[,P]",
+                   help="activation profiles every recommended layout must fit under (default: --profile and hf "
+                        "where transformers' saved tensors are modelled for the family; the larger peak is shown)")
     p.set_defaults(func=run)
 
 
@@ -31,8 +34,9 @@ def search(args: argparse.Namespace):
     from trainmath.plan import plan
 
     spec, gpu, hw, job, tokens = load(args)
+    profiles = None if args.fit_profiles is None else tuple(p for p in args.fit_profiles.split(",") if p)
     result = plan(spec, gpus=args.gpus, gpu=gpu, job=job, gpus_per_node=args.gpus_per_node, top=args.top,
-                  hardware=hw)
+                  hardware=hw, fit_profiles=profiles)
     return result, tokens
 
 
@@ -105,6 +109,8 @@ def render(result, *, explain: bool = False, tokens: int | None = None, price: f
                            align="rrrrrrrrlrl"))
     if result.layouts:
         lines += [""] + [f"convention: {c}" for c in result.layouts[0].conventions]
+    lines.append(f"fit: every layout's peak fits under the {' and the '.join(result.fit_profiles)} activation "
+                 f"profile{'s' if len(result.fit_profiles) > 1 else ''} (memory column: the larger peak)")
     lines.append("search: tp within a node, sp on whenever tp > 1, cp while each rank keeps >= 1024 tokens; "
                  "micro-batch 1/2/4/8, virtual stages 1/2/4, ZeRO 0-3, recompute none/selective/full")
     return "\n".join(lines)

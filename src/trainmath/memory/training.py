@@ -352,8 +352,9 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         fp32_input = _mentions(none, "input_layernorm.x_fp32") or _mentions(none, "layer.input")
         dup = saved if prec.weight_bytes == 4 and fp32_input else {}
         recomputed = {i: full[i] - dup.get(i, 0) for i in pl.layers}
-    elif setup.recompute == "selective" and setup.profile == "hf":
-        # what the recompute saves beside the cache and the layer input (activations.activation_bytes)
+    elif setup.recompute == "selective":
+        # what the recompute saves again in the layer's backward (hf: beside the cache and the layer input;
+        # megatron: the core attention's own tensors; activations.activation_bytes)
         recomputed = {i: transient for i in pl.layers}
     copies = weight_copies_bytes(pl, prec, in_flight)
     if copies and prec.name == "amp-bf16" and _mentions(act, "weight"):  # (the LM head's cast is in logits)

@@ -74,11 +74,9 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tupl
 
 
 def memory_recompute(job: Job) -> str:
-    """The recompute setting the memory model is asked with. Its ``megatron`` profile is Korthikanti et al.
-    2022's, whose no-recompute set keeps the 5as²b attention scores of an eager kernel; a flash kernel keeps no
-    s² tensor, which is that profile's ``selective`` set (§5: everything but the core attention)."""
-    if job.attention == "flash" and job.recompute == "none" and job.profile == "megatron":
-        return "selective"
+    """The recompute setting the memory model is asked with: the job's own. The attention kernel is passed as
+    itself (``flash`` → ``sdpa``: the megatron profile keeps flash's logsumexp, no s² tensor; ``eager``: the
+    unfused softmax of Korthikanti et al. 2022 Table 2)."""
     return job.recompute
 
 
@@ -235,8 +233,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
-        f"memory: the {job.profile} activation profile with recompute={memory_recompute(job)}"
-        + (" (flash attention keeps no s² scores)" if memory_recompute(job) != job.recompute else "")
+        f"memory: the {job.profile} activation profile with recompute={job.recompute}, {job.attention} attention"
         + f"; fits when peak_bytes <= {job.mem_util_percent}% of {gpu.memory_bytes / 2**30:.0f} GiB",
     )
     return Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
