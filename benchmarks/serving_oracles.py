@@ -6,6 +6,10 @@ with its exact source location), predicted by `trainmath.infer.speed` / `trainma
 Prints, per source and metric (ttft_s, tpot_s, output_tokens_per_s, e2e_s), the count, the median |error| and
 the share within 15%, three ways:
 
+Concurrency records run the continuous-batching steady state within vLLM's KV capacity (requests past it
+queue: their TTFT includes the wait). Records in a weight format the calculator has no byte rule for (nvfp4)
+are listed as skipped.
+
 - ``default``: the GPU generation's efficiencies from hardware/gpus.json, nothing fitted;
 - ``fitted``: a compute (prefill) and a memory (decode) efficiency per GPU generation, fitted on every record
   (minimising the median |log(predicted / published)| over a grid), never per run;
@@ -48,7 +52,7 @@ def raw(r: dict) -> dict:
     from dataclasses import replace
 
     from trainmath.hardware import gpu as find_gpu
-    from trainmath.infer.batching import steady_state
+    from trainmath.infer.batching import EngineMemory, steady_state, vllm_capacity
     from trainmath.infer.speed import Efficiency, Part, decode_samples, step
     from trainmath.sources import load_spec
 
@@ -66,9 +70,11 @@ def raw(r: dict) -> dict:
                for c in decode_samples(inp, max(out - 1, 1))]
         return {"generation": gpu.generation, "kind": "batch", "n": b, "I": inp, "O": out, "prefill": pre,
                 "decode": dec}
-    st = steady_state(spec, setup, gpu, concurrency=r["concurrency"], input=inp, output=out, eff=unit)
+    cap = vllm_capacity(spec, setup, gpu, request_tokens=inp + out, engine=EngineMemory())
+    st = steady_state(spec, setup, gpu, concurrency=r["concurrency"], input=inp, output=out, eff=unit,
+                      capacity=cap.max_concurrency)
     return {"generation": gpu.generation, "kind": "concurrency", "n": r["concurrency"], "I": inp, "O": out,
-            "step": trip(st.step), "chunk": trip(st.chunk_step), "p": st.prefill_steps}
+            "step": trip(st.step), "chunk": trip(st.chunk_step), "p": st.prefill_steps, "queue": st.queue_factor}
 
 
 def predict(x: dict, compute: float, memory: float) -> dict:
@@ -81,7 +87,8 @@ def predict(x: dict, compute: float, memory: float) -> dict:
         tpot = sum(t(d) for d in x["decode"]) / len(x["decode"])
     else:
         tpot = t(x["step"])
-        ttft = 0.5 * tpot + x["p"] * t(x["chunk"])
+        first = 0.5 * tpot + x["p"] * t(x["chunk"])
+        ttft = first + (x["queue"] - 1) * (first + (x["O"] - 1) * tpot)  # past the KV capacity requests queue
     e2e = ttft + (x["O"] - 1) * tpot
     return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "output_tokens_per_s": x["n"] * x["O"] / e2e}
 
