@@ -32,7 +32,7 @@ from collections import defaultdict
 
 METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s", "e2e_s")
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT = os.path.join(HERE, "..", "tests", "infer", "published_serving.json")
+DEFAULT = os.path.relpath(os.path.join(HERE, "..", "tests", "infer", "published_serving.json"))
 COMPUTE_GRID = [round(0.20 + 0.05 * i, 2) for i in range(17)]  # 0.20 .. 1.00
 MEMORY_GRID = [round(0.40 + 0.05 * i, 2) for i in range(13)]  # 0.40 .. 1.00
 
