@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import count
+from trainmath.cli.args import count, number
 
 MAX_TOKENS = 1 << 24
 """16M tokens: longer prompts or outputs than any model serves are refused as absurd."""
@@ -26,6 +26,8 @@ def add_speed_arguments(p: argparse.ArgumentParser) -> None:
                    help="chunked-prefill token budget per step (default 8192, vLLM V1's default)")
     s.add_argument("--engine", choices=("vllm",), default=None,
                    help="also the KV capacity as vLLM computes it (gpu_memory_utilization 0.9, 16-token blocks)")
+    s.add_argument("--gpu-memory-utilization", type=number(0, 1, exclusive_minimum=True), default=0.9,
+                   help="--engine vllm: vLLM's gpu_memory_utilization (default 0.9, vLLM's default)")
     s.add_argument("--device", choices=("cpu",), default=None,
                    help="predict for this machine's CPU: its FLOP/s and bandwidth measured by a microbenchmark")
 
@@ -61,7 +63,7 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
 
         gpu = find_gpu(args.gpu)
         eff = Efficiency.of(gpu)
-    engine = EngineMemory(gpu_memory_utilization=args.mem_util / 100,
+    engine = EngineMemory(gpu_memory_utilization=args.gpu_memory_utilization,
                           max_num_batched_tokens=args.max_num_batched_tokens)
     cap = None
     if args.engine == "vllm":
