@@ -6,7 +6,8 @@ static KV cache, on small Llama-shaped models built from a config (random weight
 For each case (batch, input, output): TTFT measured as the time of `generate(max_new_tokens=1)`, TPOT as
 (time of `generate(max_new_tokens=O)` − TTFT) / (O − 1), both the best of a few runs; predicted by
 `trainmath infer CONFIG --device cpu --dtype fp32 --kv-dtype fp32 --batch B --input I --output O --json`, whose
-CPU FLOP/s and bandwidth come from its own microbenchmark (trainmath.runtime.cpu_rates). Prints measured,
+CPU FLOP/s and bandwidth come from its own microbenchmark (trainmath.runtime.cpu_rates); both sides use one
+thread, so other jobs on the machine stall them less. Prints measured,
 predicted and their ratio. The cases cover prefill vs decode, batch scaling and context scaling.
 """
 
@@ -69,7 +70,8 @@ def measure(model, batch: int, inp: int, out: int, repeats: int = 3) -> tuple[fl
 def predict(config: str, batch: int, inp: int, out: int) -> dict:
     cmd = [sys.executable, "-m", "trainmath", "infer", config, "--device", "cpu", "--dtype", "fp32", "--kv-dtype",
            "fp32", "--batch", str(batch), "--input", str(inp), "--output", str(out), "--json"]
-    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the same single thread as the measurement
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
 
 
 def main() -> int:
@@ -79,6 +81,7 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
+    torch.set_num_threads(1)  # one thread: no barrier stalls when other jobs share the cores
     rows = []
     with tempfile.TemporaryDirectory() as where:
         for name in (["llama-30M"] if a.quick else list(MODELS)):
