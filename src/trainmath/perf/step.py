@@ -26,6 +26,7 @@ from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, layer_times, memo
+from trainmath.perf.fsdp import zero3_item
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.placement import place, stage_layers
@@ -188,21 +189,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                                  hidden_behind_s=f,
                                  floor_s=cm.bucket_floor_s("all_gather", params * w, group, topo)))
         else:
-            share = params / max(1, dense_p + expert_p)
-            exposed = 0.0
-            total = 0.0
-            coll = cm.time_s
-            for i, lp in zip(layers, layer_p):
-                lt = per_layer[i]
-                ag = coll("all_gather", lp * share * w, group, topo)
-                rs = coll("reduce_scatter", lp * share * g, group, topo)
-                total += M * (2 * ag + rs)
-                exposed += M * (max(0.0, ag - lt.forward_s) + max(0.0, ag + rs - lt.backward_s - lt.recompute_s))
-            first = coll("all_gather", (layer_p[0] if layer_p else 0) * share * w, group, topo)
-            exposed = min(total, exposed + first)
-            items.append(cm.CommItem(name="zero3_comm", op="all_gather+reduce_scatter", group=gname,
-                                     group_size=group.size, link=cm.link_of(group),
-                                     size_bytes=params * w, count=M * 3, time_s=total, exposed_s=exposed))
+            items.append(zero3_item(gname, group, topo, params / max(1, dense_p + expert_p), layers, layer_p,
+                                    dense_p + expert_p, per_layer, head if busiest == layout.pp - 1 else None,
+                                    w, g, M))
 
     # ---- optimizer step (memory-bound) ------------------------------------------------------------------
     states = _OPTIMIZER_STATES.get(job.optimizer, 2)
