@@ -106,15 +106,22 @@ def fsdp_item(gname: str, group: Group, topo: Topology, layers: Sequence[Unit], 
                        exposed_s=micro_batches * t.exposed_s)
 
 
-def zero3_item(gname: str, group: Group, topo: Topology, share: float, layers: Sequence[int],
-               layer_params: Sequence[int], stage_params: int, per_layer: dict, head, weight_bytes: float,
-               grad_bytes: float, micro_batches: int) -> cm.CommItem:
-    """The hook the step assembly calls: the busiest stage's units (its layers, and the root: the stage's other
-    parameters, embeddings and head) at ``share`` of their parameters (this group's kind), timed per layer."""
+def stage_units(share: float, layers: Sequence[int], layer_params: Sequence[int], stage_params: int,
+                per_layer: dict, head) -> tuple[list[Unit], Unit]:
+    """The busiest stage's units: one per layer, and the root (the stage's other parameters: embeddings, final
+    norm, head; computing the head when the stage has it), at ``share`` of their parameters."""
     units = [Unit(name=f"layer.{i}", params=lp * share, forward_s=per_layer[i].forward_s,
                   backward_s=per_layer[i].backward_s + per_layer[i].recompute_s)
              for i, lp in zip(layers, layer_params)]
     root = Unit(name="root", params=max(0, stage_params - sum(layer_params)) * share,
                 forward_s=head.forward_s if head else 0.0, backward_s=head.backward_s if head else 0.0)
+    return units, root
+
+
+def zero3_item(gname: str, group: Group, topo: Topology, share: float, layers: Sequence[int],
+               layer_params: Sequence[int], stage_params: int, per_layer: dict, head, weight_bytes: float,
+               grad_bytes: float, micro_batches: int) -> cm.CommItem:
+    """The hook the step assembly calls (``stage_units`` then ``fsdp_item``)."""
+    units, root = stage_units(share, layers, layer_params, stage_params, per_layer, head)
     return fsdp_item(gname, group, topo, units, root, root.forward_s, root.backward_s, weight_bytes, grad_bytes,
                      micro_batches)
