@@ -1,5 +1,6 @@
 """FSDP / ZeRO-3 per-unit communication (trainmath.perf.fsdp): bytes, the exposure closed form, the overlap."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,3 +68,23 @@ def test_overlap_shrinks_exposure_on_an_fsdp_job():
     assert 0 < item.exposed_s < item.time_s
     assert est.breakdown["zero3_comm"] == item.exposed_s
     assert item.count == 2 * (2 * 32 + 1 + 32 + 1)  # 2 micro-batches, 65 gathers and 33 reduce-scatters each
+
+
+def test_overhead_is_the_stated_closed_form_and_the_fit_reproduces_it():
+    import pathlib
+    import sys
+
+    from trainmath.perf.fsdp import OVERHEAD, overhead_s
+
+    c, d = OVERHEAD["hopper"]
+    assert overhead_s("hopper", 33, 2, 3) == c + d * 33 * 2 * 3
+    assert overhead_s("ampere", 33, 2, 3) == 0.0
+    spec = load_spec("meta-llama/Llama-3.1-8B")
+    est = estimate(spec, ParallelLayout(dp=64, zero=3), Job(global_batch=128, seq=8192), H100, memory=False)
+    assert est.breakdown["fsdp_overhead"] == c + d * 33 * 2 * 2
+    assert any("fixed overhead" in line for line in est.conventions)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import fsdp_fit
+
+    hopper = [r for r in fsdp_fit.rows() if r["gen"] == "hopper"]
+    assert fsdp_fit.fit(hopper) == pytest.approx((c, d), abs=1e-12)  # the constant in the code is the fit's answer

@@ -125,3 +125,25 @@ def zero3_item(gname: str, group: Group, topo: Topology, share: float, layers: S
     units, root = stage_units(share, layers, layer_params, stage_params, per_layer, head)
     return fsdp_item(gname, group, topo, units, root, root.forward_s, root.backward_s, weight_bytes, grad_bytes,
                      micro_batches)
+
+
+OVERHEAD: dict[str, tuple[float, float]] = {"hopper": (0.10, 0.0024)}
+"""Per GPU generation: (fixed seconds per step, seconds per unit per micro-batch per pass) of an FSDP job, fitted
+by ``benchmarks/fsdp_fit.py`` on the FSDP runs of tests/perf/published_runs_more.json (never per run; its output,
+in-sample and leave-one-source-out, is in docs/benchmarks.md). What it stands for: the eager framework's work
+outside the modelled kernels, per step (optimizer launch, logging, the data loader's hand-off) and per unit pass
+(FSDP's pre/post hooks, the all-gather copy-in/copy-out, kernel launches of small shapes). Generations without FSDP
+runs to fit on have none (0, 0)."""
+
+
+def overhead_s(generation: str, units: int, micro_batches: int, passes: int) -> float:
+    """The fitted per-step overhead of an FSDP job (``OVERHEAD``): c + d · units · micro-batches · passes, passes 2
+    (forward, backward), 3 with full recompute."""
+    c, d = OVERHEAD.get(generation, (0.0, 0.0))
+    return c + d * units * micro_batches * passes
+
+
+def fsdp_text(generation: str) -> str:
+    c, d = OVERHEAD.get(generation, (0.0, 0.0))
+    return (f"{c:.2f} s/step + {1e3 * d:.1f} ms per unit per micro-batch per pass ({generation}, fitted on published "
+            f"FSDP runs)" if c or d else f"none ({generation}: no FSDP runs fitted)")

@@ -26,14 +26,14 @@ from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, layer_times, memo
-from trainmath.perf.fsdp import zero3_item
+from trainmath.perf.fsdp import fsdp_text, overhead_s, zero3_item
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.placement import place, stage_layers
 from trainmath.usable import rule_text, usable_bytes
 
 BREAKDOWN = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm", "zero3_comm", "pipeline_bubble",
-             "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step")
+             "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step", "fsdp_overhead")
 """Every key of an estimate's ``breakdown`` (seconds), in order; their sum is ``step_time_s``."""
 
 _TP_BLOCKS = ("attention", "mla", "linear_attention", "mamba", "mlp", "moe")
@@ -208,7 +208,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     per_mb = f + b + r + sum(per_mb_comm.values()) / M
     bubble = (layout.pp - 1) / job.virtual_stages * per_mb
     breakdown = {"forward": M * f, "backward": M * b, "recompute": M * r, **per_mb_comm,
-                 "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s}
+                 "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
+                 "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
+                 if layout.zero == 3 and layout.zero_degree > 1 else 0.0}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
 
@@ -229,6 +231,10 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
+        f"ZeRO-3/FSDP: per-unit (each layer, plus the root) all-gather before forward and backward and "
+        f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
+        f"optimizer step memory-bound over the rank's shard: {per_param} bytes per parameter (grad read, master "
+        f"read+write, {states} state(s) read+write, weight write) at {eff.hbm_fraction:.0%} of HBM bandwidth",
         f"memory: the {job.profile} activation profile ({_profile_text(job.profile)}) with recompute={job.recompute}, "
         f"{job.attention} attention"
         + f"; {rule_text(gpu.memory_bytes, job.mem_util_percent)}",
