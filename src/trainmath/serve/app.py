@@ -75,7 +75,7 @@ def compute(fields: dict[str, str]):
     serving = serving_from_args(args)
     spec = _spec(fields)
     return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
-                  mem_util_percent=args.mem_util)
+                  mem_util_percent=args.mem_util, serve_output=args.serve_output)
 
 
 def calc(fields: dict[str, str]) -> dict:
