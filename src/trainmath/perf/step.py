@@ -26,13 +26,14 @@ from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, FP8_CAST_TRANSPOSE_BYTES, layer_times, memo
+from trainmath.perf.fsdp import fsdp_text, overhead_s, zero3_item
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.placement import place, stage_layers
 from trainmath.usable import rule_text, usable_bytes
 
 BREAKDOWN = ("forward", "backward", "recompute", "fp8_cast", "tp_comm", "cp_comm", "ep_comm", "zero3_comm",
-             "pipeline_bubble", "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step")
+             "pipeline_bubble", "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step", "fsdp_overhead")
 """Every key of an estimate's ``breakdown`` (seconds), in order; their sum is ``step_time_s``."""
 
 _TP_BLOCKS = ("attention", "mla", "linear_attention", "mamba", "mlp", "moe")
@@ -216,21 +217,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                                  hidden_behind_s=f,
                                  floor_s=cm.bucket_floor_s("all_gather", params * w, group, topo)))
         else:
-            share = params / max(1, dense_p + expert_p)
-            exposed = 0.0
-            total = 0.0
-            coll = cm.time_s
-            for i, lp in zip(layers, layer_p):
-                lt = per_layer[i]
-                ag = coll("all_gather", lp * share * w, group, topo)
-                rs = coll("reduce_scatter", lp * share * g, group, topo)
-                total += M * (2 * ag + rs)
-                exposed += M * (max(0.0, ag - lt.forward_s) + max(0.0, ag + rs - lt.backward_s - lt.recompute_s))
-            first = coll("all_gather", (layer_p[0] if layer_p else 0) * share * w, group, topo)
-            exposed = min(total, exposed + first)
-            items.append(cm.CommItem(name="zero3_comm", op="all_gather+reduce_scatter", group=gname,
-                                     group_size=group.size, link=cm.link_of(group),
-                                     size_bytes=params * w, count=M * 3, time_s=total, exposed_s=exposed))
+            items.append(zero3_item(gname, group, topo, params / max(1, dense_p + expert_p), layers, layer_p,
+                                    dense_p + expert_p, per_layer, head if busiest == layout.pp - 1 else None,
+                                    w, g, M))
 
     # ---- optimizer step (memory-bound) ------------------------------------------------------------------
     states = _OPTIMIZER_STATES.get(job.optimizer, 2)
@@ -248,7 +237,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     bubble = (layout.pp - 1) / job.virtual_stages * per_mb
     breakdown = {"forward": M * f, "backward": M * b, "recompute": M * r, "fp8_cast": M * cast + weight_cast_s,
                  **per_mb_comm,
-                 "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s}
+                 "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
+                 "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
+                 if layout.zero == 3 and layout.zero_degree > 1 else 0.0}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
 
@@ -271,6 +262,10 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
+        f"ZeRO-3/FSDP: per-unit (each layer, plus the root) all-gather before forward and backward and "
+        f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
+        f"optimizer step memory-bound over the rank's shard: {per_param} bytes per parameter (grad read, master "
+        f"read+write, {states} state(s) read+write, weight write) at {eff.hbm_fraction:.0%} of HBM bandwidth",
         f"memory: the {job.profile} activation profile ({_profile_text(job.profile)}) with recompute={job.recompute}, "
         f"{job.attention} attention"
         + f"; {rule_text(gpu.memory_bytes, job.mem_util_percent)}",
