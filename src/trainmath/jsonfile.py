@@ -45,9 +45,10 @@ def _parse_float(text: str) -> float:
     return value
 
 
-def read_json_file(path: str, what: str = "file", max_bytes: int = MAX_JSON_BYTES):
-    """The JSON document in the regular file at ``path`` (``what`` names it in errors: 'hardware file')."""
-    label = f"{what} {path!r}"
+def read_json_file(path: str, what: str = "", max_bytes: int = MAX_JSON_BYTES):
+    """The JSON document in the regular file at ``path``; ``what`` names it in errors ("hardware file" gives
+    ``hardware file 'x.json'``; none: the bare path)."""
+    label = f"{what} {path!r}" if what else path
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise TrainmathError(f"{label} is not a regular file (a FIFO, device or directory is never read)")

@@ -7,7 +7,6 @@ planner's candidates (PNG, SVG or PDF by the suffix; matplotlib is imported only
 from __future__ import annotations
 
 import argparse
-import json
 
 from trainmath.cli.args import add_strict
 
@@ -108,15 +107,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _read_json(path: str):
-    from trainmath.errors import TrainmathError
+    from trainmath.jsonfile import read_json_file
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise TrainmathError(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TrainmathError(f"{path} is not JSON: {e}") from None
+    return read_json_file(path)
 
 
 def charts(args: argparse.Namespace):
