@@ -8,6 +8,7 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from trainmath.cli.args import count
     from trainmath.cli.estimate import add_job_arguments
 
     p = sub.add_parser(
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "candidates and what they lack.",
     )
     add_job_arguments(p)
-    p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    p.add_argument("--top", type=count(1, 10_000), default=5, help="layouts to show (default 5)")
     p.add_argument("--explain", action="store_true", help="also list every rejected candidate with its reason")
     p.set_defaults(func=run)
 

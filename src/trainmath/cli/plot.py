@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainmath.cli.args import add_strict
+from trainmath.cli.args import add_strict, count
 
 KINDS = ("params", "memory", "comm", "timeline", "plan")
 
@@ -101,8 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("source", metavar="MODEL|PLAN.json",
                    help="a model (with the job flags) or a file written by `trainmath plan --json`")
     add_job_arguments(q, model=False, required=False, printing=False)
-    q.add_argument("--top", type=int, default=20, help="layouts the planner ranks (MODEL form; default 20)")
-    q.add_argument("--highlight", type=int, default=5, help="best layouts to highlight (default 5)")
+    q.add_argument("--top", type=count(1, 10_000), default=20,
+                   help="layouts the planner ranks (MODEL form; default 20)")
+    q.add_argument("--highlight", type=count(1, 10_000), default=5, help="best layouts to highlight (default 5)")
     out(q)
 
 

@@ -67,6 +67,7 @@ def _spec(fields: dict[str, str]):
 
 def compute(fields: dict[str, str]):
     """ReportData for the form's fields: the same parsing and checks as ``trainmath report``."""
+    from trainmath.cli.args import positions_warning
     from trainmath.report.gather import gather
     from trainmath.report.options import plan_from_args, serving_from_args, training_from_args
 
@@ -74,6 +75,7 @@ def compute(fields: dict[str, str]):
     setup, layout, gpu = training_from_args(args)
     serving = serving_from_args(args)
     spec = _spec(fields)
+    positions_warning(spec, setup.seq, "seq")  # learned positions (GPT-2): no row beyond them
     return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu))
 
 
