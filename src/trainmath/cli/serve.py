@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from trainmath.cli.args import port
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="a local web calculator over the same core (127.0.0.1 by default)",
@@ -13,7 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "training and serving setup, and see parameters, memory, KV cache and the fit "
                                    "update, with the report's charts and a link to the full report. Listens on "
                                    "127.0.0.1 (this machine only) unless --host says otherwise; keeps no state.")
-    p.add_argument("--port", type=port, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; 0.0.0.0 exposes the calculator to your network)")
     p.set_defaults(func=run)
