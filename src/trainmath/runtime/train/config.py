@@ -100,6 +100,8 @@ def problems(cfg: TrainConfig, world_size: int) -> list[str]:
         bad.append(f"--stop-after must be an integer >= 1, got {cfg.stop_after!r}")
     if cfg.checkpoint_every < 0:
         bad.append(f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}")
+    if cfg.checkpoint_dir:
+        bad += _writable_problems(cfg.checkpoint_dir)
     if (cfg.resume or cfg.checkpoint_every) and not cfg.checkpoint_dir:
         bad.append("--resume and --checkpoint-every need --checkpoint-dir")
     if cfg.strategy == "ddp" and cfg.impl == "trainmath":
@@ -123,6 +125,24 @@ def problems(cfg: TrainConfig, world_size: int) -> list[str]:
         except TrainmathError as e:
             bad.append(f"--gpu: {e}")
     return bad
+
+
+def _writable_problems(directory: str) -> list[str]:
+    """Whether checkpoints can be written under ``directory``, found before step 1 (not after training): the path
+    or its nearest existing ancestor must be a folder where a folder can be made (a probe folder is made there
+    and removed at once)."""
+    import tempfile
+
+    where = os.path.abspath(directory)
+    while not os.path.lexists(where):
+        where = os.path.dirname(where)
+    if not os.path.isdir(where):
+        return [f"--checkpoint-dir {directory!r}: {where} is not a folder"]
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".trainmath-probe-", dir=where))
+    except OSError as e:
+        return [f"--checkpoint-dir {directory!r}: cannot write in {where}: {e.strerror or e}"]
+    return []
 
 
 def validate(cfg: TrainConfig, world_size: int) -> TrainConfig:
