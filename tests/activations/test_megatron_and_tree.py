@@ -76,15 +76,18 @@ def test_selective_saving(name, saving):
 
 
 def test_megatron_profile_through_activation_bytes():
+    """Qwen3-0.6B (d 1024, 16 heads, 8 KV heads of 128, SwiGLU f 3072, flash): Megatron-Core's saved tensors
+    (``memory.megatron``): x·T·(4d + 2q + 2kv + 3f) + the fp32 logsumexp 4·h·s per layer."""
     spec = load_spec("qwen3-0.6b")
-    a, h = 16, spec.hidden_size
-    node = activation_bytes(spec, micro_batch=1, seq=2048, profile="megatron", tp=2, sp=True)
-    per = _per_layer(s=2048, b=1, h=h, a=a, t=2, sp=True)
-    assert node.value == per * spec.num_layers
-    full = activation_bytes(spec, micro_batch=1, seq=2048, profile="megatron", recompute="full")
-    assert full.value == 2 * 2048 * h * spec.num_layers
-    stage = activation_bytes(spec, micro_batch=1, seq=2048, profile="megatron", pp=4)
-    assert stage.value == _per_layer(s=2048, b=1, h=h, a=a) * 7  # ceil(28 / 4)
+    s, d, q, kv, f, h = 2048, spec.hidden_size, 2048, 1024, 3072, 16
+    per = 2 * s * (4 * d + 2 * q + 2 * kv + 3 * f) + 4 * h * s
+    node = activation_bytes(spec, micro_batch=1, seq=s, profile="megatron", tp=2, sp=True)
+    assert node.value == per // 2 * spec.num_layers
+    full = activation_bytes(spec, micro_batch=1, seq=s, profile="megatron", recompute="full")
+    assert full.child("layers").value == 2 * s * d * spec.num_layers
+    assert full.child("recompute transient").value == per
+    stage = activation_bytes(spec, micro_batch=1, seq=s, profile="megatron", pp=4)
+    assert stage.value == per * 7  # ceil(28 / 4)
 
 
 @settings(max_examples=30, deadline=None)

@@ -33,7 +33,7 @@ def test_best_first_search_equals_exhaustive():
             peak = training_memory(SMALL, setup, lay).peak_bytes
             if peak <= limit:
                 fits.append(e.step_time_s)
-    result = plan(SMALL, gpus=8, gpu=g, job=job, top=4)
+    result = plan(SMALL, gpus=8, gpu=g, job=job, top=4, fit_profiles=("megatron",))
     assert [e.step_time_s for e in result.layouts] == sorted(fits)[:4]
     assert result.memory_checks < len(fits)
     assert all(e.fits for e in result.layouts)
@@ -64,14 +64,16 @@ def test_plan_nothing_fits_exit_1_with_closest(capsys):
     assert main(["plan", "meta-llama/Llama-3.1-405B", "--gpus", "8", "--gpu", "rtx4090", "--seq", "4096",
                  "--global-batch", "8"]) == 1
     out = capsys.readouterr().out
-    assert "no layout fits in 22.80 GiB per GPU. closest" in out and "model states alone exceed memory" in out
+    assert "no layout fits in 22.51 GiB per GPU. closest" in out and "model states alone exceed memory" in out
 
 
 def test_plan_nothing_fits_json_says_what_is_lacking(capsys):
     assert main(["plan", "meta-llama/Llama-3.1-70B", "--gpus", "16", "--gpu", "h100", "--seq", "4096",
                  "--global-batch", "64", "--top", "3", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
-    assert out["layouts"] == [] and len(out["closest"]) == 3
+    # one per ZeRO stage even beyond --top 3: the stages that shard the states are always shown
+    assert out["layouts"] == [] and len(out["closest"]) == 4
+    assert {c["zero"] for c in out["closest"]} == {0, 1, 2, 3}
     for c in out["closest"]:
         assert c["lacks_bytes"] == c["peak_bytes"] - out["usable_bytes"] > 0
 
@@ -108,7 +110,7 @@ def test_estimate_text(capsys):
     (["--gpu", "h100", "--ep", "3"], r"ep \(3\) must divide dp·cp \(8·1 = 8\)"),
     (["--gpu", "h100", "--pp", "8"], r"must divide the layers \(28\)"),
     (["--gpu", "h100", "--ep", "2"], "has no routed experts"),
-    (["--gpu", "h100", "--tokens", "lots"], "bad token count 'lots'"),
+    (["--gpu", "h100", "--tokens", "lots"], "argument --tokens: must be a token count"),
     (["--gpu", "a100", "--dtype", "fp8"], "A100-SXM-80GB has no dense fp8"),
 ])
 def test_estimate_bad_input_exit_2(argv, match, capsys):
@@ -156,3 +158,37 @@ def test_time_lower_bound_never_exceeds_the_estimate():
             assert bound <= estimate(spec, lay, jb, g, memory=False).step_time_s * (1 + 1e-12)
             n += 1
     assert n > 500
+
+
+def test_plan_70b_8k_layouts_fit_under_both_profiles():
+    """Llama-3.1-70B on 1024 H100 at 8k: every recommended layout fits under the megatron profile (which the
+    planner asks) and under the hf profile (transformers' saved tensors, vocabulary-parallel head as Megatron's);
+    none is the tp=1, no-recompute layout that cannot hold 70B's activations at 8k."""
+    from dataclasses import replace
+
+    spec = load_spec("meta-llama/Llama-3.1-70B")
+    g = gpu("h100")
+    job = Job(global_batch=1024, seq=8192)
+    result = plan(spec, gpus=1024, gpu=g, job=job)
+    limit = g.memory_bytes * job.mem_util_percent // 100
+    assert len(result.layouts) == 5
+    for e in result.layouts:
+        assert e.fits and e.peak_bytes <= limit
+        assert e.layout.tp * e.layout.cp > 1 or e.job.recompute != "none"
+        for profile in ("megatron", "hf"):
+            setup = TrainingSetup(micro_batch=e.job.micro_batch, seq=e.job.seq, recompute=e.job.recompute,
+                                  profile=profile, micro_batches=e.micro_batches)
+            lay = replace(e.layout, vocab_parallel=e.layout.tp > 1) if profile == "hf" else e.layout
+            assert training_memory(spec, setup, lay).peak_bytes <= limit, (profile, e.layout.describe())
+
+
+def test_nothing_fits_closest_show_every_zero_stage():
+    """Llama-3.1-70B on 8 H100: even ZeRO-3's states (16 bytes × 70.6B / 8 ranks) exceed 75.7 GiB. The closest
+    list shows the least-needing candidate of each ZeRO stage, ZeRO-3 first (it shards all the states)."""
+    spec = load_spec("meta-llama/Llama-3.1-70B")
+    r = plan(spec, gpus=8, gpu=gpu("h100"), job=Job(global_batch=64, seq=8192))
+    assert not r.layouts
+    assert {c.layout.zero for c in r.closest} == {0, 1, 2, 3}
+    assert r.closest[0].layout.zero == 3 and r.closest[0].layout.dp == 8
+    assert [c.peak_bytes for c in r.closest] == sorted(c.peak_bytes for c in r.closest)
+    assert all(c.peak_bytes > r.usable_bytes for c in r.closest)

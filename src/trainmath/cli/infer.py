@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_strict, byte_size, config_json, config_lines, integer, positions_warning
+from trainmath.cli.args import (
+    add_mem_util,
+    add_strict,
+    byte_size,
+    config_json,
+    config_lines,
+    integer,
+    positions_warning,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,8 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=integer, default=None,
                    help="GPUs of one serving instance (default: --tp); GPUS/TP attention replicas share the batch")
     p.add_argument("--gpu", help="GPU preset (h100, h200, a100, a100-40gb, b200, l40s, 4090, mi300x)")
-    p.add_argument("--mem-util", type=integer, default=90, metavar="PERCENT",
-                   help="share of GPU memory usable (default 90, vLLM's gpu_memory_utilization)")
+    add_mem_util(p)
     p.add_argument("--workspace", type=byte_size, default=0, metavar="BYTES",
                    help="activation workspace per rank added to the total, e.g. 2GiB (default 0)")
     q = p.add_argument_group("quantisation conventions")
@@ -130,8 +137,8 @@ def render(report) -> str:
     f = report.fit
     if f is not None:
         lines.append("")
-        lines.append(f"{f.gpu}: {human_bytes(f.memory_bytes)} x {f.mem_util_percent}% = {f.usable_bytes:,} bytes "
-                     f"usable; free {f.free_bytes:,} bytes ({human_bytes(f.free_bytes)})")
+        lines.append(f"{f.gpu}: {human_bytes(f.memory_bytes)} x {f.mem_util_percent}% - CUDA context = "
+                     f"{f.usable_bytes:,} bytes usable; free {f.free_bytes:,} bytes ({human_bytes(f.free_bytes)})")
         if f.fits:
             lines.append(f"fits: {human_bytes(f.free_bytes)} to spare per GPU")
         elif not f.weights_fit:

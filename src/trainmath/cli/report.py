@@ -34,7 +34,8 @@ def build(args: argparse.Namespace) -> str:
     serving = serving_from_args(args)
     spec = load_spec(args.model)
     positions_warning(spec, setup.seq, "--seq")  # learned positions: an error, as in flops and memory
-    return page(gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu)))
+    return page(gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
+                  mem_util_percent=args.mem_util))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,11 +8,14 @@ Two profiles describe two implementations:
   ``torch.autograd.graph.saved_tensors_hooks`` and counting distinct storages (parameters excluded);
   ``tests/activations`` asserts exact equality on tiny models. ``eager`` is the same with
   ``attn_implementation="eager"`` (the s² softmax is saved).
-- ``megatron``: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. (1)-(2)
-  and Table 2: sbh(34 + 5as/h) per layer with TP/SP/selective variants (``trainmath.memory.megatron``).
+- ``megatron``: what Megatron-Core's ``TransformerLayer`` saves (``trainmath.memory.megatron``): Korthikanti et al.
+  2022, "Reducing Activation Recomputation in Large Transformer Models", Table 2 exactly for the paper's GPT layer
+  (sbh(34 + 5as/h) with TP/SP/selective variants, unfused attention), and for SwiGLU, GQA, flash attention, MoE
+  and MLA each saved tensor from the Megatron-LM module that saves it.
 
 Recompute: ``none``; ``full`` is transformers' ``gradient_checkpointing_enable()`` (whole layers, measured);
-``selective``: in the ``megatron`` profile Korthikanti et al. §5 (drop the 5as²b core-attention term); in
+``selective``: in the ``megatron`` profile Megatron-Core's ``core_attn`` recompute (Korthikanti et al. §5: drop the
+core attention's own tensors, the 5as²b term, or flash's logsumexp); in
 ``hf``/``eager`` torchtitan's op-level selective checkpointing, which transformers lacks and
 ``trainmath.runtime.checkpointing.apply_selective`` applies to its decoder layers (``trainmath train`` and
 ``--simulate`` run it): a fold over the same op lists (``trainmath.ops.selective``), checked against the runtime
@@ -44,7 +47,7 @@ from collections.abc import Sequence
 
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
-from trainmath.memory.megatron import activations_megatron, megatron_layer_terms  # noqa: F401  (re-exported)
+from trainmath.memory.megatron import activations_megatron, layer_terms, megatron_layer_terms  # noqa: F401
 from trainmath.model import DROPOUT_OPTIONS
 from trainmath.model.spec import (
     ModelSpec,
@@ -87,7 +90,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      param_dtype_bytes: int = 4, experts_hit: int | None = None,
                      norm_topk_prob: bool | None = None, router: Router | None = None,
                      family: Family | None = None, experts: str = "eager", ep: int = 1,
-                     vocab_parallel: bool = False, device: str = "cuda") -> Node:
+                     vocab_parallel: bool = False, device: str = "cuda", attention: str = "sdpa") -> Node:
     """Bytes saved for backward by one micro-batch on one rank: per layer type (× its layers) → per saved tensor,
     plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin, computed once, shared by all layers).
     The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -99,7 +102,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     its input and the cached mm/SDPA outputs, and its recompute saves the rest again (``ops.selective``), for
     every family of the table (each checked against it). Under either recompute the attention masks the layers
     receive as arguments are the child ``attention mask (checkpoint argument)`` (``ops.selective.
-    mask_arguments``). ``megatron``: Korthikanti's selective recompute (``activations_megatron``).
+    mask_arguments``). ``megatron``: Megatron-Core's layers (``activations_megatron``; ``attention``: ``sdpa`` is
+    flash attention, ``eager`` the unfused core attention that saves the s² softmax, Korthikanti's Table 2).
 
     ``layers``: indices of the layers on this rank (default: all, or ``pp`` equal stages' first stage).
     ``experts_hit``: routed experts that received tokens (only changes the autocast weight copies; default all).
@@ -142,8 +146,11 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                              f"({compute_dtype_bytes}) is not a transformers training setup")
     indices = _rank_layers(spec, layers, pp)
     if profile == "megatron":
+        fam = family or Family.from_config({**spec.options, "model_type": spec.model_type})
         return activations_megatron(spec, micro_batch=micro_batch, seq=seq, recompute=recompute, tp=tp, sp=sp,
-                                    cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes)
+                                    cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes,
+                                    attention=attention, attention_dropout=fam.attention_dropout,
+                                    residual_dropout=fam.residual_dropout)
     deg = _degrees(spec, seq, tp=tp, sp=sp, cp=cp, ep=ep, vocab_parallel=vocab_parallel)
     if profile == "eager" and cp > 1:
         raise TrainmathError(f"--attention eager with --cp {cp} is not modelled: context parallelism (torch's "

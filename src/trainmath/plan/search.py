@@ -36,6 +36,7 @@ from trainmath.perf.compute import memo, spec_cache
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.step import estimate, memory_peak_bytes, memory_recompute
 from trainmath.plan.bounds import memory_lb, states_max, time_lower_bound
+from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
 
 MAX_GPUS = 1 << 20
 """Largest job searched (1,048,576 GPUs, a few seconds on one core). The enumeration of degrees grows with the
@@ -87,17 +88,26 @@ class PlanResult:
     closest: tuple[Rejected, ...]
     """When nothing fits: the candidates that missed memory by the least."""
     usable_bytes: int
-    """The memory a layout may use: the GPU's memory × the fit share (``Job.mem_util_percent``)."""
+    """What a layout's peak may reach: the one fit rule (``trainmath.usable.usable_bytes``)."""
     candidates: int
     memory_checks: int
     bounded: int
     """Candidates never evaluated: their step-time lower bound was already slower than the K-th best."""
+    fit_profiles: tuple[str, ...] = ("megatron",)
+    """The activation profiles every layout's peak must fit under (``peak_bytes``: the largest)."""
+    memory_bytes: int = 0
+    mem_util_percent: int = MEM_UTIL_PERCENT
+
+    @property
+    def fit_rule(self) -> str:
+        return rule_text(self.memory_bytes, self.mem_util_percent)
 
     def to_dict(self) -> dict:
         return {"model": self.model, "gpu": self.gpu, "gpus": self.gpus, "gpus_per_node": self.gpus_per_node,
                 "layouts": [e.to_dict() for e in self.layouts], "rejected": dict(self.rejected),
                 "candidates": self.candidates, "memory_checks": self.memory_checks, "bounded": self.bounded,
-                "usable_bytes": self.usable_bytes,
+                "usable_bytes": self.usable_bytes, "fit_profiles": list(self.fit_profiles),
+                "mem_util_percent": self.mem_util_percent, "fit_rule": self.fit_rule,
                 "closest": [{**_describe(r), "reason": r.detail, "peak_bytes": r.peak_bytes,
                              "lacks_bytes": r.peak_bytes - self.usable_bytes} for r in self.closest]}
 
@@ -191,10 +201,25 @@ class _FitFailures:
         return None
 
 
+def fit_profiles_default(spec: ModelSpec, job: Job) -> tuple[str, ...]:
+    """The activation profiles a recommended layout must fit under: the job's, and the hf profile too where
+    transformers' saved tensors are modelled for the family (a layout that fits only the leaner profile is one
+    implementation away from running out of memory)."""
+    from trainmath.memory.activations import HF_FAMILIES
+
+    extra = ("hf",) if job.profile != "hf" and spec.model_type in HF_FAMILIES else ()
+    return (job.profile, *extra)
+
+
 def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int | None = None, top: int = 5,
-         hardware: Hardware | None = None) -> PlanResult:
+         hardware: Hardware | None = None, fit_profiles: tuple[str, ...] | None = None) -> PlanResult:
     """The ``top`` fastest layouts of ``job`` on ``gpus`` GPUs of type ``gpu`` that fit, and every rejection.
-    ``job``'s micro-batch, recompute and virtual stages are ignored (searched)."""
+    ``job``'s micro-batch, recompute and virtual stages are ignored (searched). ``fit_profiles``: the activation
+    profiles whose peak must fit (the largest is the layout's ``peak_bytes``; default ``fit_profiles_default``;
+    the hf profile is skipped for a layout it refuses, e.g. fused projections under tp)."""
+    profiles = fit_profiles_default(spec, job) if fit_profiles is None else tuple(fit_profiles)
+    if not profiles or any(p not in ("megatron", "hf") for p in profiles):
+        raise TrainmathError(f"--fit-profiles must name megatron and/or hf, got {','.join(profiles) or 'nothing'}")
     if not isinstance(gpus, int) or gpus < 1:
         raise TrainmathError(f"--gpus must be a positive integer, got {gpus!r}")
     if gpus > MAX_GPUS:
@@ -208,7 +233,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     if gpn != gpu.gpus_per_node:
         gpu = replace(gpu, gpus_per_node=gpn)
     eff = hw.efficiency(gpu)
-    limit = gpu.memory_bytes * job.mem_util_percent // 100
+    limit = usable_bytes(gpu.memory_bytes, job.mem_util_percent)
     rejected: list[Rejected] = []
 
     def reject(lay, jb, reason, detail, peak=None, count=1, step=None):
@@ -261,10 +286,10 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     def peak_of(lay: ParallelLayout, jb: Job, micro_batches: int) -> int:
         nonlocal checks
         key = ("memory", lay, jb.micro_batch, jb.seq, jb.precision, jb.optimizer, memory_recompute(jb), jb.profile,
-               min(micro_batches, lay.pp))
+               min(micro_batches, lay.pp), jb.attention, profiles)
         if key not in spec_cache(spec):
             checks += 1
-        return memo(spec, key, lambda: _peak(spec, lay, jb, micro_batches))
+        return memo(spec, key, lambda: _peak(spec, lay, jb, micro_batches, profiles, limit))
 
     def probe_leanest(lay: ParallelLayout, jb: Job) -> None:
         """After a layout's first failure, ask about its leanest option (ZeRO-3, micro-batch 1, full recompute):
@@ -319,13 +344,38 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
         counts["not needed: slower than the top K"] = bounded
     closest = ()
     if not layouts:
-        mem = [r for r in rejected if r.peak_bytes is not None]
-        closest = tuple(sorted(mem, key=lambda r: r.peak_bytes)[:top])
+        closest = _closest(rejected, top)
     return PlanResult(model=spec.name, gpu=gpu.name, gpus=gpus, gpus_per_node=gpn, layouts=layouts,
                       rejected=counts, rejected_list=tuple(rejected), closest=closest, usable_bytes=limit,
-                      candidates=n,
-                      memory_checks=checks, bounded=bounded)
+                      candidates=n, memory_checks=checks, bounded=bounded, fit_profiles=profiles,
+                      memory_bytes=gpu.memory_bytes, mem_util_percent=job.mem_util_percent)
 
 
-def _peak(spec, layout, job, micro_batches) -> int:
-    return memory_peak_bytes(spec, layout, job, micro_batches)
+def _closest(rejected: list[Rejected], top: int) -> tuple[Rejected, ...]:
+    """When nothing fits: the candidate that needs the least memory under each ZeRO stage (so the stages that
+    shard the states are shown beside the others, each with what it lacks), then the next smallest needs up to
+    ``top``, smallest need first."""
+    mem = sorted((r for r in rejected if r.peak_bytes is not None), key=lambda r: r.peak_bytes)
+    picked: list[Rejected] = []
+    for z in ZERO_STAGES:
+        best = next((r for r in mem if r.layout.zero == z), None)
+        if best is not None:
+            picked.append(best)
+    picked += [r for r in mem if r not in picked][:max(0, top - len(picked))]
+    return tuple(sorted(picked, key=lambda r: r.peak_bytes))
+
+
+def _peak(spec, layout, job, micro_batches, profiles, limit: int) -> int:
+    """The largest peak over ``profiles`` (the first is the job's own and must answer; the others are skipped
+    where they refuse the layout, and once a peak exceeds ``limit``: the layout is out either way). The hf profile
+    gets Megatron's vocabulary-parallel head."""
+    peaks = [memory_peak_bytes(spec, layout, replace(job, profile=profiles[0]), micro_batches)]
+    for p in profiles[1:]:
+        if max(peaks) > limit:
+            break
+        lay = replace(layout, vocab_parallel=layout.tp > 1) if p == "hf" else layout
+        try:
+            peaks.append(memory_peak_bytes(spec, lay, replace(job, profile=p), micro_batches))
+        except TrainmathError:
+            continue
+    return max(peaks)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from trainmath.errors import TrainmathError
 from trainmath.plot.charts import peak_phase
+from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
 
 COMPARE = ("recompute", "zero", "none")
 
@@ -31,15 +32,20 @@ class ReportData:
     """``InferenceReport`` of the serving setup (KV cache and fit on ``gpu``)."""
     plan: object = None
     """``PlanResult`` of ``trainmath plan`` for the job (when the GPU count was given), or None."""
+    mem_util_percent: int = MEM_UTIL_PERCENT
+    """``--mem-util``: the fit rule's usable share (``trainmath.usable``)."""
 
     @property
     def fit(self) -> dict | None:
-        """Training fit verdict on the GPU: peak per GPU against the preset's memory (no CUDA context counted)."""
+        """Training fit verdict on the GPU under the one fit rule (``trainmath.usable``)."""
         if self.gpu is None:
             return None
-        margin = self.gpu.memory_bytes - self.memory.peak_bytes
-        return {"gpu": self.gpu.name, "memory_bytes": self.gpu.memory_bytes, "fits": margin >= 0,
-                "margin_bytes": margin}
+        usable = usable_bytes(self.gpu.memory_bytes, self.mem_util_percent)
+        margin = usable - self.memory.peak_bytes
+        return {"gpu": self.gpu.name, "memory_bytes": self.gpu.memory_bytes, "usable_bytes": usable,
+                "mem_util_percent": self.mem_util_percent, "fit_rule": rule_text(self.gpu.memory_bytes,
+                                                                                  self.mem_util_percent),
+                "fits": margin >= 0, "margin_bytes": margin}
 
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp")
@@ -92,7 +98,8 @@ def memory_variants(spec, setup, layout, compare: str = "recompute", layouts: tu
     return tuple(out)
 
 
-def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, top: int = 3):
+def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, top: int = 3,
+             mem_util_percent: int = MEM_UTIL_PERCENT):
     """The planner's best layouts (``trainmath plan``) of ``spec`` on ``gpus`` × ``gpu`` for the setup's sequence,
     precision and optimizer; global batch defaults to micro-batch × GPUs. The planner's own model: megatron
     activation profile, flash attention unless the setup says eager."""
@@ -107,11 +114,13 @@ def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, to
     if not isinstance(batch, int) or batch < 1:
         raise TrainmathError(f"--global-batch must be a positive integer, got {batch!r}")
     job = Job(global_batch=batch, seq=setup.seq, precision=setup.precision, optimizer=setup.optimizer,
-              attention="eager" if setup.attention == "eager" else "flash", profile="megatron")
+              attention="eager" if setup.attention == "eager" else "flash", profile="megatron",
+              mem_util_percent=mem_util_percent)
     return plan(spec, gpus=gpus, gpu=gpu, job=job, top=top)
 
 
-def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None) -> ReportData:
+def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
+           mem_util_percent: int = MEM_UTIL_PERCENT) -> ReportData:
     """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
     from trainmath.flops import closed_form_flops, count_flops
     from trainmath.infer import InferenceSetup, infer_memory
@@ -125,7 +134,8 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None) -> ReportD
         flops=count_flops(spec, batch=setup.micro_batch, seq=setup.seq, recompute=setup.recompute),
         closed=closed_form_flops(spec, batch=setup.micro_batch, seq=setup.seq),
         memory=memory, variants=memory_variants(spec, setup, layout, "recompute"), gpu=gpu,
-        serving=infer_memory(spec, serving, gpu=gpu), plan=plan,
+        serving=infer_memory(spec, serving, gpu=gpu, mem_util_percent=mem_util_percent), plan=plan,
+        mem_util_percent=mem_util_percent,
     )
 
 

@@ -64,7 +64,8 @@ def verdict_html(fit: dict | None) -> str:
         return '<span class="verdict">no GPU given (--gpu)</span>'
     cls, word = ("fits", "fits") if fit["fits"] else ("nofit", "does not fit")
     return (f'<span class="verdict {cls}" id="verdict">{word} on {escape(fit["gpu"])}</span> '
-            f'margin {human_bytes(fit["margin_bytes"])} of {human_bytes(fit["memory_bytes"])}')
+            f'margin {human_bytes(fit["margin_bytes"])} of {human_bytes(fit["usable_bytes"])} usable '
+            f'<span class="rule">({escape(fit["fit_rule"])})</span>')
 
 
 def params_section(d: ReportData) -> str:

@@ -76,7 +76,8 @@ def compute(fields: dict[str, str]):
     serving = serving_from_args(args)
     spec = _spec(fields)
     positions_warning(spec, setup.seq, "seq")  # learned positions (GPT-2): no row beyond them
-    return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu))
+    return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
+                  mem_util_percent=args.mem_util)
 
 
 def calc(fields: dict[str, str]) -> dict:
