@@ -35,7 +35,7 @@ def build(args: argparse.Namespace) -> str:
     spec = load_spec(args.model)
     positions_warning(spec, setup.seq, "--seq")  # learned positions: an error, as in flops and memory
     return page(gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
-                  mem_util_percent=args.mem_util))
+                       mem_util_percent=args.mem_util, serve_output=args.serve_output))
 
 
 def run(args: argparse.Namespace) -> int:

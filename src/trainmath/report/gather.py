@@ -34,6 +34,9 @@ class ReportData:
     """``PlanResult`` of ``trainmath plan`` for the job (when the GPU count was given), or None."""
     mem_util_percent: int = MEM_UTIL_PERCENT
     """``--mem-util``: the fit rule's usable share (``trainmath.usable``)."""
+    speed: object = None
+    """``infer.speed.FixedBatch`` of the serving setup on ``gpu`` (a prompt of its context, then
+    ``serve_output`` tokens), or None without a GPU."""
 
     @property
     def fit(self) -> dict | None:
@@ -120,7 +123,7 @@ def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, to
 
 
 def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
-           mem_util_percent: int = MEM_UTIL_PERCENT) -> ReportData:
+           mem_util_percent: int = MEM_UTIL_PERCENT, serve_output: int = 128) -> ReportData:
     """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
     from trainmath.flops import closed_form_flops, count_flops
     from trainmath.infer import InferenceSetup, infer_memory
@@ -136,7 +139,17 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
         memory=memory, variants=memory_variants(spec, setup, layout, "recompute"), gpu=gpu,
         serving=infer_memory(spec, serving, gpu=gpu, mem_util_percent=mem_util_percent), plan=plan,
         mem_util_percent=mem_util_percent,
+        speed=None if gpu is None else serving_speed(spec, serving, gpu, serve_output),
     )
+
+
+def serving_speed(spec, serving, gpu, output: int):
+    """TTFT, TPOT and throughput of the serving setup on ``gpu`` (``trainmath infer --input --output``)."""
+    from trainmath.infer.speed import fixed_batch
+
+    if not isinstance(output, int) or output < 1:
+        raise TrainmathError(f"serve-output must be a positive integer, got {output!r}")
+    return fixed_batch(spec, serving, gpu, input=serving.context, output=output)
 
 
 def timeline_doc(data: ReportData) -> dict:
@@ -177,4 +190,8 @@ def summary(data: ReportData) -> dict:
         "kv_cache_bytes": s.kv_cache_bytes, "serving_weights_bytes": s.weights_bytes,
         "serving_total_bytes": s.total_bytes, "kv_bytes_per_token": s.kv_bytes_per_token,
         "serving_fit": s.fit.to_dict() if s.fit is not None else None,
+        "serving_speed": None if data.speed is None else {
+            k: v for k, v in data.speed.to_dict().items() if k in (
+                "batch", "input", "output", "ttft_s", "tpot_s", "e2e_s", "output_tokens_per_s",
+                "prefill_tokens_per_s", "ttft_bound", "tpot_bound")},
     }
