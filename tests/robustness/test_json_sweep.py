@@ -38,6 +38,8 @@ IN_PROCESS = {
     ("comm", "layout"): ["--nnodes", "2", "--nproc-per-node", "2"],
     ("estimate",): [*JOB, "--tokens", "1T", "--price-per-gpu-hour", "2"],
     ("plan",): [*JOB, "--explain"],
+    ("infer-plan",): ["Qwen/Qwen3-0.6B", "--gpu", "h100", "--qps", "1", "--input", "128", "--output", "32",
+                      "--ttft-slo", "1", "--tpot-slo", "0.1", "--gpus-max", "2"],
 }
 PROCESS = {
     ("comm", "demo"): ["all_reduce", "--nproc", "2", "--sleep", "0"],
