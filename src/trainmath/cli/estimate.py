@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_mem_util
+from trainmath.cli.args import add_mem_util, count, number, tokens
 from trainmath.memory.optimizers import OPTIMIZERS
 from trainmath.memory.precision import RECIPES
 
@@ -29,11 +29,11 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
                        help="GPUs in the job, or auto: the fewest that meet --deadline, or the count whose layout is "
                             "fastest within --budget (default auto when either is given)")
     else:
-        p.add_argument("--gpus", type=int, required=required, help="GPUs in the job")
+        p.add_argument("--gpus", type=count(), required=required, help="GPUs in the job")
     p.add_argument("--gpu", required=required, help="GPU preset (case-insensitive, e.g. h100, a100-80gb, mi300x)")
-    p.add_argument("--seq", type=int, required=required, help="tokens per sequence")
-    p.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step, all DP ranks")
-    p.add_argument("--gpus-per-node", type=int, default=None,
+    p.add_argument("--seq", type=count(), required=required, help="tokens per sequence")
+    p.add_argument("--global-batch", type=count(), required=required, help="sequences per optimizer step, all DP ranks")
+    p.add_argument("--gpus-per-node", type=count(), default=None,
                    help="GPUs per node (NVLink domain); default: the preset's reference node")
     p.add_argument("--hardware", metavar="FILE", default=None,
                    help="JSON file of extra GPUs / efficiency curves with the fields of hardware/gpus.json")
@@ -55,8 +55,10 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
                         "(transformers' saved tensors per rank: plain --tp keeps embedding, head and loss whole)")
     add_mem_util(p)
     if printing:  # what is printed; a chart has no use for these
-        p.add_argument("--tokens", default=None, help="token budget (1T, 300B, ...): time, GPU-hours and cost")
-        p.add_argument("--price-per-gpu-hour", type=float, default=None, help="price of one GPU-hour, for --tokens")
+        p.add_argument("--tokens", type=tokens, default=None,
+                       help="token budget (1T, 300B, ...): time, GPU-hours and cost")
+        p.add_argument("--price-per-gpu-hour", type=number(0, 1e6), default=None,
+                       help="price of one GPU-hour, for --tokens")
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -69,19 +71,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "per GPU with a fit verdict, and with --tokens the time, GPU-hours and cost of a budget.",
     )
     add_job_arguments(p)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--dp", type=int, default=None, help="default: GPUs / (tp·pp·cp)")
+    p.add_argument("--tp", type=count(), default=1)
+    p.add_argument("--pp", type=count(), default=1)
+    p.add_argument("--cp", type=count(), default=1)
+    p.add_argument("--ep", type=count(), default=1)
+    p.add_argument("--dp", type=count(), default=None, help="default: GPUs / (tp·pp·cp)")
     p.add_argument("--zero", type=int, default=1, choices=(0, 1, 2, 3), help="ZeRO stage (default 1)")
     p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
                         "; timed and counted in HFU the same way; full = every decoder layer")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
-    p.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B chunks per pipeline rank")
+    p.add_argument("--micro-batch", type=count(), default=1, help="sequences per micro-batch (default 1)")
+    p.add_argument("--virtual-stages", type=count(), default=1, help="interleaved 1F1B chunks per pipeline rank")
     p.add_argument("--uneven-stages", action="store_true",
                    help="allow pp·virtual-stages not dividing the layers (stages differ by one layer)")
     p.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None, metavar="N",
@@ -96,13 +98,15 @@ def _gpus_or_auto(text: str):
     if text.strip().lower() == "auto":
         return "auto"
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
+        return count()(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (at most 2**40) or auto, got "
+                                         f"{text[:40]!r}") from None
 
 
 def load(args: argparse.Namespace):
     """(spec, GPU, Hardware, Job, token budget) from the shared arguments; bad values raise TrainmathError."""
+    from trainmath.cli.args import positions_warning
     from trainmath.errors import TrainmathError
     from trainmath.hardware import presets, read_hardware_file
     from trainmath.perf import Job
@@ -118,7 +122,7 @@ def load(args: argparse.Namespace):
         bad.append("--price-per-gpu-hour needs --tokens and a price >= 0")
     if bad:
         raise TrainmathError("; ".join(bad))
-    tokens = parse_tokens(budget) if budget is not None else None
+    budget_tokens = parse_tokens(budget) if isinstance(budget, str) else budget
     hw = read_hardware_file(args.hardware) if args.hardware else presets()
     gpu = hw.gpu(args.gpu)
     if args.gpus_per_node and args.gpus_per_node != gpu.gpus_per_node:
@@ -126,6 +130,7 @@ def load(args: argparse.Namespace):
 
         gpu = replace(gpu, gpus_per_node=args.gpus_per_node)
     spec = load_spec(args.model)
+    positions_warning(spec, args.seq, "--seq")  # learned positions: an error, as in flops and memory
     job = Job(global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
               dtype=args.dtype, attention=args.attention, mfu_causal=args.mfu_causal, mem_util_percent=args.mem_util,
               profile=args.profile, fp8_head=getattr(args, "fp8_head", False),
@@ -136,7 +141,7 @@ def load(args: argparse.Namespace):
         raise TrainmathError(f"--precision fp8 needs FP8 tensor cores; {gpu.name} has none: use mixed-bf16")
     elif job.fp8_head:
         raise TrainmathError("--fp8-head needs --precision fp8")
-    return spec, gpu, hw, job, tokens
+    return spec, gpu, hw, job, budget_tokens
 
 
 def run(args: argparse.Namespace) -> int:

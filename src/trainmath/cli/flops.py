@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_strict, config_json, config_lines, count, positions_warning
+from trainmath.cli.args import add_strict, config_json, config_lines, count, positions_warning, tokens
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mamba-chunk", type=count(), default=None,
                    help="Mamba-2 SSD chunk length (default: the config's chunk_size, else transformers' 128)")
     p.add_argument("--gemms", action="store_true", help="also list every GEMM of each layer type")
-    p.add_argument("--tokens", default=None,
+    p.add_argument("--tokens", type=tokens, default=None,
                    help="token budget (1T, 300B, ...): total training FLOPs = per-token FLOPs at this --seq × tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     add_strict(p)
@@ -75,7 +75,7 @@ def token_budget(report, tokens_text: str) -> dict:
     from trainmath.arith import ceil_div
     from trainmath.perf.tokens import parse_tokens
 
-    tokens = parse_tokens(tokens_text)
+    tokens = tokens_text if isinstance(tokens_text, int) else parse_tokens(tokens_text)
     sequences = ceil_div(tokens, report.seq)
     return {"tokens": tokens, "sequences": sequences,
             "training_flops": report.per_sequence(report.training) * sequences}

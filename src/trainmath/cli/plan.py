@@ -8,6 +8,7 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from trainmath.cli.args import count, number
     from trainmath.cli.estimate import add_job_arguments
 
     p = sub.add_parser(
@@ -23,10 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline", default=None, metavar="DURATION",
                    help="how many GPUs: the fewest (multiples of the node) whose best layout trains --tokens within "
                         "this time (30d, 12h, 90m)")
-    p.add_argument("--budget", type=float, default=None, metavar="DOLLARS",
+    p.add_argument("--budget", type=number(0, 1e15), default=None, metavar="DOLLARS",
                    help="how many GPUs: the fastest layout whose cost on --tokens stays within this amount (needs "
                         "--price-per-gpu-hour)")
-    p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    p.add_argument("--top", type=count(1, 10_000), default=5, help="layouts to show (default 5)")
     p.add_argument("--uneven-stages", action="store_true",
                    help="also try pp not dividing the layers: the even split (stages one layer apart) and "
                         "Megatron-LM's lighter first and last stages (--decoder-first/last-pipeline-num-layers)")

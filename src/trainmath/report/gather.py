@@ -59,8 +59,8 @@ def parse_layout(text: str, base):
     changes = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         key, eq, value = item.partition("=")
-        if key not in LAYOUT_KEYS or not eq or not value.strip().isdigit():
-            raise TrainmathError(f"layout {text!r}: {item!r} is not KEY=INTEGER with KEY one of "
+        if key not in LAYOUT_KEYS or not eq or not value.strip().isdigit() or int(value[:41]) > 2**40:
+            raise TrainmathError(f"layout {text!r}: {item!r} is not KEY=INTEGER (at most 2**40) with KEY one of "
                                  f"{', '.join(LAYOUT_KEYS)} (e.g. dp=8,tp=2,zero=3)")
         changes[key] = bool(int(value)) if key == "sp" else int(value)
     if not changes:
