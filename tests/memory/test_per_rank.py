@@ -209,7 +209,7 @@ def _cli(capsys, *argv):
 
 
 def test_cli_tp_prints_per_rank_figures(capsys):
-    code, out, err = _cli(capsys, "Qwen/Qwen3-8B", "--micro-batch", "1", "--seq", "4096", "--tp", "2")
+    code, out, err = _cli(capsys, "Qwen/Qwen3-8B", "--micro-batch", "1", "--seq", "4096", "--tp", "2", "--explain")
     assert code == 0 and err == ""
     assert "dp=1 tp=2 pp=1 cp=1 ep=1 sp=False zero=0  (2 GPUs)" in out
     assert "embedding, LM head and loss whole on every rank" in out

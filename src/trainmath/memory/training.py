@@ -95,10 +95,11 @@ class TrainingSetup:
     experts: str = "grouped"
     """Routed experts as transformers runs them: ``grouped`` (``grouped_mm``, the default of transformers 5) or
     ``eager`` (the per-expert loop, which saves more)."""
-    loop_keeps: str = "output"
-    """What the training loop keeps of the model's output through backward (``timeline.LOOP_KEEPS``): ``output``
-    (``out = model(...)``: the logits until the step returns) or ``loss`` (``loss = model(...).loss``, as the HF
-    Trainer and ``trainmath train``: the logits are freed when the forward returns)."""
+    loop_keeps: str = "loss"
+    """What the training loop keeps of the model's output through backward (``timeline.LOOP_KEEPS``): ``loss``
+    (``loss = model(...).loss``, what most loops do: the HF Trainer's ``compute_loss``, torchtitan's ``del pred``,
+    Lightning, ``trainmath train``: the logits are freed when the forward returns) or ``output``
+    (``out = model(...)``: the logits until the step returns)."""
     zero_impl: str = "deepspeed"
     """Whose ZeRO-1/2 buffers (``flat_zero.ZERO_IMPLS``): ``deepspeed`` (one reduce bucket of min(5e8, Ψ)
     elements for the whole step) or ``trainmath`` (``trainmath train --impl trainmath``: flat padded buffers
@@ -554,9 +555,11 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
            "; trainmath's ZeRO-3: the running unit gathered, no prefetch"),
         f"gradient lifetime {setup.grad_lifetime}: " + GRAD_LIFETIME_TEXT[setup.grad_lifetime]
         + ("; DDP gradient_as_bucket_view: gradients are views of the buckets" if setup.bucket_view else ""),
-        "the loop keeps " + ("the model output (out = model(...)): the logits live until the step returns"
+        "the loop keeps " + ("the model output (out = model(...)): the logits live until the step returns "
+                             "(--loop-keeps loss: the logits freed after the forward, as most loops do)"
                              if setup.loop_keeps == "output" else
-                             "the loss only (loss = model(...).loss): the logits are freed after the forward"),
+                             "the loss only (loss = model(...).loss): the logits are freed after the forward "
+                             "(--loop-keeps output: out = model(...) keeps them through backward)"),
         layout_text(setup, layout, spec.model_type, spec.options),
         "1F1B pipeline: stage s holds min(pp - s, micro-batches) micro-batches of activations",
         f"peak_bytes is the largest event of the step's timeline (here: {top.phase!r} on stage {top.stage}); "
