@@ -39,6 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="what the training loop holds through backward: loss (loss = model(...).loss, the "
                         "default, as the HF Trainer, torchtitan and Lightning: the logits are freed after the "
                         "forward) or output (out = model(...); the logits until the step returns)")
+    p.add_argument("--backward-in-autocast", action="store_true",
+                   help="the loop calls backward() inside the torch.autocast context (amp-bf16): autocast's cache "
+                        "keeps the forward's bf16 weight casts to the end of backward (about 2 bytes per linear "
+                        "parameter more); default: backward() after the context exits")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda: what torch.cuda.max_memory_allocated reports; cpu: what CPU kernels allocate "
                         "(MemTracker on a CPU step)")
@@ -113,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                           attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
                           grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
                           offload=args.offload, experts=args.experts, loop_keeps=args.loop_keeps,
+                          backward_in_autocast=args.backward_in_autocast,
                           zero_impl=args.zero_impl)
     from trainmath.memory.fit import derive_dp
 
