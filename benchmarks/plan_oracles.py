@@ -1,6 +1,7 @@
 """Predicted vs published: every run of tests/perf/published_runs.json through the step-time model.
 
     python benchmarks/plan_oracles.py
+    python benchmarks/plan_oracles.py --more     # the runs of tests/perf/published_runs_more.json (not calibrated)
 
 Columns: the run, its GPU, the figure the paper reports (its own FLOP convention: Megatron-LM's Eq. 3 counts
 recompute, Llama 3's TFLOPs/GPU 6N + causal attention; Korthikanti et al. report seconds), the prediction, and
@@ -10,7 +11,9 @@ benchmarks/plan_calibrate.py), never per run.
 
 from __future__ import annotations
 
+import argparse
 import pathlib
+import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "perf"))
@@ -21,7 +24,53 @@ UNIT = {"step_time_s": "s/step", "tflops_per_gpu": "TFLOP/s/GPU (model)",
         "hardware_tflops_per_gpu": "TFLOP/s/GPU (with recompute)"}
 
 
+MORE_UNIT = {"step_time_s": "s/step", "tflops_per_gpu": "TFLOP/s", "hardware_tflops_per_gpu": "HW TFLOP/s",
+             "tokens_per_s_per_gpu": "tok/s/GPU"}
+
+
+def speed_ratio(run: dict, predicted: float) -> float:
+    """Predicted / published speed: tokens/s and TFLOP/s as they are, step time inverted (above 1: too fast)."""
+    return run["published"] / predicted if run["metric"] == "step_time_s" else predicted / run["published"]
+
+
+def more() -> None:
+    """Every run of published_runs_more.json through the current model; per-source median |error| and share within
+    15%. Runs the model refuses are listed as not priced, with its reason."""
+    from published_more import RUNS as MORE
+    from published_more import try_predict
+
+    print(f"{'run':64s} {'GPU':14s} {'prec':4s} {'metric':9s} {'published':>10s} {'predicted':>10s} {'speed':>6s}")
+    errors: dict[str, list[float]] = {}
+    groups: dict[str, list[float]] = {}
+    skipped: list[tuple[str, str]] = []
+    for r in MORE:
+        p, why = try_predict(r)
+        if p is None:
+            skipped.append((r["id"], why))
+            continue
+        ratio = speed_ratio(r, p)
+        errors.setdefault(r["paper"], []).append(abs(ratio - 1))
+        kind = ("moe" if r["moe"] else "dense") + ("+fsdp" if r.get("fsdp") else "")
+        groups.setdefault(f"{r['precision']} {kind}", []).append(abs(ratio - 1))
+        metric = MORE_UNIT[r["metric"]]
+        print(f"{r['id']:64s} {r['gpu']:14s} {r['precision']:4s} {metric:9s} {r['published']:10.2f} {p:10.2f} "
+              f"{ratio:6.3f}")
+    print("\nspeed = predicted / published throughput (step times inverted); error = |speed - 1|")
+    print(f"{'source':26s} {'priced':>6s} {'median |err|':>12s} {'within 15%':>10s}")
+    rows = list(errors.items()) + [("all", [e for v in errors.values() for e in v])]
+    for name, errs in rows + [("-- " + k, v) for k, v in sorted(groups.items())]:
+        within = sum(e <= 0.15 for e in errs) / len(errs)
+        print(f"{name:26s} {len(errs):6d} {100 * statistics.median(errs):11.1f}% {100 * within:9.0f}%")
+    for run_id, why in skipped:
+        print(f"not priced: {run_id}: {why}")
+
+
 def main() -> None:
+    args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    args.add_argument("--more", action="store_true", help="the runs of tests/perf/published_runs_more.json")
+    if args.parse_args().more:
+        more()
+        return
     print(f"{'run':36s} {'GPU':14s} {'metric':30s} {'published':>9s} {'predicted':>9s} {'ratio':>6s}")
     worst, fitted = 0.0, 0
     for r in RUNS:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 import standin
+from trainmath.arith import numel
 from trainmath.cli import main
 from trainmath.errors import TrainmathError
 from trainmath.hardware import gpu
@@ -26,13 +27,17 @@ def test_fit_margin_and_levers_are_reruns():
     layout = ParallelLayout(dp=8)  # plain DDP: every state replicated, does not fit 80 GiB
     v = fit(SPEC, setup, layout, H100, activation_model=standin)
     peak = training_memory(SPEC, setup, layout, activation_model=standin).peak_bytes
-    assert not v.fits and v.margin_bytes == H100.memory_bytes - peak == 80 * 2**30 - peak
+    # the one fit rule: 95% of 80 GiB less the 300 MiB CUDA context
+    usable = 80 * 2**30 * 95 // 100 - 300 * 2**20
+    assert not v.fits and v.capacity_bytes == usable and v.margin_bytes == usable - peak
     names = [lv.name for lv in v.levers]
-    assert names[:5] == ["--recompute selective", "--recompute full", "--zero 1", "--zero 2", "--zero 3"]
+    assert names[:9] == ["--optimizer-impl fused", "--optimizer adamw8bit", "--recompute selective",
+                         "--recompute full", "--zero 1", "--zero 2", "--zero 3", "--offload optimizer",
+                         "--dp 16 --zero 3 (needs 16 GPUs)"]
     for lv in v.levers:
         if lv.name == "--zero 3":
             again = training_memory(SPEC, setup, ParallelLayout(dp=8, zero=3), activation_model=standin)
-            assert lv.peak_bytes == again.peak_bytes and lv.fits == (again.peak_bytes <= H100.memory_bytes)
+            assert lv.peak_bytes == again.peak_bytes and lv.fits == (again.peak_bytes <= usable)
         if lv.name == "--offload optimizer":
             assert lv.peak_bytes < peak
     assert any(lv.fits for lv in v.levers)
@@ -46,8 +51,8 @@ def test_selective_lever_is_the_op_level_fold():
     peaks = {r: training_memory(SPEC, replace(setup, recompute=r), layout).peak_bytes
              for r in ("none", "selective", "full")}
     lever = {lv.name: lv for lv in v.levers}["--recompute selective"]
-    assert v.peak_bytes == peaks["none"] > H100.memory_bytes
-    assert lever.peak_bytes == peaks["selective"] and lever.fits == (peaks["selective"] <= H100.memory_bytes)
+    assert v.peak_bytes == peaks["none"] > v.capacity_bytes
+    assert lever.peak_bytes == peaks["selective"] and lever.fits == (peaks["selective"] <= v.capacity_bytes)
     assert peaks["full"] < peaks["selective"] < peaks["none"]
     assert "--recompute selective" not in {lv.name for lv in fit(SPEC, replace(setup, recompute="full"), layout,
                                                                    H100).levers}
@@ -103,3 +108,31 @@ def test_cli_gpu_bad_name_one_line(capsys):
     assert main(["memory", "qwen3-8b", "--micro-batch", "1", "--seq", "8", "--gpu", "h1000"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown GPU 'h1000'" in err
+
+
+def test_single_gpu_levers_first_then_those_that_need_gpus():
+    """Each lever is the model re-run with one change; the levers keeping the job's GPUs come first, every lever
+    after them names the GPUs it needs (dp·tp·pp·cp of its layout)."""
+    setup, layout = TrainingSetup(micro_batch=4, seq=2048), ParallelLayout()
+    v = fit(SPEC, setup, layout, H100, activation_model=standin)
+    names = [lv.name for lv in v.levers]
+    need = [i for i, n in enumerate(names) if "(needs" in n]
+    assert need and need == list(range(need[0], len(names)))
+    expect = {
+        "--optimizer-impl fused": (replace(setup, optimizer_impl="fused"), layout),
+        "--optimizer adamw8bit": (replace(setup, optimizer="adamw8bit"), layout),
+        "--micro-batch 2 --micro-batches 2": (replace(setup, micro_batch=2, micro_batches=2), layout),
+        "--micro-batch 1 --micro-batches 4": (replace(setup, micro_batch=1, micro_batches=4), layout),
+        "--dp 2 --zero 3 (needs 2 GPUs)": (setup, ParallelLayout(dp=2, zero=3)),
+        "--tp 8 (needs 8 GPUs)": (setup, ParallelLayout(tp=8)),
+    }
+    got = {lv.name: lv for lv in v.levers}
+    for name, (s, lay) in expect.items():
+        assert got[name].peak_bytes == training_memory(SPEC, s, lay, activation_model=standin).peak_bytes, name
+    # bitsandbytes' blockwise states: 1 + 1 byte per element and one fp32 absmax per 256-element block each,
+    # against AdamW's two fp32 states: the 8-bit lever saves at least 6 bytes per parameter of the big tensors
+    plain = training_memory(SPEC, setup, layout, activation_model=standin).breakdown
+    eight = training_memory(SPEC, replace(setup, optimizer="adamw8bit"), layout, activation_model=standin).breakdown
+    n_big = sum(numel(t.shape) for t in SPEC.layers[0].tensors if numel(t.shape) >= 4096) * SPEC.num_layers
+    saved = plain.child("optimizer_states_bytes").value - eight.child("optimizer_states_bytes").value
+    assert saved >= 6 * n_big - 8 * n_big // 256

@@ -64,14 +64,16 @@ def test_plan_nothing_fits_exit_1_with_closest(capsys):
     assert main(["plan", "meta-llama/Llama-3.1-405B", "--gpus", "8", "--gpu", "rtx4090", "--seq", "4096",
                  "--global-batch", "8"]) == 1
     out = capsys.readouterr().out
-    assert "no layout fits in 22.80 GiB per GPU. closest" in out and "model states alone exceed memory" in out
+    assert "no layout fits in 22.51 GiB per GPU. closest" in out and "model states alone exceed memory" in out
 
 
 def test_plan_nothing_fits_json_says_what_is_lacking(capsys):
     assert main(["plan", "meta-llama/Llama-3.1-70B", "--gpus", "16", "--gpu", "h100", "--seq", "4096",
                  "--global-batch", "64", "--top", "3", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
-    assert out["layouts"] == [] and len(out["closest"]) == 3
+    # one per ZeRO stage even beyond --top 3: the stages that shard the states are always shown
+    assert out["layouts"] == [] and len(out["closest"]) == 4
+    assert {c["zero"] for c in out["closest"]} == {0, 1, 2, 3}
     for c in out["closest"]:
         assert c["lacks_bytes"] == c["peak_bytes"] - out["usable_bytes"] > 0
 
@@ -178,3 +180,15 @@ def test_plan_70b_8k_layouts_fit_under_both_profiles():
                                   profile=profile, micro_batches=e.micro_batches)
             lay = replace(e.layout, vocab_parallel=e.layout.tp > 1) if profile == "hf" else e.layout
             assert training_memory(spec, setup, lay).peak_bytes <= limit, (profile, e.layout.describe())
+
+
+def test_nothing_fits_closest_show_every_zero_stage():
+    """Llama-3.1-70B on 8 H100: even ZeRO-3's states (16 bytes × 70.6B / 8 ranks) exceed 75.7 GiB. The closest
+    list shows the least-needing candidate of each ZeRO stage, ZeRO-3 first (it shards all the states)."""
+    spec = load_spec("meta-llama/Llama-3.1-70B")
+    r = plan(spec, gpus=8, gpu=gpu("h100"), job=Job(global_batch=64, seq=8192))
+    assert not r.layouts
+    assert {c.layout.zero for c in r.closest} == {0, 1, 2, 3}
+    assert r.closest[0].layout.zero == 3 and r.closest[0].layout.dp == 8
+    assert [c.peak_bytes for c in r.closest] == sorted(c.peak_bytes for c in r.closest)
+    assert all(c.peak_bytes > r.usable_bytes for c in r.closest)

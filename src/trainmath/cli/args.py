@@ -149,3 +149,15 @@ def positions_warning(spec, tokens: int, flag: str) -> str | None:
                              f"(n_positions / max_position_embeddings); use {flag} {limit} or less")
     return (f"{flag} {tokens} is beyond max_position_embeddings {limit} of {spec.name} (counted as asked; the model "
             f"was not trained on longer sequences)")
+
+
+def add_mem_util(p: argparse.ArgumentParser) -> None:
+    """``--mem-util``: the one fit rule's usable share (``trainmath.usable``), the same flag and default in every
+    command that gives a fit verdict."""
+    from trainmath.usable import CUDA_CONTEXT_BYTES, MEM_UTIL_PERCENT
+
+    p.add_argument("--mem-util", type=count(1, 100, what="a percentage"), default=MEM_UTIL_PERCENT,
+                   metavar="PERCENT",
+                   help=f"fit rule: peak_bytes + the {CUDA_CONTEXT_BYTES // 2**20} MiB CUDA context must stay under "
+                        f"this %% of the GPU's memory (default {MEM_UTIL_PERCENT}; vLLM's gpu_memory_utilization "
+                        f"means the same: 90 matches its default)")

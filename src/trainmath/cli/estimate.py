@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from trainmath.cli.args import add_mem_util
 from trainmath.memory.optimizers import OPTIMIZERS
 from trainmath.memory.precision import RECIPES
 
@@ -18,12 +19,17 @@ JOB_REQUIRED = ("gpus", "gpu", "seq", "global_batch")
 
 
 def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, required: bool = True,
-                      printing: bool = True) -> None:
+                      printing: bool = True, gpus_auto: bool = False) -> None:
     """The arguments ``estimate``, ``plan`` and ``plot plan`` share (``plot plan`` names its own positional and
     makes the job optional, since it also reads a PLAN.json)."""
     if model:
         p.add_argument("model", metavar="MODEL")
-    p.add_argument("--gpus", type=int, required=required, help="GPUs in the job")
+    if gpus_auto:  # plan: a count, or auto (how many GPUs: with --deadline or --budget)
+        p.add_argument("--gpus", type=_gpus_or_auto, default=None,
+                       help="GPUs in the job, or auto: the fewest that meet --deadline, or the count whose layout is "
+                            "fastest within --budget (default auto when either is given)")
+    else:
+        p.add_argument("--gpus", type=int, required=required, help="GPUs in the job")
     p.add_argument("--gpu", required=required, help="GPU preset (case-insensitive, e.g. h100, a100-80gb, mi300x)")
     p.add_argument("--seq", type=int, required=required, help="tokens per sequence")
     p.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step, all DP ranks")
@@ -42,8 +48,7 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
     p.add_argument("--profile", choices=("megatron", "hf"), default="megatron",
                    help="activation profile of the memory model: megatron (default; any layout) or hf "
                         "(transformers' saved tensors per rank: plain --tp keeps embedding, head and loss whole)")
-    p.add_argument("--mem-util", type=int, default=95,
-                   help="fit: peak memory must stay under this %% of the GPU's memory (default 95)")
+    add_mem_util(p)
     if printing:  # what is printed; a chart has no use for these
         p.add_argument("--tokens", default=None, help="token budget (1T, 300B, ...): time, GPU-hours and cost")
         p.add_argument("--price-per-gpu-hour", type=float, default=None, help="price of one GPU-hour, for --tokens")
@@ -77,6 +82,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _gpus_or_auto(text: str):
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
+
+
 def load(args: argparse.Namespace):
     """(spec, GPU, Hardware, Job, token budget) from the shared arguments; bad values raise TrainmathError."""
     from trainmath.errors import TrainmathError
@@ -86,11 +100,9 @@ def load(args: argparse.Namespace):
     from trainmath.sources import load_spec
 
     bad = [f"--{k.replace('_', '-')} must be a positive integer, got {getattr(args, k)}"
-           for k in ("gpus", "seq", "global_batch") if getattr(args, k) < 1]
+           for k in ("gpus", "seq", "global_batch") if isinstance(getattr(args, k), int) and getattr(args, k) < 1]
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         bad.append(f"--gpus-per-node must be a positive integer, got {args.gpus_per_node}")
-    if not 1 <= args.mem_util <= 100:
-        bad.append(f"--mem-util must be 1-100, got {args.mem_util}")
     price, budget = getattr(args, "price_per_gpu_hour", None), getattr(args, "tokens", None)
     if price is not None and (price < 0 or budget is None):
         bad.append("--price-per-gpu-hour needs --tokens and a price >= 0")
@@ -160,10 +172,13 @@ def render(est, budget: dict | None = None) -> str:
                             "exposed"], crow, align="lllrrrrrr"))
         lines.append("")
     if est.peak_bytes is not None:
-        usable = est.memory_bytes * job.mem_util_percent // 100
+        from trainmath.usable import rule_text, usable_bytes
+
+        usable = usable_bytes(est.memory_bytes, job.mem_util_percent)
         verdict = "fits" if est.fits else f"does NOT fit ({human_bytes(est.peak_bytes - usable)} over)"
         lines.append(f"memory per GPU: peak {human_bytes(est.peak_bytes)} of {human_bytes(est.memory_bytes)} "
-                     f"({job.mem_util_percent}% usable = {human_bytes(usable)}): {verdict}")
+                     f"({human_bytes(usable)} usable): {verdict}")
+        lines.append(rule_text(est.memory_bytes, job.mem_util_percent))
     if budget:
         cost = f", cost {budget['cost']:,.0f} at {budget['price_per_gpu_hour']:g}/GPU-hour" if "cost" in budget else ""
         lines.append(f"budget {budget['tokens']:,} tokens: {budget['steps']:,.0f} steps, {budget['days']:,.2f} days, "

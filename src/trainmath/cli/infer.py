@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_strict, byte_size, config_json, config_lines, integer, positions_warning
+from trainmath.cli.args import (
+    add_mem_util,
+    add_strict,
+    byte_size,
+    config_json,
+    config_lines,
+    integer,
+    positions_warning,
+)
+from trainmath.cli.infer_speed import add_speed_arguments, run_speed, speed_requested
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,8 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "does not fit what would. Conventions are printed with the result.",
     )
     p.add_argument("model", metavar="MODEL", help="config.json path, directory, catalog name or Hub id")
-    p.add_argument("--batch", type=integer, required=True, help="sequences in the cache")
-    p.add_argument("--context", type=integer, required=True, help="tokens per sequence held (prompt + generated)")
+    p.add_argument("--batch", type=integer, default=None, help="sequences in the cache")
+    p.add_argument("--context", type=integer, default=None,
+                   help="tokens per sequence held (prompt + generated); not needed with --input/--output")
     p.add_argument("--dtype", default="auto",
                    help="weights: auto (default: the format the checkpoint ships in, read from its "
                         "quantization_config; bf16 without one), fp32, bf16, fp16, fp8, int8, int4, mxfp4")
@@ -32,8 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=integer, default=None,
                    help="GPUs of one serving instance (default: --tp); GPUS/TP attention replicas share the batch")
     p.add_argument("--gpu", help="GPU preset (h100, h200, a100, a100-40gb, b200, l40s, 4090, mi300x)")
-    p.add_argument("--mem-util", type=integer, default=90, metavar="PERCENT",
-                   help="share of GPU memory usable (default 90, vLLM's gpu_memory_utilization)")
+    add_mem_util(p)
     p.add_argument("--workspace", type=byte_size, default=0, metavar="BYTES",
                    help="activation workspace per rank added to the total, e.g. 2GiB (default 0)")
     q = p.add_argument_group("quantisation conventions")
@@ -53,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--state-dtype", default="fp32", help="recurrent/SSM state format (default fp32)")
     c.add_argument("--conv-dtype", default="bf16", help="conv state format (default bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
+    add_speed_arguments(p)
     add_strict(p)
     p.set_defaults(func=run)
 
@@ -65,8 +75,15 @@ def run(args: argparse.Namespace) -> int:
     from trainmath.sources import load_spec
 
     floats = ("fp32", "bf16", "fp16")
+    from trainmath.errors import TrainmathError
+
+    speed = speed_requested(args)
+    if not speed and (args.batch is None or args.context is None):
+        raise TrainmathError("infer needs --batch and --context (or --input and --output for serving speed)")
     spec = load_spec(args.model, strict=args.strict)
-    warning = positions_warning(spec, args.context, "--context")
+    if speed:
+        args.context = (args.input or 0) + (args.output or 0) or 1
+    warning = None if speed else positions_warning(spec, args.context, "--context")
     keep = dtype_name(args.keep_dtype, floats)
     scale = dtype_name(args.scale_dtype, (*floats, "e8m0"), "scale dtype") if args.scale_dtype else None
     if args.dtype.strip().lower() == "auto":
@@ -77,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
                                group_size=args.group_size, zero_point=args.zero_point, scale_dtype=scale)
     tp = args.tp if args.tp is not None else (args.gpus if args.gpus and args.ep == 1 else 1)
     setup = InferenceSetup(
-        batch=args.batch, context=args.context, tp=tp, ep=args.ep, gpus=args.gpus, workspace_bytes=args.workspace,
+        batch=args.batch if args.batch is not None else (args.concurrency or 1), context=args.context, tp=tp,
+        ep=args.ep, gpus=args.gpus, workspace_bytes=args.workspace,
         weights=weights,
         cache=CacheFormat(
             kv_dtype=dtype_name(args.kv_dtype, KV_DTYPES, "kv dtype"), mla_cache=args.mla_cache,
@@ -85,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
             state_dtype=dtype_name(args.state_dtype, floats, "state dtype"),
             conv_dtype=dtype_name(args.conv_dtype, floats, "conv dtype")),
     )
+    if speed:
+        return run_speed(args, spec, setup)
     gpu = None
     if args.gpu:
         from trainmath.hardware import gpu as find_gpu
@@ -130,8 +150,8 @@ def render(report) -> str:
     f = report.fit
     if f is not None:
         lines.append("")
-        lines.append(f"{f.gpu}: {human_bytes(f.memory_bytes)} x {f.mem_util_percent}% = {f.usable_bytes:,} bytes "
-                     f"usable; free {f.free_bytes:,} bytes ({human_bytes(f.free_bytes)})")
+        lines.append(f"{f.gpu}: {human_bytes(f.memory_bytes)} x {f.mem_util_percent}% - CUDA context = "
+                     f"{f.usable_bytes:,} bytes usable; free {f.free_bytes:,} bytes ({human_bytes(f.free_bytes)})")
         if f.fits:
             lines.append(f"fits: {human_bytes(f.free_bytes)} to spare per GPU")
         elif not f.weights_fit:

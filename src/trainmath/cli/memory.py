@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_strict, config_json, config_lines, integer, positions_warning
+from trainmath.cli.args import add_mem_util, add_strict, config_json, config_lines, integer, positions_warning
 from trainmath.memory.optimizers import OPTIMIZERS
 from trainmath.memory.precision import RECIPES
 
@@ -90,6 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "src/trainmath/hardware/gpus.json): print whether the step fits, "
                         "the margin, and which levers (recompute, ZeRO stage, more DP ranks, TP, offload) would "
                         "make it fit, each re-run through the model")
+    add_mem_util(p)
     p.add_argument("--micro-batches", type=integer, default=None,
                    help="micro-batches per step (gradient accumulation); default: at least pp")
     p.add_argument("--simulate", action="store_true",
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if gpu is not None:
         from trainmath.memory.fit import fit
 
-        verdict = fit(spec, setup, layout, gpu, report=report)
+        verdict = fit(spec, setup, layout, gpu, report=report, mem_util_percent=args.mem_util)
     sim = None
     if args.simulate:
         sim = simulation(args.model, spec, setup, layout)
@@ -312,12 +313,11 @@ def render_fit(v) -> str:
     """The verdict line, and when it does not fit, one line per lever re-run."""
     from trainmath.render import human_bytes
 
-    cap = f"{v.gpu.name} ({human_bytes(v.capacity_bytes)} = {v.capacity_bytes:,} bytes; GiB = 2**30 bytes, the " \
-          f"datasheet's 'GB' read as GiB)"
+    cap = f"{v.gpu.name} ({human_bytes(v.capacity_bytes)} = {v.capacity_bytes:,} bytes usable; GiB = 2**30 bytes, " \
+          f"the datasheet's 'GB' read as GiB)"
     if v.fits:
-        return f"fits {cap}: margin {human_bytes(v.margin_bytes)} ({v.margin_bytes:,} bytes) before the CUDA " \
-               f"context and cached-free memory"
-    lines = [f"does NOT fit {cap}: short by {human_bytes(-v.margin_bytes)} ({-v.margin_bytes:,} bytes)"]
+        return f"fits {cap}: margin {human_bytes(v.margin_bytes)} ({v.margin_bytes:,} bytes)\n{v.rule}"
+    lines = [f"does NOT fit {cap}: short by {human_bytes(-v.margin_bytes)} ({-v.margin_bytes:,} bytes)", v.rule]
     good = [lv for lv in v.levers if lv.fits]
     lines.append("would fit with: " + (", ".join(f"{lv.name} ({human_bytes(lv.peak_bytes)})" for lv in good)
                                        if good else "none of the single levers below"))

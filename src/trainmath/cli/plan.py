@@ -19,7 +19,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "by step time (the model of `trainmath estimate`). Exit 1 when nothing fits, with the closest "
                     "candidates and what they lack.",
     )
-    add_job_arguments(p)
+    add_job_arguments(p, gpus_auto=True)
+    p.add_argument("--deadline", default=None, metavar="DURATION",
+                   help="how many GPUs: the fewest (multiples of the node) whose best layout trains --tokens within "
+                        "this time (30d, 12h, 90m)")
+    p.add_argument("--budget", type=float, default=None, metavar="DOLLARS",
+                   help="how many GPUs: the fastest layout whose cost on --tokens stays within this amount (needs "
+                        "--price-per-gpu-hour)")
     p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
     p.add_argument("--explain", action="store_true", help="also list every rejected candidate with its reason")
     p.add_argument("--fit-profiles", default=None, metavar="P[,P]",
@@ -34,9 +40,8 @@ def search(args: argparse.Namespace):
     from trainmath.plan import plan
 
     spec, gpu, hw, job, tokens = load(args)
-    profiles = None if args.fit_profiles is None else tuple(p for p in args.fit_profiles.split(",") if p)
     result = plan(spec, gpus=args.gpus, gpu=gpu, job=job, gpus_per_node=args.gpus_per_node, top=args.top,
-                  hardware=hw, fit_profiles=profiles)
+                  hardware=hw, fit_profiles=_profiles(args))
     return result, tokens
 
 
@@ -53,7 +58,48 @@ def document(result, *, explain: bool, tokens: int | None = None, price: float |
     return out
 
 
+def sizing(args: argparse.Namespace):
+    """The how-many-GPUs answer (``plan.sizing.Sizing``) when --gpus is auto or --deadline/--budget is given,
+    else None."""
+    from trainmath.errors import TrainmathError
+
+    auto = args.gpus == "auto" or (args.gpus is None and (args.deadline is not None or args.budget is not None))
+    if args.gpus is None and not auto:
+        raise TrainmathError("--gpus is required: a GPU count, or auto with --deadline or --budget")
+    if not auto:
+        if args.deadline is not None or args.budget is not None:
+            raise TrainmathError("--deadline and --budget choose the GPU count: pass --gpus auto (or leave it out)")
+        return None
+    from trainmath.cli.estimate import load
+    from trainmath.plan.sizing import check_goal, parse_duration, size
+
+    deadline = parse_duration(args.deadline) if args.deadline is not None else None
+    tokens_text = args.tokens
+    if tokens_text is None:
+        check_goal(None, deadline, args.budget, args.price_per_gpu_hour)
+    args.gpus = 1  # load()'s checks of the other flags
+    spec, gpu, hw, job, tokens = load(args)
+    return size(spec, gpu=gpu, job=job, tokens=tokens, deadline_s=deadline, budget=args.budget,
+                price_per_gpu_hour=args.price_per_gpu_hour, hardware=hw, top=args.top,
+                fit_profiles=_profiles(args)), tokens
+
+
+def _profiles(args):
+    text = getattr(args, "fit_profiles", None)  # `plot plan MODEL` shares the job flags, not this one
+    return None if text is None else tuple(p for p in text.split(",") if p)
+
+
 def run(args: argparse.Namespace) -> int:
+    sized = sizing(args)
+    if sized is not None:
+        s, tokens = sized
+        if args.json:
+            doc = document(s.result, explain=args.explain, tokens=tokens, price=args.price_per_gpu_hour) \
+                if s.result else {}
+            print(json.dumps({**doc, "sizing": s.to_dict()}, indent=1))
+        else:
+            print(render_sizing(s, tokens=tokens, price=args.price_per_gpu_hour, explain=args.explain))
+        return 0 if s.gpus else 1
     result, tokens = search(args)
     if args.json:
         print(json.dumps(document(result, explain=args.explain, tokens=tokens, price=args.price_per_gpu_hour),
@@ -109,8 +155,35 @@ def render(result, *, explain: bool = False, tokens: int | None = None, price: f
                            align="rrrrrrrrlrl"))
     if result.layouts:
         lines += [""] + [f"convention: {c}" for c in result.layouts[0].conventions]
+    lines.append(result.fit_rule)
     lines.append(f"fit: every layout's peak fits under the {' and the '.join(result.fit_profiles)} activation "
                  f"profile{'s' if len(result.fit_profiles) > 1 else ''} (memory column: the larger peak)")
     lines.append("search: tp within a node, sp on whenever tp > 1, cp while each rank keeps >= 1024 tokens; "
                  "micro-batch 1/2/4/8, virtual stages 1/2/4, ZeRO 0-3, recompute none/selective/full")
+    return "\n".join(lines)
+
+
+def render_sizing(s, *, tokens: int, price: float | None, explain: bool = False) -> str:
+    """The how-many-GPUs answer: the goal, the search range and every probe, then the plan at the answer."""
+    from trainmath.render import table
+
+    what = (f"the fewest GPUs that train {tokens:,} tokens within {s.deadline_s / 86400:,.2f} days"
+            if s.goal == "deadline" else
+            f"the fastest layout that trains {tokens:,} tokens within a budget of {s.budget:,.0f} at "
+            f"{s.price_per_gpu_hour:g}/GPU-hour")
+    if s.goal == "deadline" and s.budget is not None:
+        what += f", at most {s.budget:,.0f}"
+    lines = [f"how many GPUs: {what}",
+             f"search: multiples of {s.node} GPUs (one node) from {s.search_from:,} to {s.search_to:,}: doubling, then "
+             f"bisection; each probe is the planner's best layout at that count (assumes more GPUs never make the "
+             f"best layout slower{', nor cheaper' if s.goal == 'budget' else ''})"]
+    rows = [[f"{p.gpus:,}", "nothing fits" if p.time_s is None else f"{p.time_s / 86400:,.2f}",
+             "" if p.cost is None else f"{p.cost:,.0f}"] for p in s.probes]
+    lines.append(table(["GPUs", "days", "cost"], rows, align="rrr"))
+    lines.append("")
+    if s.gpus is None:
+        lines.append(f"no GPU count up to {s.search_to:,} meets the goal")
+        return "\n".join(lines)
+    lines.append(f"answer: {s.gpus:,} GPUs")
+    lines.append(render(s.result, explain=explain, tokens=tokens, price=price))
     return "\n".join(lines)

@@ -11,7 +11,7 @@ import json
 
 from trainmath.cli.args import add_strict
 
-KINDS = ("params", "memory", "comm", "timeline", "plan")
+KINDS = ("params", "memory", "comm", "timeline", "plan", "latency")
 
 
 class _KindOrParams(argparse._SubParsersAction):
@@ -106,6 +106,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--highlight", type=int, default=5, help="best layouts to highlight (default 5)")
     out(q)
 
+    from trainmath.cli.latency_plot import add_latency
+
+    add_latency(kinds, out)
+
 
 def _read_json(path: str):
     from trainmath.errors import TrainmathError
@@ -147,6 +151,10 @@ def charts(args: argparse.Namespace):
         return [fromjson.comm_chart(rows)]
     if args.kind == "timeline":
         return [fromjson.timeline_chart(_read_json(args.memory_json))]
+    if args.kind == "latency":
+        from trainmath.cli.latency_plot import latency
+
+        return latency(args)
     return list(fromjson.plan_charts(_plan_document(args), top=args.highlight))
 
 

@@ -32,7 +32,8 @@ def build(args: argparse.Namespace) -> str:
     setup, layout, gpu = training_from_args(args)
     serving = serving_from_args(args)
     spec = load_spec(args.model)
-    return page(gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu)))
+    return page(gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
+                       mem_util_percent=args.mem_util, serve_output=args.serve_output))
 
 
 def run(args: argparse.Namespace) -> int:

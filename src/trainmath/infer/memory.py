@@ -8,8 +8,9 @@ total = weights (serving format, TP shard) + cache after a prefill of ``context`
 + ``workspace_bytes`` (activations and scratch of the forward pass: an explicit input, 0 by default, because it
 depends on the engine's chunked-prefill and CUDA-graph settings, not on the model).
 
-Fitting a GPU: usable = ⌊memory_bytes · mem_util_percent / 100⌋ (default 90: vLLM's ``gpu_memory_utilization``
-0.9, which leaves room for the CUDA context, NCCL buffers and fragmentation); free = usable − total. The largest
+Fitting a GPU: the one fit rule of every command (``trainmath.usable``): usable = ⌊memory_bytes ·
+mem_util_percent / 100⌋ − the CUDA context (``--mem-util 90`` is vLLM's ``gpu_memory_utilization`` default);
+free = usable − total. The largest
 batch at the given context is exact because the cache is linear in the batch: ⌊(usable − weights − workspace) /
 cache(batch=1)⌋. The largest context at the given batch is an exact integer search over the monotone cache size
 (unbounded when no layer's cache grows with the context: only sliding-window and recurrent layers).
@@ -26,6 +27,7 @@ from trainmath.infer.kv import CacheFormat, cache_tree, grows_with_context, kv_b
 from trainmath.infer.weights import validate_tp, weights_tree
 from trainmath.model.spec import ModelSpec
 from trainmath.tree import Node
+from trainmath.usable import MEM_UTIL_PERCENT, check_mem_util, rule_text, usable_bytes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,13 +239,12 @@ def _levers(spec: ModelSpec, setup: InferenceSetup, usable: int) -> tuple[str, .
 
 
 def infer_memory(spec: ModelSpec, setup: InferenceSetup, *, gpu: GPU | None = None,
-                 mem_util_percent: int = 90) -> InferenceReport:
+                 mem_util_percent: int = MEM_UTIL_PERCENT) -> InferenceReport:
     """Weights, cache and total bytes on one rank, and how they fit ``gpu`` when given."""
     validate_tp(spec, setup.tp)
     if setup.ep > 1 and not has_routed_experts(spec):
         raise TrainmathError(f"--ep {setup.ep}: {spec.name} has no routed experts to split")
-    if not 0 < mem_util_percent <= 100:
-        raise TrainmathError(f"memory utilisation must be in 1..100 percent, got {mem_util_percent}")
+    check_mem_util(mem_util_percent)
     weights = _weights(spec, setup)
     cache = _cache(spec, setup, batch=setup.batch_per_rank, context=setup.context)
     parts = [weights, cache]
@@ -252,7 +253,7 @@ def infer_memory(spec: ModelSpec, setup: InferenceSetup, *, gpu: GPU | None = No
     total = Node.of("total", parts, "bytes")
     fit = None
     if gpu is not None:
-        usable = gpu.memory_bytes * mem_util_percent // 100
+        usable = usable_bytes(gpu.memory_bytes, mem_util_percent)
         room = usable - weights.value - setup.workspace_bytes
         fits = usable >= total.value
         fit = Fit(gpu=gpu.name, memory_bytes=gpu.memory_bytes, mem_util_percent=mem_util_percent,
@@ -268,7 +269,7 @@ def infer_memory(spec: ModelSpec, setup: InferenceSetup, *, gpu: GPU | None = No
         setup.weights.convention(),
         *setup.cache.conventions(),
         f"workspace: {setup.workspace_bytes:,} bytes given (activations are not estimated here)",
-        *((f"usable = memory x {mem_util_percent}% (vLLM gpu_memory_utilization default 90%)",) if gpu else ()),
+        *((rule_text(gpu.memory_bytes, mem_util_percent),) if gpu else ()),
     )
     return InferenceReport(model=spec.name, setup=setup, weights=weights, kv_cache=cache, total=total,
                            kv_bytes_per_token=kv_bytes_per_token(spec, fmt=setup.cache, tp=setup.tp), fit=fit,

@@ -8,11 +8,14 @@ Two profiles describe two implementations:
   ``torch.autograd.graph.saved_tensors_hooks`` and counting distinct storages (parameters excluded);
   ``tests/activations`` asserts exact equality on tiny models. ``eager`` is the same with
   ``attn_implementation="eager"`` (the s² softmax is saved).
-- ``megatron``: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. (1)-(2)
-  and Table 2: sbh(34 + 5as/h) per layer with TP/SP/selective variants (``trainmath.memory.megatron``).
+- ``megatron``: what Megatron-Core's ``TransformerLayer`` saves (``trainmath.memory.megatron``): Korthikanti et al.
+  2022, "Reducing Activation Recomputation in Large Transformer Models", Table 2 exactly for the paper's GPT layer
+  (sbh(34 + 5as/h) with TP/SP/selective variants, unfused attention), and for SwiGLU, GQA, flash attention, MoE
+  and MLA each saved tensor from the Megatron-LM module that saves it.
 
 Recompute: ``none``; ``full`` is transformers' ``gradient_checkpointing_enable()`` (whole layers, measured);
-``selective``: in the ``megatron`` profile Korthikanti et al. §5 (drop the 5as²b core-attention term); in
+``selective``: in the ``megatron`` profile Megatron-Core's ``core_attn`` recompute (Korthikanti et al. §5: drop the
+core attention's own tensors, the 5as²b term, or flash's logsumexp); in
 ``hf``/``eager`` torchtitan's op-level selective checkpointing, which transformers lacks and
 ``trainmath.runtime.checkpointing.apply_selective`` applies to its decoder layers (``trainmath train`` and
 ``--simulate`` run it): a fold over the same op lists (``trainmath.ops.selective``), checked against the runtime

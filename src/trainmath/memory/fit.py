@@ -1,17 +1,21 @@
 """Does a training step fit a GPU, and if not, which of the usual levers would make it fit.
 
-The verdict compares ``peak_bytes`` (the largest event of the step's timeline) with the preset's memory. Preset
-capacities are the datasheet's "GB" read as GiB (``hardware/gpus.json``'s conventions: "80GB" = 80 · 2**30 bytes);
-the margin is exact bytes, rendered in GiB. The CUDA context and the allocator's cached-free memory come on top of
-``peak_bytes`` at run time and are not in the margin (they are not tensors; see ``training``).
+The verdict is the one fit rule of every command (``trainmath.usable``): ``peak_bytes`` (the largest event of the
+step's timeline, 512-byte blocks) plus the stated CUDA context must stay under ``--mem-util`` percent of the
+preset's memory. Preset capacities are the datasheet's "GB" read as GiB (``hardware/gpus.json``'s conventions:
+"80GB" = 80 · 2**30 bytes); the margin is exact bytes, rendered in GiB.
 
 Levers are not guessed: each is the same model re-run with one change to the setup or layout, and its peak is
-reported beside whether it fits. Tried in order: selective recompute (from none: torchtitan's op-level policy
-under the hf profile, Korthikanti et al.'s under megatron); full recompute; each higher ZeRO stage (when data
-parallelism has more than one rank); more data-parallel ranks (×2, ×4, ×8, only with ZeRO ≥ 1, since plain DDP
-replicates everything); tensor parallelism (2, 4, 8, as the layout's other flags give it: plain
-``parallelize_module`` unless ``--sp``/``--vocab-parallel``; impossible degrees, or a family whose hf activation
-profile is one device only, are skipped with the reason); optimizer offload; parameter offload (ZeRO-3).
+reported beside whether it fits. First those that keep the job's GPUs: the fused optimizer (no foreach
+temporaries); bitsandbytes' 8-bit Adam/AdamW (``--optimizer adamw8bit``: 2 bytes of state per parameter plus one
+fp32 absmax per 256-element block, ``memory.optimizers``); a smaller micro-batch with more accumulation steps
+(the same sequences per step); selective recompute (from none: torchtitan's op-level policy under the hf profile,
+Megatron-Core's under megatron); full recompute; each higher ZeRO stage (when data parallelism has more than one
+rank); optimizer offload; parameter offload (ZeRO-3). Then those that need more GPUs, labelled ``(needs N
+GPUs)``: more data-parallel ranks (×2, ×4, ×8; with ZeRO-3 when the job has none, since plain DDP replicates every
+state); tensor parallelism (2, 4, 8, as the layout's other flags give it: plain ``parallelize_module`` unless
+``--sp``/``--vocab-parallel``; impossible degrees, or a family whose hf activation profile is one device only,
+are skipped with the reason).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from trainmath.hardware import GPU
 from trainmath.layout import ParallelLayout
 from trainmath.memory.training import MemoryReport, TrainingSetup, training_memory
 from trainmath.model.spec import ModelSpec
+from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +50,14 @@ class Fit:
     gpu: GPU
     peak_bytes: int
     capacity_bytes: int
+    """What ``peak_bytes`` may reach under the fit rule (``usable.usable_bytes``)."""
     levers: tuple[Lever, ...]
     """Empty when the job fits as given."""
+    mem_util_percent: int = MEM_UTIL_PERCENT
+
+    @property
+    def rule(self) -> str:
+        return rule_text(self.gpu.memory_bytes, self.mem_util_percent)
 
     @property
     def fits(self) -> bool:
@@ -58,13 +69,27 @@ class Fit:
         return self.capacity_bytes - self.peak_bytes
 
     def to_dict(self) -> dict:
-        return {"gpu": self.gpu.name, "capacity_bytes": self.capacity_bytes, "fits": self.fits,
+        return {"gpu": self.gpu.name, "capacity_bytes": self.capacity_bytes, "memory_bytes": self.gpu.memory_bytes,
+                "mem_util_percent": self.mem_util_percent, "fit_rule": self.rule, "fits": self.fits,
                 "margin_bytes": self.margin_bytes, "levers": [lv.to_dict() for lv in self.levers]}
 
 
 def candidate_changes(setup: TrainingSetup, layout: ParallelLayout) -> list[tuple[str, TrainingSetup, ParallelLayout]]:
-    """The levers to try, each as (flags, setup, layout)."""
+    """The levers to try, each as (flags, setup, layout): those that keep the job's GPUs first, then those that
+    need more GPUs (their flags end in ``(needs N GPUs)``)."""
     out: list[tuple[str, TrainingSetup, ParallelLayout]] = []
+    if setup.optimizer_impl != "fused" and setup.optimizer not in ("adam8bit", "adamw8bit"):
+        # torch's fused Adam/AdamW/SGD updates in one kernel: no foreach temporaries at the step
+        out.append(("--optimizer-impl fused", replace(setup, optimizer_impl="fused"), layout))
+    if setup.optimizer in ("adam", "adamw"):  # bitsandbytes' blockwise 8-bit states (memory.optimizers)
+        impl = "foreach" if setup.optimizer_impl == "fused" else setup.optimizer_impl  # its own kernels, not torch's
+        out.append((f"--optimizer {setup.optimizer}8bit", replace(setup, optimizer=f"{setup.optimizer}8bit",
+                                                                  optimizer_impl=impl), layout))
+    steps = setup.micro_batches or layout.pp
+    for k in (2, 4, 8):  # the same sequences per step in k times more, k times smaller micro-batches
+        if setup.micro_batch % k == 0:
+            out.append((f"--micro-batch {setup.micro_batch // k} --micro-batches {steps * k}",
+                        replace(setup, micro_batch=setup.micro_batch // k, micro_batches=steps * k), layout))
     if setup.recompute == "none":  # torchtitan's op-level policy (hf) or Korthikanti's (megatron): lighter first
         out.append(("--recompute selective", replace(setup, recompute="selective"), layout))
     if setup.recompute != "full":
@@ -72,33 +97,42 @@ def candidate_changes(setup: TrainingSetup, layout: ParallelLayout) -> list[tupl
     if layout.zero_degree > 1:
         for z in range(layout.zero + 1, 4):
             out.append((f"--zero {z}", setup, replace(layout, zero=z)))
-    if layout.zero >= 1:
-        for k in (2, 4, 8):
-            out.append((f"--dp {layout.dp * k}", setup, replace(layout, dp=layout.dp * k, world_size=None)))
-    if layout.tp == 1:
-        for t in (2, 4, 8):
-            out.append((f"--tp {t}", setup, replace(layout, tp=t, world_size=None)))
     if setup.offload == "none":
         out.append(("--offload optimizer", replace(setup, offload="optimizer"), layout))
     if layout.zero == 3 and setup.offload != "params":
         out.append(("--offload params", replace(setup, offload="params"), layout))
+    more: list[ParallelLayout] = []
+    for k in (2, 4, 8):
+        if layout.zero >= 1:
+            more.append(replace(layout, dp=layout.dp * k, world_size=None))
+        else:  # ZeRO shards the states over the new ranks (plain DDP would replicate them)
+            more.append(replace(layout, dp=layout.dp * k, zero=3, world_size=None))
+    if layout.tp == 1:
+        more += [replace(layout, tp=t, world_size=None) for t in (2, 4, 8)]
+    for lay in more:
+        flags = f"--dp {lay.dp}" if lay.tp == layout.tp else f"--tp {lay.tp}"
+        if lay.zero != layout.zero:
+            flags += f" --zero {lay.zero}"
+        out.append((f"{flags} (needs {lay.ranks} GPUs)", setup, lay))
     return out
 
 
 def fit(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, gpu: GPU, *,
-        report: MemoryReport | None = None, activation_model=None) -> Fit:
-    """The verdict for ``gpu`` and, when the job does not fit, every lever re-run."""
+        report: MemoryReport | None = None, activation_model=None, mem_util_percent: int = MEM_UTIL_PERCENT) -> Fit:
+    """The verdict for ``gpu`` under the fit rule and, when the job does not fit, every lever re-run."""
     report = report or training_memory(spec, setup, layout, activation_model=activation_model)
+    capacity = usable_bytes(gpu.memory_bytes, mem_util_percent)
     levers: list[Lever] = []
-    if report.peak_bytes > gpu.memory_bytes:
+    if report.peak_bytes > capacity:
         for name, s, lay in candidate_changes(setup, layout):
             try:
                 peak = training_memory(spec, s, lay, activation_model=activation_model).peak_bytes
             except TrainmathError as e:
                 levers.append(Lever(name=name, peak_bytes=None, fits=False, reason=str(e)))
                 continue
-            levers.append(Lever(name=name, peak_bytes=peak, fits=peak <= gpu.memory_bytes))
-    return Fit(gpu=gpu, peak_bytes=report.peak_bytes, capacity_bytes=gpu.memory_bytes, levers=tuple(levers))
+            levers.append(Lever(name=name, peak_bytes=peak, fits=peak <= capacity))
+    return Fit(gpu=gpu, peak_bytes=report.peak_bytes, capacity_bytes=capacity, levers=tuple(levers),
+               mem_util_percent=mem_util_percent)
 
 
 def derive_dp(world_size: int, *, tp: int, pp: int, cp: int) -> int:

@@ -37,6 +37,13 @@ from trainmath.tree import Node
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("sdpa", "eager")
 PROFILES = ("hf", "megatron")
+PROFILE_TEXT = {
+    "hf": "transformers' modeling code, every saved tensor as autograd keeps it (the default of memory, report and "
+          "the web page, which describe a transformers step; estimate and plan default to megatron)",
+    "megatron": "Megatron-Core's saved tensors (memory/megatron.py; the default of estimate and plan, whose layouts "
+                "are Megatron-Core's; plan also requires the hf profile's peak to fit)",
+}
+"""Each activation profile and why a command defaults to it (printed with every result)."""
 DEVICES = ("cuda", "cpu")
 EXPERTS = ("grouped", "eager")
 OFFLOAD = ("none", "optimizer", "params")
@@ -336,6 +343,28 @@ def _fsdp2_mixer(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     return out, norms
 
 
+_STATES_CACHE: dict = {}
+_STATES_CACHE_SIZE = 512
+
+
+def _placed_states(spec: ModelSpec, layout: ParallelLayout, stage: int, vocab: bool, prec, setup: TrainingSetup,
+                   gran: int):
+    """(placement, model states) of one stage: the same for every activation profile and micro-batch, so the
+    planner's checks of one layout under two profiles place and count its states once. Keyed by the spec object
+    itself (held in the value, so its id is not reused while cached)."""
+    key = (id(spec), layout, stage, vocab, prec.name, setup.optimizer, setup.optimizer_impl, gran, setup.device)
+    hit = _STATES_CACHE.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1], hit[2]
+    pl = place(spec, layout, stage, vocab_parallel=vocab)
+    ms = st.model_states(pl, layout, prec, setup.optimizer, impl=setup.optimizer_impl, granularity=gran,
+                         device=setup.device)
+    if len(_STATES_CACHE) >= _STATES_CACHE_SIZE:
+        _STATES_CACHE.clear()
+    _STATES_CACHE[key] = (spec, pl, ms)
+    return pl, ms
+
+
 def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, stage: int,
                  activation_model=None) -> StageMemory:
     """The timeline of one rank of pipeline ``stage``, its peak event and what is live then."""
@@ -343,13 +372,11 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     prec = get_precision(setup.precision)
     gran = 1 if setup.device == "cpu" else setup.granularity
     vocab = vocab_sharded(setup, layout)
-    pl = place(spec, layout, stage, vocab_parallel=vocab)
+    pl, ms = _placed_states(spec, layout, stage, vocab, prec, setup, gran)
     first, last = stage == 0, stage == layout.pp - 1
     in_flight = layout.pp - stage
     if setup.micro_batches is not None:
         in_flight = min(in_flight, setup.micro_batches)
-    ms = st.model_states(pl, layout, prec, setup.optimizer, impl=setup.optimizer_impl, granularity=gran,
-                         device=setup.device)
     # The activation model's "eager" profile is transformers with attn_implementation="eager" (s² scores saved).
     profile = "eager" if setup.attention == "eager" and setup.profile == "hf" else setup.profile
     kw = dict(micro_batch=setup.micro_batch, seq=setup.seq, profile=profile, attention=setup.attention,
@@ -564,6 +591,7 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
     top = max(stages, key=lambda m: (m.breakdown.value, -m.stage))
     prec = get_precision(setup.precision)
     conventions = (
+        f"activation profile {setup.profile}: " + PROFILE_TEXT[setup.profile],
         f"precision {prec.name}: {prec.description}",
         f"optimizer {setup.optimizer} ({setup.optimizer_impl}); ZeRO-{layout.zero} over dp·cp = "
         f"{layout.zero_degree} ranks (experts over {layout.expert_zero_degree})"

@@ -9,6 +9,7 @@ from trainmath.layout import ParallelLayout, layout_problems
 from trainmath.model.spec import ModelSpec
 from trainmath.perf.compute import memo
 from trainmath.perf.placement import Groups
+from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,9 +35,9 @@ class Job:
     """Activation profile of the memory model."""
     uneven_stages: bool = False
     """Allow pp · virtual_stages not dividing the layers (stages differ by one layer, like Llama 3's)."""
-    mem_util_percent: int = 95
-    """Fit: peak_bytes must stay under this share of the GPU's memory (the rest: CUDA context, NCCL buffers,
-    allocator fragmentation)."""
+    mem_util_percent: int = MEM_UTIL_PERCENT
+    """The fit rule's usable share (``trainmath.usable``: peak_bytes + the CUDA context under this share of the
+    GPU's memory)."""
 
     def micro_batches(self, dp: int) -> int:
         """Micro-batches per optimizer step on each data-parallel rank: global_batch / (dp · micro_batch)."""
@@ -92,7 +93,10 @@ class Estimate:
                 "tflops_per_gpu": self.tflops_per_gpu, "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
                 "mfu": self.mfu, "hfu": self.hfu, "model_flops": self.model_flops,
                 "hardware_flops": self.hardware_flops, "peak_bytes": self.peak_bytes,
-                "memory_bytes": self.memory_bytes, "fits": self.fits, "breakdown": dict(self.breakdown),
+                "memory_bytes": self.memory_bytes, "mem_util_percent": self.job.mem_util_percent,
+                "usable_bytes": usable_bytes(self.memory_bytes, self.job.mem_util_percent),
+                "fit_rule": rule_text(self.memory_bytes, self.job.mem_util_percent),
+                "activation_profile": self.job.profile, "fits": self.fits, "breakdown": dict(self.breakdown),
                 "comm": [c.to_dict() for c in self.comm], "groups": self.groups.to_dict(),
                 "conventions": list(self.conventions)}
 

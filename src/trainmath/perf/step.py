@@ -29,6 +29,7 @@ from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, layer_times, memo
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.placement import place, stage_layers
+from trainmath.usable import rule_text, usable_bytes
 
 BREAKDOWN = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm", "zero3_comm", "pipeline_bubble",
              "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step")
@@ -78,6 +79,12 @@ def memory_recompute(job: Job) -> str:
     itself (``flash`` → ``sdpa``: the megatron profile keeps flash's logsumexp, no s² tensor; ``eager``: the
     unfused softmax of Korthikanti et al. 2022 Table 2)."""
     return job.recompute
+
+
+def _profile_text(profile: str) -> str:
+    from trainmath.memory.training import PROFILE_TEXT
+
+    return PROFILE_TEXT[profile]
 
 
 def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_batches: int) -> int:
@@ -222,7 +229,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     peak = gpu.peak_flops_per_s(job.dtype)
     if peak_bytes is None and memory:
         peak_bytes = memory_peak_bytes(spec, layout, job, M)
-    fits = None if peak_bytes is None else peak_bytes <= gpu.memory_bytes * job.mem_util_percent // 100
+    fits = None if peak_bytes is None else peak_bytes <= usable_bytes(gpu.memory_bytes, job.mem_util_percent)
     conventions = (
         f"MFU: model FLOPs (GEMM ledger forward + backward, no recompute, attention causal={job.mfu_causal}) / "
         f"(step time · {n} GPUs · dense {job.dtype} peak {peak / 1e12:.1f} TFLOP/s)",
@@ -233,8 +240,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
-        f"memory: the {job.profile} activation profile with recompute={job.recompute}, {job.attention} attention"
-        + f"; fits when peak_bytes <= {job.mem_util_percent}% of {gpu.memory_bytes / 2**30:.0f} GiB",
+        f"memory: the {job.profile} activation profile ({_profile_text(job.profile)}) with recompute={job.recompute}, "
+        f"{job.attention} attention"
+        + f"; {rule_text(gpu.memory_bytes, job.mem_util_percent)}",
     )
     return Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
                     step_time_s=step, breakdown=breakdown, comm=tuple(items), groups=groups,

@@ -49,17 +49,35 @@ def _ledger1(spec: ModelSpec, seq: int):
     return memo(spec, ("ledger1", seq), lambda: count_flops(spec, batch=1, seq=seq, causal="half"))
 
 
-def _saved_inputs_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, layer: int) -> int:
+def _dropouts(spec: ModelSpec) -> dict:
+    from trainmath.ops.context import Family
+
+    fam = Family.from_config({**spec.options, "model_type": spec.model_type})
+    return {"attention_dropout": fam.attention_dropout, "residual_dropout": fam.residual_dropout}
+
+
+def _saved_inputs_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, layer: int,
+                        exact_megatron: bool = False) -> int:
     """Bytes one micro-batch must keep for the backward of ``layer``, at least: the distinct inputs of its
     weight GEMMs (every profile saves a linear's input; q, k, v share one; routers and shared experts read the
     same tensor as the routed experts' gather, so they are left out) and the outputs of its widening GEMMs
     (k < n: column-parallel projections such as gate/up or fused QKV, whose outputs feed the activation function
     or attention, which save them — Korthikanti et al. 2022 §4.1 count them), or only the layer's input under
     full recomputation and under the hf profile's selective one. Sharded by cp (tokens) and by tp where tp
-    splits it (the smaller figure when unsure)."""
+    splits it (the smaller figure when unsure). ``exact_megatron``: under the megatron profile, the layer's whole
+    saved set instead (closed-form; sound when the gradients persist through the forward, i.e. with more than one
+    micro-batch per step, so the last forward event holds the states, the gradients and all of it)."""
     c = get_precision(job.precision).compute_bytes
     tokens = job.micro_batch * job.seq // layout.cp
     sp = layout.tp if layout.sp else 1
+    if job.profile == "megatron" and job.recompute != "full" and exact_megatron:
+        # the megatron profile's per-layer saved bytes are closed-form (memory.megatron.layer_terms): exact
+        from trainmath.memory.megatron import layer_terms
+
+        kept, core = layer_terms(spec.layers[layer], b=job.micro_batch, s=job.seq, d=spec.hidden_size, t=layout.tp,
+                                 sp=layout.sp, cp=layout.cp, x=c, flash=job.attention != "eager",
+                                 **_dropouts(spec))
+        return sum(n.value for n in kept) + (sum(n.value for n in core) if job.recompute == "none" else 0)
     if job.recompute == "full" or (job.recompute == "selective" and job.profile == "hf"):
         # (torchtitan's op-level policy keeps the layer input and some mm outputs, not every linear's input)
         return tokens * spec.hidden_size * c // sp
@@ -93,7 +111,8 @@ def states_max(spec: ModelSpec, layout: ParallelLayout, job: Job) -> int:
 
 def memory_lb(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, rc: str) -> int:
     worst = states_max(spec, layout, job)
-    in_flight = min(layout.pp, job.global_batch // (layout.dp * mb))
+    micro_batches = job.global_batch // (layout.dp * mb)
+    in_flight = min(layout.pp, micro_batches)
 
     def first_stage() -> int:
         jb = replace(job, micro_batch=mb, recompute=rc)
@@ -102,11 +121,11 @@ def memory_lb(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, rc: st
         for lt in _ledger1(spec, job.seq).layer_types:  # layers of one type save the same
             n = sum(1 for i in lt.layers if i in first)
             if n:
-                total += n * _saved_inputs_bytes(spec, layout, jb, lt.layers[0])
+                total += n * _saved_inputs_bytes(spec, layout, jb, lt.layers[0], micro_batches > 1)
         return total
 
     act = memo(spec, ("saved", layout.tp, layout.cp, layout.sp, layout.pp, mb, job.seq, rc, job.precision,
-                job.profile),
+                job.profile, job.attention, micro_batches > 1),
                first_stage) * in_flight
     return max(worst, states(spec, layout, job, 0) + act)
 

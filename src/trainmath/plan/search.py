@@ -36,6 +36,7 @@ from trainmath.perf.compute import memo, spec_cache
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.step import estimate, memory_peak_bytes, memory_recompute
 from trainmath.plan.bounds import memory_lb, states_max, time_lower_bound
+from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
 
 MAX_GPUS = 1 << 20
 """Largest job searched (1,048,576 GPUs, a few seconds on one core). The enumeration of degrees grows with the
@@ -87,19 +88,26 @@ class PlanResult:
     closest: tuple[Rejected, ...]
     """When nothing fits: the candidates that missed memory by the least."""
     usable_bytes: int
-    """The memory a layout may use: the GPU's memory × the fit share (``Job.mem_util_percent``)."""
+    """What a layout's peak may reach: the one fit rule (``trainmath.usable.usable_bytes``)."""
     candidates: int
     memory_checks: int
     bounded: int
     """Candidates never evaluated: their step-time lower bound was already slower than the K-th best."""
     fit_profiles: tuple[str, ...] = ("megatron",)
     """The activation profiles every layout's peak must fit under (``peak_bytes``: the largest)."""
+    memory_bytes: int = 0
+    mem_util_percent: int = MEM_UTIL_PERCENT
+
+    @property
+    def fit_rule(self) -> str:
+        return rule_text(self.memory_bytes, self.mem_util_percent)
 
     def to_dict(self) -> dict:
         return {"model": self.model, "gpu": self.gpu, "gpus": self.gpus, "gpus_per_node": self.gpus_per_node,
                 "layouts": [e.to_dict() for e in self.layouts], "rejected": dict(self.rejected),
                 "candidates": self.candidates, "memory_checks": self.memory_checks, "bounded": self.bounded,
                 "usable_bytes": self.usable_bytes, "fit_profiles": list(self.fit_profiles),
+                "mem_util_percent": self.mem_util_percent, "fit_rule": self.fit_rule,
                 "closest": [{**_describe(r), "reason": r.detail, "peak_bytes": r.peak_bytes,
                              "lacks_bytes": r.peak_bytes - self.usable_bytes} for r in self.closest]}
 
@@ -225,7 +233,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     if gpn != gpu.gpus_per_node:
         gpu = replace(gpu, gpus_per_node=gpn)
     eff = hw.efficiency(gpu)
-    limit = gpu.memory_bytes * job.mem_util_percent // 100
+    limit = usable_bytes(gpu.memory_bytes, job.mem_util_percent)
     rejected: list[Rejected] = []
 
     def reject(lay, jb, reason, detail, peak=None, count=1, step=None):
@@ -336,11 +344,25 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
         counts["not needed: slower than the top K"] = bounded
     closest = ()
     if not layouts:
-        mem = [r for r in rejected if r.peak_bytes is not None]
-        closest = tuple(sorted(mem, key=lambda r: r.peak_bytes)[:top])
+        closest = _closest(rejected, top)
     return PlanResult(model=spec.name, gpu=gpu.name, gpus=gpus, gpus_per_node=gpn, layouts=layouts,
                       rejected=counts, rejected_list=tuple(rejected), closest=closest, usable_bytes=limit,
-                      candidates=n, memory_checks=checks, bounded=bounded, fit_profiles=profiles)
+                      candidates=n, memory_checks=checks, bounded=bounded, fit_profiles=profiles,
+                      memory_bytes=gpu.memory_bytes, mem_util_percent=job.mem_util_percent)
+
+
+def _closest(rejected: list[Rejected], top: int) -> tuple[Rejected, ...]:
+    """When nothing fits: the candidate that needs the least memory under each ZeRO stage (so the stages that
+    shard the states are shown beside the others, each with what it lacks), then the next smallest needs up to
+    ``top``, smallest need first."""
+    mem = sorted((r for r in rejected if r.peak_bytes is not None), key=lambda r: r.peak_bytes)
+    picked: list[Rejected] = []
+    for z in ZERO_STAGES:
+        best = next((r for r in mem if r.layout.zero == z), None)
+        if best is not None:
+            picked.append(best)
+    picked += [r for r in mem if r not in picked][:max(0, top - len(picked))]
+    return tuple(sorted(picked, key=lambda r: r.peak_bytes))
 
 
 def _peak(spec, layout, job, micro_batches, profiles, limit: int) -> int:

@@ -118,10 +118,11 @@ def _scatter(ax, c: ScatterChart) -> None:
     for g in reversed(c.groups):  # the winners last, on top
         ax.scatter(g.xs, g.ys, s=g.size, color=g.colour, label=g.name, edgecolor="white", linewidth=0.5,
                    zorder=3 if g.labels else 2)
-        at: dict[tuple, list[str]] = {}  # layouts equal in memory and step time share one label ("#1, #2")
+        # layouts (nearly) equal in memory and step time share one label ("#1, #2"): to 0.01 s and 0.1 GiB
+        at: dict[tuple, tuple[float, float, list[str]]] = {}
         for x, y, t in zip(g.xs, g.ys, g.labels):
-            at.setdefault((x, y), []).append(t)
-        for (x, y), texts in at.items():
+            at.setdefault((round(x, 2), round(y, 1)), (x, y, []))[2].append(t)
+        for x, y, texts in at.values():
             ax.annotate(", ".join(texts), (x, y), xytext=(5, 4), textcoords="offset points", fontsize=8)
     if c.hline:
         ax.axhline(c.hline[1], color=colour("capacity"), linestyle="--", linewidth=1.2, label=c.hline[0])

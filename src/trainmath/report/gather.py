@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from trainmath.errors import TrainmathError
 from trainmath.plot.charts import peak_phase
+from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
 
 COMPARE = ("recompute", "zero", "none")
 
@@ -31,15 +32,23 @@ class ReportData:
     """``InferenceReport`` of the serving setup (KV cache and fit on ``gpu``)."""
     plan: object = None
     """``PlanResult`` of ``trainmath plan`` for the job (when the GPU count was given), or None."""
+    mem_util_percent: int = MEM_UTIL_PERCENT
+    """``--mem-util``: the fit rule's usable share (``trainmath.usable``)."""
+    speed: object = None
+    """``infer.speed.FixedBatch`` of the serving setup on ``gpu`` (a prompt of its context, then
+    ``serve_output`` tokens), or None without a GPU."""
 
     @property
     def fit(self) -> dict | None:
-        """Training fit verdict on the GPU: peak per GPU against the preset's memory (no CUDA context counted)."""
+        """Training fit verdict on the GPU under the one fit rule (``trainmath.usable``)."""
         if self.gpu is None:
             return None
-        margin = self.gpu.memory_bytes - self.memory.peak_bytes
-        return {"gpu": self.gpu.name, "memory_bytes": self.gpu.memory_bytes, "fits": margin >= 0,
-                "margin_bytes": margin}
+        usable = usable_bytes(self.gpu.memory_bytes, self.mem_util_percent)
+        margin = usable - self.memory.peak_bytes
+        return {"gpu": self.gpu.name, "memory_bytes": self.gpu.memory_bytes, "usable_bytes": usable,
+                "mem_util_percent": self.mem_util_percent, "fit_rule": rule_text(self.gpu.memory_bytes,
+                                                                                  self.mem_util_percent),
+                "fits": margin >= 0, "margin_bytes": margin}
 
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp")
@@ -92,7 +101,8 @@ def memory_variants(spec, setup, layout, compare: str = "recompute", layouts: tu
     return tuple(out)
 
 
-def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, top: int = 3):
+def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, top: int = 3,
+             mem_util_percent: int = MEM_UTIL_PERCENT):
     """The planner's best layouts (``trainmath plan``) of ``spec`` on ``gpus`` × ``gpu`` for the setup's sequence,
     precision and optimizer; global batch defaults to micro-batch × GPUs. The planner's own model: megatron
     activation profile, flash attention unless the setup says eager."""
@@ -107,7 +117,8 @@ def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, to
     if not isinstance(batch, int) or batch < 1:
         raise TrainmathError(f"--global-batch must be a positive integer, got {batch!r}")
     job = Job(global_batch=batch, seq=setup.seq, precision=setup.precision, optimizer=setup.optimizer,
-              attention="eager" if setup.attention == "eager" else "flash", profile="megatron")
+              attention="eager" if setup.attention == "eager" else "flash", profile="megatron",
+              mem_util_percent=mem_util_percent)
     return plan(spec, gpus=gpus, gpu=gpu, job=job, top=top)
 
 
@@ -124,7 +135,8 @@ def planned_setup(setup, top):
                    micro_batches=top.micro_batches), top.layout
 
 
-def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None) -> ReportData:
+def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
+           mem_util_percent: int = MEM_UTIL_PERCENT, serve_output: int = 128) -> ReportData:
     """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
     from dataclasses import replace
 
@@ -145,8 +157,19 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None) -> ReportD
         flops=count_flops(spec, batch=setup.micro_batch, seq=setup.seq, recompute=setup.recompute),
         closed=closed_form_flops(spec, batch=setup.micro_batch, seq=setup.seq),
         memory=memory, variants=memory_variants(spec, setup, layout, "recompute"), gpu=gpu,
-        serving=infer_memory(spec, serving, gpu=gpu), plan=plan,
+        serving=infer_memory(spec, serving, gpu=gpu, mem_util_percent=mem_util_percent), plan=plan,
+        mem_util_percent=mem_util_percent,
+        speed=None if gpu is None else serving_speed(spec, serving, gpu, serve_output),
     )
+
+
+def serving_speed(spec, serving, gpu, output: int):
+    """TTFT, TPOT and throughput of the serving setup on ``gpu`` (``trainmath infer --input --output``)."""
+    from trainmath.infer.speed import fixed_batch
+
+    if not isinstance(output, int) or output < 1:
+        raise TrainmathError(f"serve-output must be a positive integer, got {output!r}")
+    return fixed_batch(spec, serving, gpu, input=serving.context, output=output)
 
 
 def timeline_doc(data: ReportData) -> dict:
@@ -187,4 +210,8 @@ def summary(data: ReportData) -> dict:
         "kv_cache_bytes": s.kv_cache_bytes, "serving_weights_bytes": s.weights_bytes,
         "serving_total_bytes": s.total_bytes, "kv_bytes_per_token": s.kv_bytes_per_token,
         "serving_fit": s.fit.to_dict() if s.fit is not None else None,
+        "serving_speed": None if data.speed is None else {
+            k: v for k, v in data.speed.to_dict().items() if k in (
+                "batch", "input", "output", "ttft_s", "tpot_s", "e2e_s", "output_tokens_per_s",
+                "prefill_tokens_per_s", "ttft_bound", "tpot_bound")},
     }

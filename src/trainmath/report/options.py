@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainmath.cli.args import integer
+from trainmath.cli.args import add_mem_util, integer
 from trainmath.errors import TrainmathError
 from trainmath.infer.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from trainmath.memory.optimizers import OPTIMIZERS
@@ -47,6 +47,7 @@ def add_training_flags(p: argparse.ArgumentParser, *, required: bool = True) -> 
         lay.add_argument(f"--{name}", type=integer, default=1)
     lay.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     p.add_argument("--gpu", default=None, help="GPU preset to fit against (h100, h200, a100, b200, ...)")
+    add_mem_util(p)
 
 
 def add_serving_flags(p: argparse.ArgumentParser) -> None:
@@ -56,6 +57,9 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context", type=integer, default=None, help="tokens per sequence held (default: --seq)")
     g.add_argument("--weights-dtype", choices=WEIGHT_DTYPES, default="bf16", help="serving weights (default bf16)")
     g.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="K/V cache format (default bf16)")
+    g.add_argument("--serve-output", type=integer, default=128,
+                   help="with --gpu: tokens generated per request for the serving speed, after a prompt of "
+                        "--context tokens (default 128)")
 
 
 def add_plan_flags(p: argparse.ArgumentParser) -> None:
@@ -74,7 +78,8 @@ def plan_from_args(args: argparse.Namespace, spec, setup, gpu):
         return None
     from trainmath.report.gather import plan_for
 
-    return plan_for(spec, setup, gpus=args.gpus, gpu=gpu, global_batch=args.global_batch)
+    return plan_for(spec, setup, gpus=args.gpus, gpu=gpu, global_batch=args.global_batch,
+                    mem_util_percent=args.mem_util)
 
 
 def training_from_args(args: argparse.Namespace):

@@ -74,7 +74,8 @@ def compute(fields: dict[str, str]):
     setup, layout, gpu = training_from_args(args)
     serving = serving_from_args(args)
     spec = _spec(fields)
-    return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu))
+    return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
+                  mem_util_percent=args.mem_util, serve_output=args.serve_output)
 
 
 def calc(fields: dict[str, str]) -> dict:

@@ -1,0 +1,61 @@
+"""Load the runs of ``published_runs_more.json`` and predict each with the current step-time model.
+
+Shared by tests/perf/test_published_more.py and ``benchmarks/plan_oracles.py --more``. These runs check the model,
+they do not calibrate it: no tolerance is asserted on them here.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from functools import lru_cache
+
+from trainmath.errors import TrainmathError
+from trainmath.hardware import Hardware, presets
+from trainmath.layout import ParallelLayout
+from trainmath.model import spec_from_config
+from trainmath.perf import Job, estimate
+from trainmath.sources import load_spec
+
+DATA = json.loads((pathlib.Path(__file__).with_name("published_runs_more.json")).read_text())
+RUNS = DATA["runs"]
+BY_ID = {r["id"]: r for r in RUNS}
+
+
+@lru_cache(maxsize=None)
+def spec(run_id: str):
+    """The run's model: a catalog name or an inline config dict."""
+    run = BY_ID[run_id]
+    if "catalog" in run:
+        return load_spec(run["catalog"])
+    return spec_from_config(dict(run["model"]), name=run["id"], source=run["source"])
+
+
+def gpus(run: dict) -> int:
+    lay = run["layout"]
+    return lay["dp"] * lay["tp"] * lay["pp"] * lay.get("cp", 1)
+
+
+def predict(run: dict, hardware: Hardware | None = None) -> float:
+    """The model's figure for ``run``'s metric: tokens/s per GPU, seconds per step or model TFLOP/s per GPU (no
+    memory model: the runs did fit); raises TrainmathError when the model cannot price the run."""
+    hw = hardware or presets()
+    job = dict(run["job"])
+    uneven = job.get("virtual_stages", 1) * run["layout"]["pp"]
+    if len(spec(run["id"]).layers) % uneven:
+        job["uneven_stages"] = True
+    est = estimate(spec(run["id"]), ParallelLayout(**run["layout"]), Job(**job), hw.gpu(run["gpu"]),
+                   hardware=hw, memory=False)
+    if run["metric"] in ("step_time_s", "tflops_per_gpu", "hardware_tflops_per_gpu"):
+        return getattr(est, run["metric"])
+    if run["metric"] != "tokens_per_s_per_gpu":
+        raise TrainmathError(f"unknown metric {run['metric']!r}")
+    return est.tokens_per_s / gpus(run)
+
+
+def try_predict(run: dict) -> tuple[float | None, str]:
+    """(prediction, "") or (None, the reason the model cannot price the run)."""
+    try:
+        return predict(run), ""
+    except TrainmathError as exc:
+        return None, str(exc)
