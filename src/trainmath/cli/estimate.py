@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(est, budget: dict | None = None) -> str:
-    from trainmath.render import human_bytes, table
+    from trainmath.render import human_bytes, human_flops, table
 
     lay, job = est.layout, est.job
     lines = [f"{est.model} on {est.gpus} × {est.gpu}: {lay.describe()}, micro-batch {job.micro_batch} × "
@@ -208,7 +208,8 @@ def render(est, budget: dict | None = None) -> str:
     if budget:
         cost = f", cost {budget['cost']:,.0f} at {budget['price_per_gpu_hour']:g}/GPU-hour" if "cost" in budget else ""
         lines.append(f"budget {budget['tokens']:,} tokens: {budget['steps']:,.0f} steps, {budget['days']:,.2f} days, "
-                     f"{budget['gpu_hours']:,.0f} GPU-hours, {budget['training_flops']:.3e} model FLOPs{cost}")
+                     f"{budget['gpu_hours']:,.0f} GPU-hours, {budget['training_flops']:.3e} model FLOPs "
+                     f"({human_flops(budget['training_flops'])}){cost}")
     lines.append("")
     lines += [f"convention: {c}" for c in est.conventions]
     lines.append("units: GiB = 2**30 bytes, GB = 1e9 bytes, TFLOP/s = 1e12 FLOP/s")

@@ -82,11 +82,10 @@ def token_budget(report, tokens_text: str) -> dict:
 
 
 def _f(n: float) -> str:
-    """FLOPs with SI prefixes: 1.84e15 → '1.84 PFLOP'."""
-    for div, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {prefix}FLOP"
-    return f"{n:.0f} FLOP"
+    """FLOPs with SI prefixes (``render.human_flops``): 1.84e15 → '1.84 PFLOP'."""
+    from trainmath.render import human_flops
+
+    return human_flops(n)
 
 
 def _per_token(flops: int, tokens: int) -> str:
@@ -136,5 +135,5 @@ def render(spec, report, closed, *, gemms: bool = False) -> str:
         lines.append(f"note: {note}")
     lines.extend(config_lines(spec))
     lines.append("conventions: " + "; ".join(report.conventions))
-    lines.append("units: FLOP counts are exact integers; E/P/T/G/M/K = 1e18/1e15/1e12/1e9/1e6/1e3")
+    lines.append("units: FLOP counts are exact integers; Y/Z/E/P/T/G/M/K = 1e24/1e21/1e18/1e15/1e12/1e9/1e6/1e3")
     return "\n".join(lines)

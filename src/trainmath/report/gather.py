@@ -122,14 +122,34 @@ def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, to
     return plan(spec, gpus=gpus, gpu=gpu, job=job, top=top)
 
 
+def planned_setup(setup, top):
+    """(setup, layout) of the planner's top layout ``top`` (an ``Estimate``): its layout, micro-batch, micro-batches,
+    recompute and activation profile, as ``perf.step.memory_peak_bytes`` builds them; the rest of ``setup`` kept."""
+    from dataclasses import replace
+
+    from trainmath.perf.step import memory_recompute
+
+    job = top.job
+    return replace(setup, micro_batch=job.micro_batch, recompute=memory_recompute(job), profile=job.profile,
+                   attention="eager" if job.attention == "eager" else "sdpa",
+                   micro_batches=top.micro_batches), top.layout
+
+
 def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
            mem_util_percent: int = MEM_UTIL_PERCENT, serve_output: int = 128) -> ReportData:
     """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
+    from dataclasses import replace
+
     from trainmath.flops import closed_form_flops, count_flops
     from trainmath.infer import InferenceSetup, infer_memory
     from trainmath.memory.training import training_memory
     from trainmath.params import count_params
 
+    if plan is not None and plan.layouts:  # the page shows the layout the planner chose, under the profile whose
+        # peak it fitted (the largest of its fit profiles)
+        setup, layout = planned_setup(setup, plan.layouts[0])
+        setup = max((replace(setup, profile=p) for p in plan.fit_profiles),
+                    key=lambda s: training_memory(spec, s, layout).peak_bytes)
     memory = training_memory(spec, setup, layout)  # the chosen setup must work: its error is the answer
     serving = serving or InferenceSetup(batch=1, context=setup.seq, tp=layout.tp)
     return ReportData(
