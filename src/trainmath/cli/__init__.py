@@ -25,6 +25,8 @@ COMMANDS = {
     "memory": ("memory", "training memory per GPU: weights, grads, optimizer states, activations, transients"),
     "infer": ("infer", "inference memory: weights (bf16/fp8/int8/int4/mxfp4), KV cache after a prefill, and what "
                        "fits a GPU"),
+    "infer-plan": ("infer_plan", "serving SLO sizing: TP x EP x replicas x concurrency meeting TTFT and TPOT at a "
+                                 "request rate"),
     "check-checkpoint": ("check_checkpoint", "compare a safetensors checkpoint with the ledger, tensor by tensor "
                                              "(headers only)"),
     "comm": ("comm", "run, check and benchmark torch.distributed collectives"),

@@ -14,6 +14,7 @@ from trainmath.cli.args import (
     integer,
     positions_warning,
 )
+from trainmath.cli.infer_speed import add_speed_arguments, run_speed, speed_requested
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "does not fit what would. Conventions are printed with the result.",
     )
     p.add_argument("model", metavar="MODEL", help="config.json path, directory, catalog name or Hub id")
-    p.add_argument("--batch", type=integer, required=True, help="sequences in the cache")
-    p.add_argument("--context", type=integer, required=True, help="tokens per sequence held (prompt + generated)")
+    p.add_argument("--batch", type=integer, default=None, help="sequences in the cache")
+    p.add_argument("--context", type=integer, default=None,
+                   help="tokens per sequence held (prompt + generated); not needed with --input/--output")
     p.add_argument("--dtype", default="auto",
                    help="weights: auto (default: the format the checkpoint ships in, read from its "
                         "quantization_config; bf16 without one), fp32, bf16, fp16, fp8, int8, int4, mxfp4")
@@ -60,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--state-dtype", default="fp32", help="recurrent/SSM state format (default fp32)")
     c.add_argument("--conv-dtype", default="bf16", help="conv state format (default bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
+    add_speed_arguments(p)
     add_strict(p)
     p.set_defaults(func=run)
 
@@ -72,8 +75,15 @@ def run(args: argparse.Namespace) -> int:
     from trainmath.sources import load_spec
 
     floats = ("fp32", "bf16", "fp16")
+    from trainmath.errors import TrainmathError
+
+    speed = speed_requested(args)
+    if not speed and (args.batch is None or args.context is None):
+        raise TrainmathError("infer needs --batch and --context (or --input and --output for serving speed)")
     spec = load_spec(args.model, strict=args.strict)
-    warning = positions_warning(spec, args.context, "--context")
+    if speed:
+        args.context = (args.input or 0) + (args.output or 0) or 1
+    warning = None if speed else positions_warning(spec, args.context, "--context")
     keep = dtype_name(args.keep_dtype, floats)
     scale = dtype_name(args.scale_dtype, (*floats, "e8m0"), "scale dtype") if args.scale_dtype else None
     if args.dtype.strip().lower() == "auto":
@@ -84,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
                                group_size=args.group_size, zero_point=args.zero_point, scale_dtype=scale)
     tp = args.tp if args.tp is not None else (args.gpus if args.gpus and args.ep == 1 else 1)
     setup = InferenceSetup(
-        batch=args.batch, context=args.context, tp=tp, ep=args.ep, gpus=args.gpus, workspace_bytes=args.workspace,
+        batch=args.batch if args.batch is not None else (args.concurrency or 1), context=args.context, tp=tp,
+        ep=args.ep, gpus=args.gpus, workspace_bytes=args.workspace,
         weights=weights,
         cache=CacheFormat(
             kv_dtype=dtype_name(args.kv_dtype, KV_DTYPES, "kv dtype"), mla_cache=args.mla_cache,
@@ -92,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
             state_dtype=dtype_name(args.state_dtype, floats, "state dtype"),
             conv_dtype=dtype_name(args.conv_dtype, floats, "conv dtype")),
     )
+    if speed:
+        return run_speed(args, spec, setup)
     gpu = None
     if args.gpu:
         from trainmath.hardware import gpu as find_gpu
@@ -154,13 +167,17 @@ def render(report) -> str:
             lines.append("would fit with: " + ("; ".join(f.levers) if f.levers else none))
         lines.append(f"largest batch at context {s.context:,}: {f.max_batch:,}"
                      + ("" if f.weights_fit else " (the weights do not fit)"))
-        if f.max_context is None:
-            ctx = "unbounded (no layer's cache grows with the context)"
-        else:
-            ctx = f"{f.max_context:,}"
-            if f.max_context > f.max_position_embeddings:
-                ctx += f" (beyond max_position_embeddings {f.max_position_embeddings:,})"
-        lines.append(f"largest context at batch {s.batch}: {ctx}")
+        lines.append(f"largest context at batch {s.batch}: {context_text(f)}")
     lines.append("")
     lines.append("conventions: " + "; ".join(report.conventions))
     return "\n".join(lines)
+
+
+def context_text(f) -> str:
+    """The largest context at the batch, capped at the model's max_position_embeddings, with what the memory
+    alone would hold when that is more."""
+    if f.max_context is not None and f.max_context <= f.max_position_embeddings:
+        return f"{f.max_context:,}"
+    held = "any context (no layer's cache grows with it)" if f.max_context is None else f"{f.max_context:,}"
+    return (f"{f.usable_context:,}, the config's max_position_embeddings (the memory alone would hold {held}; "
+            f"going past it needs a rope scaling the config does not state)")

@@ -22,17 +22,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="print the formula in the notation of Jiang Yi's blog series on distributed training (N, "
                         "|V|, d, d_ff, h_d, h, h_kv, n, k) with values")
     add_strict(p)
+    from trainmath.adapters import add_peft_args
+
+    add_peft_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainmath.adapters import adapter_report, peft_from_args
     from trainmath.params import count_params
     from trainmath.sources import load_spec
 
+    job = peft_from_args(args)
     spec = load_spec(args.model, strict=args.strict)
     report = count_params(spec)
+    adapters = adapter_report(spec, job, report.total_params) if job.enabled else None
     if args.json:
         out = report.to_dict()
+        if adapters is not None:
+            out.update(adapters.to_dict())
         out["config"] = config_json(spec)
         if args.explain:
             from trainmath.explain import explain
@@ -41,7 +49,30 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(render(spec, report, explain=args.explain))
+    if adapters is not None:
+        print()
+        print(render_adapters(adapters))
     return 0
+
+
+def render_adapters(a) -> str:
+    from trainmath.adapters import CONVENTIONS
+    from trainmath.render import human_count, table
+
+    j = a.job
+    targets = j.targets if isinstance(j.targets, str) else ",".join(j.targets)
+    lines = [f"{j.method} adapters: r={j.rank}, alpha={j.lora_alpha}, targets={targets}, dtype={j.dtype}", ""]
+    rows = [[m.name, f"{m.in_features:,}", f"{m.out_features:,}", j.rank * m.rank_mult, m.count, f"{p:,}"]
+            for m, p in a.modules]
+    lines.append(table(["module", "in", "out", "rank", "modules", "adapter params"], rows))
+    lines.append("")
+    lines.append(f"trainable params      {a.trainable_params:>20,}  ({human_count(a.trainable_params)}, "
+                 f"{100 * a.trainable_params / a.total_params:.4f}% of total)")
+    lines.append(f"adapter params        {a.adapter_params:>20,}  ({human_count(a.adapter_params)})")
+    lines.append(f"total params          {a.total_params:>20,}  ({human_count(a.total_params)}, base + adapters)")
+    lines.extend(f"note: {n}" for n in a.notes)
+    lines.append("peft conventions: " + "; ".join(CONVENTIONS))
+    return "\n".join(lines)
 
 
 def render(spec, report, *, explain: bool = False) -> str:

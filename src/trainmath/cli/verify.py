@@ -8,7 +8,9 @@ Top level imports only the standard library; the tolerances and what they stand 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 
 from trainmath.errors import TrainmathError
 
@@ -36,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if args.resume or args.stop_after is not None:
         raise TrainmathError("verify runs from scratch: --resume and --stop-after are for trainmath train")
     json_steps, args.json = args.json, False
-    results, _ = run_training(args)
+    # With --json, stdout holds the one JSON document: the live step lines are progress, on stderr.
+    with contextlib.redirect_stdout(sys.stderr) if json_steps else contextlib.nullcontext():
+        results, _ = run_training(args)
     first = results[min(results)]
     by_rank = dict(enumerate(first["measured_by_rank"]))
     cfg_world = len(by_rank)

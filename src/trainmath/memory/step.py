@@ -84,6 +84,15 @@ class StepInputs:
     fsdp2_reshard: bool = True
     """FSDP2's ``reshard_after_forward``: True for ZeRO-3, False for its ZeRO-2 (``zero_impl="fsdp2"``)."""
     positions: int = 0
+    autocast_cache: dict = field(default_factory=dict)
+    """unit → bytes of its linear weights' bf16 casts when ``backward()`` runs inside ``torch.autocast``
+    (``TrainingSetup.backward_in_autocast``), else empty. autocast caches the cast of every leaf fp32 weight that
+    requires grad until the outermost context exits, so the forward's casts outlive the tensors that saved them
+    and last to the end of backward; a checkpointed layer's recompute finds them cached. They are counted where
+    nothing else holds them: after the unit's backward, and under recompute through the whole backward but the
+    recomputing layer's (its recompute transient holds the same storage)."""
+    casts_saved: bool = True
+    """The forward's saved tensors hold the layers' casts (no recompute) until each layer's backward."""
     """Bytes of the model's int64 position ids, alive through the forward (FSDP2's forward all-gathers)."""
     fsdp2_mixer: dict = field(default_factory=dict)
     """layer index → ``fsdp2.MixerBackward`` (FSDP2 only): the moment inside its backward at its attention."""

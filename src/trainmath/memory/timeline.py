@@ -121,6 +121,19 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         nxt = inp.unit_gathered.get(layer_units[j], 0) if 0 <= j < len(layer_units) else 0
         return root + mine + nxt
 
+    cache = inp.autocast_cache
+    layer_casts = [cache.get(f"layer.{i}", 0) for i in inp.layers]
+    head_cast = cache.get("head", 0)
+
+    def casts(pos: int | None = None, done: bool = False) -> int:
+        """Cached casts nothing else holds (``StepInputs.autocast_cache``): at the loss (``pos`` None), in the
+        backward of layer position ``pos``, or once it is ``done``."""
+        if pos is None:
+            return 0 if inp.casts_saved else sum(layer_casts)
+        later = layer_casts[pos + (0 if done else 1):] if inp.casts_saved else \
+            layer_casts if done else layer_casts[:pos] + layer_casts[pos + 1:]
+        return head_cast + sum(later)
+
     kept: list[int] = []
     for pos, i in enumerate(inp.layers):
         kept.append(i)
@@ -134,7 +147,7 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
            up=inp.logits_fp32, copies=inp.weight_copies)
         ev("backward: loss", acts=acts_at(inp, kept), grads=0, gather=first_bwd,
            logits=inp.head_saved - inp.loss_freed + inp.output_held,
-           ce=inp.cross_entropy_grads, copies=inp.weight_copies)
+           ce=inp.cross_entropy_grads, copies=inp.weight_copies + casts())
     grads = 0
     held = inp.output_held if inp.last else 0
     unit_grads = inp.unit_grads
@@ -144,13 +157,13 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         grads += unit_grads.get("head", 0) + ((inp.tied_grad or unit_grads.get("embed", 0)) if inp.tied_head else 0)
         ev("backward: head", acts=acts_at(inp, kept), grads=grads, gather=first_bwd,
            reduce=inp.unit_full_grads.get("head", 0), logits=inp.head_saved + held, hidden=inp.hidden_grad,
-           copies=inp.weight_copies)
+           copies=inp.weight_copies + casts())
     for pos in range(len(inp.layers) - 1, -1, -1):
         i = inp.layers[pos]
         unit = f"layer.{i}"
         ev(f"backward layer {i}", acts=acts_at(inp, kept, live_layer=i), grads=grads, gather=gathered(pos, -1),
            reduce=inp.unit_full_grads.get(unit, 0), logits=held,  # the MLP's backward transient with the grads
-           hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies)
+           hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies + casts(pos))
         kept.pop()
         grads += unit_grads.get(unit, 0)
         # our ZeRO-2 reduces the layer now: its packed buffer and gradient shard beside its full gradients; its
@@ -158,7 +171,7 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         red = _flat_reduce(flat[unit]) if sharded_grads else 0
         ev(f"backward layer {i} done", acts=acts_at(inp, kept), grads=grads, gather=gathered(pos, -1),
            reduce=inp.unit_full_grads.get(unit, 0), logits=held, hidden=inp.hidden_grad * (2 if red else 1),
-           copies=inp.weight_copies, buffers=red)
+           copies=inp.weight_copies + casts(pos, done=True), buffers=red)
         if sharded_grads:
             grads -= unit_grads.get(unit, 0)
     batch = Node.of("activations_bytes", [Node(name="input batch", value=inp.batch, unit="bytes",
@@ -172,14 +185,15 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         # (MemTracker: "Temp" = 3·V·d, no activation but the ids; benchmarks/memory_sim.py --families)
         grads += unit_grads.get("embed", 0) - inp.tied_grad
         ev("backward: embedding", acts=batch, grads=grads + 2 * inp.tied_grad, gather=root,
-           reduce=inp.unit_full_grads.get("embed", 0), logits=held)
+           reduce=inp.unit_full_grads.get("embed", 0), logits=held, copies=head_cast + sum(layer_casts))
     elif inp.first:
         grads += 0 if inp.tied_head else unit_grads.get("embed", 0)
         red = _flat_reduce(flat["root"]) if sharded_grads else 0
         # tied under ZeRO-3: the three V·d tensors counted with the whole root unit, beside the input gradient
         tied = 2 * unit_grads.get("embed", 0) if inp.tied_head and not flat else 0
         ev("backward: embedding", acts=acts_at(inp, kept), grads=grads + tied, gather=root,
-           reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad, buffers=red)
+           reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad, buffers=red,
+           copies=head_cast + sum(layer_casts))
     if not flat:
         ev("optimizer step", acts=batch, grads=all_grads, logits=held, temps=inp.optimizer_temporaries,
            fp32g=inp.fp32_grad_copies)
@@ -253,7 +267,7 @@ def ffn_backward_transient(*, tokens: int, hidden: int, intermediate: int, gated
 
 def eager_experts_backward_transient(*, first_bytes: int, down_bytes: int, granularity: int) -> int:
     """Bytes the eager expert loop's backward holds at its peak for its weight gradients (derived from the loop,
-    measured with MemTracker: ``docs/benchmarks.md``). Each routed weight is one stacked
+    measured with MemTracker: ``docs/benchmarks.md``, issue 9 eagersim). Each routed weight is one stacked
     Parameter read per expert as ``W[e]``, so each expert's weight gradient is ``select_backward``'s full-size
     zeros with one slice written, summed with the others in autograd's input buffer out of place: while the loop's
     backward runs, one full-size buffer per routed weight (gate_up: ``first_bytes``, down: ``down_bytes``, in the

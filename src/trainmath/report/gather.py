@@ -35,6 +35,9 @@ class ReportData:
     """``PlanResult`` of ``trainmath plan`` for the job (when the GPU count was given), or None."""
     mem_util_percent: int = MEM_UTIL_PERCENT
     """``--mem-util``: the fit rule's usable share (``trainmath.usable``)."""
+    speed: object = None
+    """``infer.speed.FixedBatch`` of the serving setup on ``gpu`` (a prompt of its context, then
+    ``serve_output`` tokens), or None without a GPU."""
 
     @property
     def fit(self) -> dict | None:
@@ -57,8 +60,8 @@ def parse_layout(text: str, base):
     changes = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         key, eq, value = item.partition("=")
-        if key not in LAYOUT_KEYS or not eq or not value.strip().isdigit():
-            raise TrainmathError(f"layout {text!r}: {item!r} is not KEY=INTEGER with KEY one of "
+        if key not in LAYOUT_KEYS or not eq or not value.strip().isdigit() or int(value[:41]) > 2**40:
+            raise TrainmathError(f"layout {text!r}: {item!r} is not KEY=INTEGER (at most 2**40) with KEY one of "
                                  f"{', '.join(LAYOUT_KEYS)} (e.g. dp=8,tp=2,zero=3)")
         changes[key] = bool(int(value)) if key == "sp" else int(value)
     if not changes:
@@ -120,14 +123,34 @@ def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, to
     return plan(spec, gpus=gpus, gpu=gpu, job=job, top=top)
 
 
+def planned_setup(setup, top):
+    """(setup, layout) of the planner's top layout ``top`` (an ``Estimate``): its layout, micro-batch, micro-batches,
+    recompute and activation profile, as ``perf.step.memory_peak_bytes`` builds them; the rest of ``setup`` kept."""
+    from dataclasses import replace
+
+    from trainmath.perf.step import memory_recompute
+
+    job = top.job
+    return replace(setup, micro_batch=job.micro_batch, recompute=memory_recompute(job), profile=job.profile,
+                   attention="eager" if job.attention == "eager" else "sdpa",
+                   micro_batches=top.micro_batches), top.layout
+
+
 def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
-           mem_util_percent: int = MEM_UTIL_PERCENT) -> ReportData:
+           mem_util_percent: int = MEM_UTIL_PERCENT, serve_output: int = 128) -> ReportData:
     """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
+    from dataclasses import replace
+
     from trainmath.flops import closed_form_flops, count_flops
     from trainmath.infer import InferenceSetup, infer_memory
     from trainmath.memory.training import training_memory
     from trainmath.params import count_params
 
+    if plan is not None and plan.layouts:  # the page shows the layout the planner chose, under the profile whose
+        # peak it fitted (the largest of its fit profiles)
+        setup, layout = planned_setup(setup, plan.layouts[0])
+        setup = max((replace(setup, profile=p) for p in plan.fit_profiles),
+                    key=lambda s: training_memory(spec, s, layout).peak_bytes)
     memory = training_memory(spec, setup, layout)  # the chosen setup must work: its error is the answer
     serving = serving or InferenceSetup(batch=1, context=setup.seq, tp=layout.tp)
     return ReportData(
@@ -137,7 +160,17 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
         memory=memory, variants=memory_variants(spec, setup, layout, "recompute"), gpu=gpu,
         serving=infer_memory(spec, serving, gpu=gpu, mem_util_percent=mem_util_percent), plan=plan,
         mem_util_percent=mem_util_percent,
+        speed=None if gpu is None else serving_speed(spec, serving, gpu, serve_output),
     )
+
+
+def serving_speed(spec, serving, gpu, output: int):
+    """TTFT, TPOT and throughput of the serving setup on ``gpu`` (``trainmath infer --input --output``)."""
+    from trainmath.infer.speed import fixed_batch
+
+    if not isinstance(output, int) or output < 1:
+        raise TrainmathError(f"serve-output must be a positive integer, got {output!r}")
+    return fixed_batch(spec, serving, gpu, input=serving.context, output=output)
 
 
 def timeline_doc(data: ReportData) -> dict:
@@ -178,4 +211,8 @@ def summary(data: ReportData) -> dict:
         "kv_cache_bytes": s.kv_cache_bytes, "serving_weights_bytes": s.weights_bytes,
         "serving_total_bytes": s.total_bytes, "kv_bytes_per_token": s.kv_bytes_per_token,
         "serving_fit": s.fit.to_dict() if s.fit is not None else None,
+        "serving_speed": None if data.speed is None else {
+            k: v for k, v in data.speed.to_dict().items() if k in (
+                "batch", "input", "output", "ttft_s", "tpot_s", "e2e_s", "output_tokens_per_s",
+                "prefill_tokens_per_s", "ttft_bound", "tpot_bound")},
     }

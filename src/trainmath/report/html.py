@@ -128,7 +128,9 @@ def serving_section(d: ReportData, svg: str) -> str:
     fit = ""
     if r.fit is not None:
         f = r.fit
-        ctx = "unbounded" if f.max_context is None else f"{f.max_context:,}"
+        from trainmath.cli.infer import context_text
+
+        ctx = escape(context_text(f))
         fit = (f'<p><span class="verdict {"fits" if f.fits else "nofit"}">'
                f'{"fits" if f.fits else "does not fit"}</span> on {escape(f.gpu)} at {f.mem_util_percent}% '
                f'({human_bytes(f.usable_bytes)} usable); largest batch at context {s.context:,}: {f.max_batch:,}; '
@@ -138,7 +140,22 @@ def serving_section(d: ReportData, svg: str) -> str:
             f'kv {escape(s.cache.kv_dtype)}, tp {s.tp} (per rank)</p>'
             + _table(["memory", "bytes", "GiB"], rows, ["total", _b(r.total_bytes), human_bytes(r.total_bytes)])
             + f'<p>KV cache <b id="kv-bytes" data-bytes="{r.kv_cache_bytes}">{_b(r.kv_cache_bytes)} bytes</b>; '
-              f'{_b(r.kv_bytes_per_token)} bytes per token of context</p>' + fit + svg + "</section>")
+              f'{_b(r.kv_bytes_per_token)} bytes per token of context</p>' + fit + speed_html(d.speed) + svg
+            + "</section>")
+
+
+def speed_html(f) -> str:
+    """The serving speed paragraph (``trainmath infer --input --output``), empty without a GPU."""
+    if f is None:
+        return ""
+    return (f'<h3>Serving speed</h3><p class="sub">batch {f.batch}, prompt {f.input:,} tokens, {f.output:,} '
+            f'generated; step = max(compute, memory) + communication, as <code>trainmath infer --input '
+            f'--output</code></p>'
+            + _table(["", "predicted", "floor (efficiency 1)", "bound"], [
+                ["TTFT", f"{f.ttft_s * 1e3:,.2f} ms", f"{f.prefill_floor.time_s * 1e3:,.2f} ms", f.prefill.bound],
+                ["TPOT", f"{f.tpot_s * 1e3:,.3f} ms", f"{f.tpot_floor_s * 1e3:,.3f} ms", f.decode.bound],
+                ["output tokens/s", f"{f.output_tokens_per_s:,.1f}", "", ""]])
+            + f'<p id="serving-speed" data-tpot="{f.tpot_s!r}" data-ttft="{f.ttft_s!r}"></p>')
 
 
 def layout_section(d: ReportData) -> str:

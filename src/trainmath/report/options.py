@@ -58,6 +58,9 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context", type=integer, default=None, help="tokens per sequence held (default: --seq)")
     g.add_argument("--weights-dtype", choices=WEIGHT_DTYPES, default="bf16", help="serving weights (default bf16)")
     g.add_argument("--kv-dtype", choices=KV_DTYPES, default="bf16", help="K/V cache format (default bf16)")
+    g.add_argument("--serve-output", type=integer, default=128,
+                   help="with --gpu: tokens generated per request for the serving speed, after a prompt of "
+                        "--context tokens (default 128)")
 
 
 def add_plan_flags(p: argparse.ArgumentParser) -> None:

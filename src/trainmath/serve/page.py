@@ -38,6 +38,11 @@ async function update() {
   kv.textContent = fmt(s.kv_cache_bytes) + ' bytes (' + gib(s.kv_cache_bytes) + ')';
   set('serving-fit', s.serving_fit ? (s.serving_fit.fits ? 'fits' : 'does not fit') + '; largest batch ' +
     fmt(s.serving_fit.max_batch) : '');
+  const sp = s.serving_speed, spe = document.getElementById('serving-speed');
+  spe.dataset.tpot = sp ? sp.tpot_s : ''; spe.dataset.ttft = sp ? sp.ttft_s : '';
+  set('serving-speed', sp ? 'TTFT ' + (sp.ttft_s * 1e3).toFixed(2) + ' ms (' + sp.ttft_bound + '-bound), TPOT ' +
+    (sp.tpot_s * 1e3).toFixed(3) + ' ms (' + sp.tpot_bound + '-bound), ' + sp.output_tokens_per_s.toFixed(1) +
+    ' output tokens/s' : '');
   const rows = out.memory_rows.map(r => '<tr>' + r.map(c => '<td>' + c + '</td>').join('') + '</tr>');
   document.getElementById('memory-rows').innerHTML = rows.join('');
   for (const [k, svg] of Object.entries(out.charts)) document.getElementById('slot-' + k).innerHTML = svg;
@@ -151,7 +156,7 @@ def page(default_model: str = "Qwen/Qwen3-8B") -> str:
 <div class="card"><b id="kv-bytes" data-bytes="">…</b><span>KV cache (serving)</span></div>
 </div>
 <p>layout <code id="layout"></code> — <span id="verdict" class="verdict"></span> ·
-serving: <span id="serving-fit"></span></p>
+serving: <span id="serving-fit"></span> · <span id="serving-speed" data-tpot="" data-ttft=""></span></p>
 <h2>Training memory per GPU</h2>
 <table><thead><tr><th>term</th><th>bytes</th><th>GiB</th><th>share</th></tr></thead>
 <tbody id="memory-rows"></tbody></table>

@@ -219,12 +219,20 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
                 ids = torch.randint(0, cfg.vocab_size, (setup.micro_batch, setup.seq))
                 hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if count else \
                     contextlib.nullcontext()
+                inside = setup.backward_in_autocast
                 with loss_ctx():
-                    with hooks, torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
-                        out = model(input_ids=ids, labels=ids, use_cache=False)
-                    if count:
-                        held.append(saved_total())
-                    out.loss.backward()
+                    with torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
+                        with hooks:
+                            out = model(input_ids=ids, labels=ids, use_cache=False)
+                        if count:
+                            held.append(saved_total())
+                        loss = out.loss
+                        if setup.loop_keeps == "loss":  # loss = model(...).loss: the output dies here
+                            del out
+                        if inside:  # backward() inside the autocast context: its cache lives on
+                            loss.backward()
+                    if not inside:
+                        loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=setup.grad_lifetime == "set_to_none")
 

@@ -1,0 +1,192 @@
+"""Serving speed against published benchmark runs: `tests/infer/published_serving.json` (each record transcribed
+with its exact source location), predicted by `trainmath.infer.speed` / `trainmath.infer.batching`.
+
+    python benchmarks/serving_oracles.py [--file PATH] [--json OUT]
+
+Prints, per source and metric (ttft_s, tpot_s, output_tokens_per_s, e2e_s), the count, the median |error| and
+the share within 15%, three ways:
+
+Concurrency records run the continuous-batching steady state within vLLM's KV capacity (requests past it
+queue: their TTFT includes the wait). Records in a weight format the calculator has no byte rule for (nvfp4)
+are listed as skipped.
+
+- ``default``: the GPU generation's efficiencies from hardware/gpus.json, nothing fitted;
+- ``fitted``: a compute (prefill) and a memory (decode) efficiency per GPU generation, fitted on every record
+  (minimising the median |log(predicted / published)| over a grid), never per run;
+- ``leave-one-source-out``: for each source, the per-generation constants fitted on the other sources only,
+  then that source predicted — the honest out-of-sample figure.
+
+The step components are computed once per record at efficiency 1 (compute and memory times scale as 1 / the
+efficiency; the link efficiency stays the generation's), so the fits are cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s", "e2e_s")
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT = os.path.relpath(os.path.join(HERE, "..", "tests", "infer", "published_serving.json"))
+COMPUTE_GRID = [round(0.20 + 0.05 * i, 2) for i in range(17)]  # 0.20 .. 1.00
+MEMORY_GRID = [round(0.40 + 0.05 * i, 2) for i in range(13)]  # 0.40 .. 1.00
+
+
+def _setup(r: dict):
+    from trainmath.infer import CacheFormat, InferenceSetup, WeightFormat
+    from trainmath.infer.dtypes import dtype_name
+
+    n = r.get("batch") or r.get("concurrency") or 1
+    return InferenceSetup(batch=n, context=r["input"] + r["output"], tp=r.get("tp") or 1, ep=r.get("ep") or 1,
+                          gpus=r.get("gpus"), weights=WeightFormat(dtype=dtype_name(r.get("weights_dtype") or "bf16")),
+                          cache=CacheFormat(kv_dtype=dtype_name(r.get("kv_dtype") or "bf16", what="kv dtype")))
+
+
+def raw(r: dict) -> dict:
+    """The record's steps at compute and memory efficiency 1: (compute_s, memory_s, comm_s) triples."""
+    from dataclasses import replace
+
+    from trainmath.hardware import gpu as find_gpu
+    from trainmath.infer.batching import EngineMemory, steady_state, vllm_capacity
+    from trainmath.infer.speed import Efficiency, Part, decode_samples, step
+    from trainmath.sources import load_spec
+
+    spec, gpu, setup = load_spec(r["model"]), find_gpu(r["gpu"]), _setup(r)
+    unit = replace(Efficiency.of(gpu), compute=1.0, memory=1.0)
+
+    def trip(s) -> tuple[float, float, float]:
+        return (s.compute_s, s.memory_s, s.comm_s)
+
+    inp, out = r["input"], r["output"]
+    if r.get("batch"):
+        b = r["batch"]
+        pre = trip(step(spec, setup, gpu, (Part(n=b, t=inp, c=0),), unit))
+        dec = [trip(step(spec, setup, gpu, (Part(n=b, t=1, c=c),), unit))
+               for c in decode_samples(inp, max(out - 1, 1))]
+        return {"generation": gpu.generation, "kind": "batch", "n": b, "I": inp, "O": out, "prefill": pre,
+                "decode": dec}
+    cap = vllm_capacity(spec, setup, gpu, request_tokens=inp + out, engine=EngineMemory())
+    st = steady_state(spec, setup, gpu, concurrency=r["concurrency"], input=inp, output=out, eff=unit,
+                      capacity=cap.max_concurrency)
+    return {"generation": gpu.generation, "kind": "concurrency", "n": r["concurrency"], "I": inp, "O": out,
+            "step": trip(st.step), "chunk": trip(st.chunk_step), "p": st.prefill_steps, "queue": st.queue_factor}
+
+
+def predict(x: dict, compute: float, memory: float) -> dict:
+    def t(trip) -> float:
+        c, m, k = trip
+        return max(c / compute, m / memory) + k
+
+    if x["kind"] == "batch":
+        ttft = t(x["prefill"])
+        tpot = sum(t(d) for d in x["decode"]) / len(x["decode"])
+    else:
+        tpot = t(x["step"])
+        first = 0.5 * tpot + x["p"] * t(x["chunk"])
+        ttft = first + (x["queue"] - 1) * (first + (x["O"] - 1) * tpot)  # past the KV capacity requests queue
+    e2e = ttft + (x["O"] - 1) * tpot
+    return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "output_tokens_per_s": x["n"] * x["O"] / e2e}
+
+
+def errors(records, raws, consts) -> list[tuple[str, str, float]]:
+    """(source, metric, relative error) for every published metric."""
+    out = []
+    for r in records:
+        x = raws[r["id"]]
+        c, m = consts[x["generation"]]
+        p = predict(x, c, m)
+        for k in METRICS:
+            if r.get(k):
+                out.append((r["source"], k, p[k] / r[k] - 1))
+    return out
+
+
+def fit(records, raws, defaults) -> dict:
+    """Per generation, the (compute, memory) pair minimising the median |log(pred / published)|."""
+    by_gen = defaultdict(list)
+    for r in records:
+        by_gen[raws[r["id"]]["generation"]].append(r)
+    consts = dict(defaults)
+    for gen, rs in by_gen.items():
+        best = None
+        for c in COMPUTE_GRID:
+            for m in MEMORY_GRID:
+                logs = []
+                for r in rs:
+                    p = predict(raws[r["id"]], c, m)
+                    logs += [abs(math.log(p[k] / r[k])) for k in METRICS if r.get(k)]
+                score = statistics.median(logs) if logs else 0
+                if best is None or score < best[0]:
+                    best = (score, c, m)
+        consts[gen] = best[1:]
+    return consts
+
+
+def table(title: str, errs) -> list[str]:
+    lines = [title, f"  {'source':<28} {'metric':<20} {'n':>3} {'median |err|':>13} {'within 15%':>11}"]
+    groups = defaultdict(list)
+    for src, k, e in errs:
+        groups[(src, k)].append(abs(e))
+        groups[("ALL", k)].append(abs(e))
+    for (src, k), es in sorted(groups.items(), key=lambda kv: (kv[0][0] == "ALL", kv[0])):
+        share = sum(e <= 0.15 for e in es) / len(es)
+        lines.append(f"  {src:<28} {k:<20} {len(es):>3} {statistics.median(es) * 100:>12.1f}% {share * 100:>10.0f}%")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--file", default=DEFAULT, help="published records (default tests/infer/published_serving.json)")
+    ap.add_argument("--json", help="write every record's prediction here")
+    a = ap.parse_args()
+    if not os.path.exists(a.file):
+        print(f"no published records at {a.file}")
+        return 1
+    with open(a.file) as f:
+        data = json.load(f)
+    from trainmath.errors import TrainmathError
+    from trainmath.hardware import gpu as find_gpu
+    from trainmath.hardware import presets
+
+    records, raws, skipped = [], {}, []
+    for r in data["records"]:
+        try:
+            raws[r["id"]] = raw(r)
+            records.append(r)
+        except (TrainmathError, KeyError) as e:
+            skipped.append(f"{r.get('id')}: {e}")
+    gens = {raws[r["id"]]["generation"] for r in records}
+    defaults = {}
+    for r in records:
+        e = presets().efficiency(find_gpu(r["gpu"]))
+        defaults[e.generation] = (e.gemm_peak_fraction, e.hbm_fraction)
+    print(f"{len(records)} records from {len({r['source'] for r in records})} sources ({a.file}); "
+          f"{len(skipped)} skipped")
+    for s in skipped:
+        print(f"  skipped {s}")
+    lines = table("default efficiencies (hardware/gpus.json, nothing fitted):", errors(records, raws, defaults))
+    consts = fit(records, raws, defaults)
+    lines += table("fitted on all sources (compute, memory per generation: "
+                   + ", ".join(f"{g} {consts[g]}" for g in sorted(gens)) + "):", errors(records, raws, consts))
+    loso = []
+    for src in sorted({r["source"] for r in records}):
+        train = [r for r in records if r["source"] != src]
+        held = [r for r in records if r["source"] == src]
+        loso += errors(held, raws, fit(train, raws, defaults))
+    lines += table("leave-one-source-out (constants fitted on the other sources):", loso)
+    print("\n".join(lines))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([{"id": r["id"], "published": {k: r.get(k) for k in METRICS},
+                        "predicted": predict(raws[r["id"]], *consts[raws[r["id"]]["generation"]])} for r in records],
+                      f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

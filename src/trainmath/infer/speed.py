@@ -1,0 +1,300 @@
+"""Serving speed of one instance: the time of one forward step as the largest of three bounds, and the TTFT, TPOT
+and throughput of a fixed batch. Pure: no torch, no I/O beyond the GPU presets.
+
+A step runs ``parts``: groups of ``n`` sequences each adding ``t`` new tokens after ``c`` cached ones (a prefill is
+t = I, c = 0; a decode step t = 1, c = the context so far). On one rank of the instance:
+
+- **compute**: FLOPs / (peak · compute efficiency). The FLOPs are the op lists' forward fold (``flops.model``) of
+  the new tokens only: Σ n · [F(c + t) − F(c)] with F(s) the forward FLOPs of one sequence of s tokens under the
+  causal ``half`` convention (the pairs a causal flash kernel computes), minus the LM head of all but the last new
+  token of each sequence (engines compute logits only where a token is sampled); divided evenly over the ranks
+  (tensor parallel splits every GEMM, attention data parallel the batch, expert parallel the experts: balanced
+  routing assumed); MLA decode in the absorbed form (``absorbed_extra``). The peak is the dense tensor-core
+  peak of the kernel format: fp8 weights run fp8 GEMMs on a GPU with an fp8 peak (W8A8), every other format
+  the bf16 peak (4-bit weights are dequantised inside W4A16 kernels, Marlin-style: their gain is in bytes, not
+  FLOPs);
+- **memory**: bytes read and written / (HBM bandwidth · memory efficiency): the rank's weights in their serving
+  format (``infer.weights``) — routed experts only for the share the step's tokens touch, E·[1 − (1 − k/E)^T]
+  of E experts for T tokens routing to k each (uniform routing), the input embedding table not at all (one row
+  per token), a tied one once as the LM head — plus the cache each sequence reads (``infer.kv``: the cache after
+  c tokens, capped windows and constant recurrent states included) and the cache the new tokens write;
+- **communication**: under tensor parallelism 2 all-reduces per layer of the step's hidden states (bf16), a ring
+  of p ranks taking 2(p − 1)/p · bytes / link + 2(p − 1)·α; under expert parallelism 2 all-to-alls per MoE layer
+  (dispatch and combine) of each rank's tokens × k × hidden, (ep − 1)/ep of it leaving the rank.
+
+step = max(compute, memory) + communication (decode kernels and collectives run one after the other). The floor
+is the same at efficiency 1. Efficiencies default to the GPU generation's ``gemm_peak_fraction``,
+``hbm_fraction`` and ``link_fraction`` (``hardware.gpus.json``); ``benchmarks/serving_oracles.py`` fits them per
+generation to published serving runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from trainmath.errors import TrainmathError
+from trainmath.hardware import GPU, presets
+from trainmath.infer.memory import InferenceSetup
+from trainmath.model.spec import ModelSpec
+
+ACT_BYTES = 2
+"""Hidden states on the wire and in activations: bf16."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Efficiency:
+    """Achieved fractions of peak the prediction uses (1 everywhere: the physical floor)."""
+
+    compute: float
+    memory: float
+    link: float
+
+    @classmethod
+    def of(cls, gpu: GPU) -> Efficiency:
+        e = presets().efficiency(gpu)
+        return cls(compute=e.gemm_peak_fraction, memory=e.hbm_fraction, link=e.link_fraction)
+
+
+FLOOR = Efficiency(compute=1.0, memory=1.0, link=1.0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Part:
+    """``n`` sequences each adding ``t`` new tokens after ``c`` cached ones."""
+
+    n: int
+    t: int
+    c: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Step:
+    """One forward step on one rank: its work and the time of each bound (seconds)."""
+
+    flops: float
+    """FLOPs on one rank."""
+    bytes: float
+    """Bytes read and written on one rank (weights touched, cache read, cache written)."""
+    weight_bytes: float
+    cache_bytes: float
+    comm_bytes: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+
+    @property
+    def time_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.comm_s
+
+    @property
+    def bound(self) -> str:
+        if self.comm_s > max(self.compute_s, self.memory_s):
+            return "communication"
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+    def to_dict(self) -> dict:
+        return {"time_s": self.time_s, "bound": self.bound, "compute_s": self.compute_s, "memory_s": self.memory_s,
+                "communication_s": self.comm_s, "flops_per_rank": self.flops, "bytes_per_rank": self.bytes,
+                "weight_bytes_per_rank": self.weight_bytes, "cache_bytes_per_rank": self.cache_bytes,
+                "comm_bytes_per_rank": self.comm_bytes}
+
+
+@lru_cache(maxsize=4096)
+def _forward(spec: ModelSpec, seq: int) -> tuple[int, int]:
+    """(forward FLOPs of one sequence of ``seq`` tokens, LM-head FLOPs per token) under causal ``half``."""
+    from trainmath.flops.model import count_flops
+
+    r = count_flops(spec, batch=1, seq=seq, causal="half")
+    return r.forward.value, sum(g.flops for g in r.head) // seq
+
+
+def new_token_flops(spec: ModelSpec, part: Part) -> int:
+    """Forward FLOPs of ``part``'s new tokens on the whole instance (logits of the last new token only); a decode
+    token (t = 1) of an MLA layer in the absorbed form (``absorbed_extra``)."""
+    total, head = _forward(spec, part.c + part.t)
+    before = _forward(spec, part.c)[0] if part.c else 0
+    extra = absorbed_extra(spec, part.c + 1) if part.t == 1 else 0
+    return part.n * (total - before - head * (part.t - 1) + extra)
+
+
+@lru_cache(maxsize=256)
+def _mla_layers(spec: ModelSpec) -> tuple[tuple[int, int, int, int], ...]:
+    """(heads, kv_lora_rank, qk_nope_head_dim, v_head_dim) of every MLA layer."""
+    return tuple((b.dims.heads, b.dims.kv_lora_rank, b.dims.qk_nope_head_dim, b.dims.v_head_dim)
+                 for layer, idx in spec.layer_groups() for b in layer.blocks if b.kind == "mla" for _ in idx)
+
+
+def absorbed_extra(spec: ModelSpec, pairs: int) -> int:
+    """FLOPs a decode token of MLA's absorbed form (DeepSeek-V2 §2.1.2, W_UK folded into the query and W_UV into
+    the output, as vLLM and SGLang decode) adds to the op list's per-head form, over ``pairs`` cached positions:
+    scores against the latent and rotary key (d_c + d_R per head instead of d_nope + d_R) and values of d_c
+    instead of d_v, i.e. 2·h·pairs·(2·d_c − d_nope − d_v) per layer; the absorbed projections cost what
+    kv_b_proj costs per token, so they cancel."""
+    return sum(2 * h * pairs * (2 * c - nope - v) for h, c, nope, v in _mla_layers(spec))
+
+
+@lru_cache(maxsize=256)
+def _moe(spec: ModelSpec) -> tuple[int, int, int]:
+    """(routed experts E, experts per token k, MoE layers); (0, 0, 0) for a dense model."""
+    from trainmath.ops.emit import layer_top_k
+
+    experts = k = layers = 0
+    for layer, idx in spec.layer_groups():
+        e = max((t.experts for t in layer.tensors), default=0)
+        if e:
+            experts, k, layers = e, layer_top_k(layer) or 1, layers + len(idx)
+    return experts, k, layers
+
+
+def touched_fraction(experts: int, k: int, tokens: int) -> float:
+    """Expected share of E experts that T tokens, each routed uniformly to k of them, touch: 1 − (1 − k/E)^T."""
+    return 1.0 - (1.0 - k / experts) ** tokens if experts else 1.0
+
+
+@lru_cache(maxsize=256)
+def _weights(spec: ModelSpec, setup: InferenceSetup) -> tuple[int, int]:
+    """(weight bytes one rank reads per step besides routed experts, routed-expert bytes on the rank)."""
+    from trainmath.infer.weights import weights_tree
+
+    tree = weights_tree(spec, fmt=setup.weights, tp=setup.tp, ep=setup.ep, gpus=setup.ranks)
+    parts = {c.name: c.value for c in tree.children}
+    experts = parts.pop("experts", 0)
+    if "lm_head" in parts:  # untied: the input table is looked up, one row per token
+        parts.pop("embed_tokens", None)
+    return sum(parts.values()), experts
+
+
+def _cache(spec: ModelSpec, setup: InferenceSetup, n: int, c: int) -> int:
+    from trainmath.infer.kv import cache_tree
+
+    if c <= 0 or n <= 0:
+        return 0
+    return cache_tree(spec, batch=n, context=c, fmt=setup.cache, tp=setup.tp).value
+
+
+def compute_peak(gpu: GPU, weights_dtype: str) -> tuple[float, str]:
+    """Dense peak of the GEMMs for ``weights_dtype`` on ``gpu`` and the kernel format that runs them."""
+    if weights_dtype == "fp8" and gpu.fp8_flops_per_s:
+        return float(gpu.fp8_flops_per_s), "fp8 (W8A8)"
+    if weights_dtype in ("int4", "mxfp4"):
+        return float(gpu.bf16_flops_per_s), f"bf16 ({weights_dtype} dequantised in a W4A16 kernel)"
+    return float(gpu.bf16_flops_per_s), "bf16"
+
+
+def _allreduce_s(size: float, p: int, gpu: GPU, eff: Efficiency) -> float:
+    return 2 * (p - 1) / p * size / (gpu.interconnect_bytes_per_s * eff.link) + 2 * (p - 1) * gpu.intra_node_latency_s
+
+
+def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ...], eff: Efficiency) -> Step:
+    """One forward step of ``parts`` on one rank of ``setup`` (module docstring)."""
+    parts = tuple(p for p in parts if p.n > 0 and p.t > 0)
+    if not parts:
+        raise TrainmathError("a step needs at least one sequence with a new token")
+    ranks, replicas = setup.ranks, setup.replicas
+    tokens = sum(p.n * p.t for p in parts)
+    flops = sum(new_token_flops(spec, p) for p in parts) / ranks
+    peak, _ = compute_peak(gpu, setup.weights.dtype)
+    dense, expert_bytes = _weights(spec, setup)
+    experts, k, moe_layers = _moe(spec)
+    weight_bytes = dense + expert_bytes * touched_fraction(experts, k, tokens)
+    cache_bytes = 0
+    for p in parts:
+        n = -(-p.n // replicas)  # the sequences one attention replica holds
+        cache_bytes += _cache(spec, setup, n, p.c) + (_cache(spec, setup, n, p.c + p.t) - _cache(spec, setup, n, p.c))
+    comm_bytes = 0.0
+    comm_s = 0.0
+    if setup.tp > 1:
+        size = -(-tokens // replicas) * spec.hidden_size * ACT_BYTES
+        comm_bytes += 2 * spec.num_layers * size
+        comm_s += 2 * spec.num_layers * _allreduce_s(size, setup.tp, gpu, eff)
+    if setup.ep > 1 and moe_layers:
+        size = tokens / ranks * k * spec.hidden_size * ACT_BYTES * (setup.ep - 1) / setup.ep
+        comm_bytes += 2 * moe_layers * size
+        comm_s += 2 * moe_layers * (size / (gpu.interconnect_bytes_per_s * eff.link)
+                                    + (setup.ep - 1) * gpu.intra_node_latency_s)
+    total = weight_bytes + cache_bytes
+    return Step(flops=flops, bytes=total, weight_bytes=weight_bytes, cache_bytes=cache_bytes, comm_bytes=comm_bytes,
+                compute_s=flops / (peak * eff.compute), memory_s=total / (gpu.hbm_bytes_per_s * eff.memory),
+                comm_s=comm_s)
+
+
+def decode_samples(start: int, steps: int, most: int = 17) -> list[int]:
+    """Contexts at which to evaluate ``steps`` decode steps starting at context ``start``: every one when few,
+    else ``most`` evenly spaced (each bound is linear in the context between window saturations, so the mean of
+    the max is the mean of the samples to well under a percent)."""
+    if steps <= most:
+        return [start + i for i in range(steps)]
+    return [start + round(i * (steps - 1) / (most - 1)) for i in range(most)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FixedBatch:
+    """A batch of B prompts of I tokens prefilled together, then O − 1 decode steps."""
+
+    batch: int
+    input: int
+    output: int
+    prefill: Step
+    decode: Step
+    """The decode step at the mean context (bounds shown in the text; tpot_s is the mean over all steps)."""
+    tpot_s: float
+    prefill_floor: Step
+    decode_floor: Step
+    tpot_floor_s: float
+    kernel_format: str
+
+    @property
+    def ttft_s(self) -> float:
+        return self.prefill.time_s
+
+    @property
+    def e2e_s(self) -> float:
+        return self.ttft_s + (self.output - 1) * self.tpot_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.batch * self.output / self.e2e_s
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.batch * self.input / self.ttft_s
+
+    def to_dict(self) -> dict:
+        floor_e2e = self.prefill_floor.time_s + (self.output - 1) * self.tpot_floor_s
+        return {"batch": self.batch, "input": self.input, "output": self.output, "ttft_s": self.ttft_s,
+                "tpot_s": self.tpot_s, "e2e_s": self.e2e_s, "output_tokens_per_s": self.output_tokens_per_s,
+                "prefill_tokens_per_s": self.prefill_tokens_per_s, "ttft_bound": self.prefill.bound,
+                "tpot_bound": self.decode.bound, "kernel_format": self.kernel_format,
+                "prefill_step": self.prefill.to_dict(), "decode_step": self.decode.to_dict(),
+                "floor": {"ttft_s": self.prefill_floor.time_s, "tpot_s": self.tpot_floor_s, "e2e_s": floor_e2e,
+                          "output_tokens_per_s": self.batch * self.output / floor_e2e}}
+
+
+def mean_decode(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, batch: int, start: int, steps: int,
+                eff: Efficiency) -> tuple[float, Step]:
+    """(mean step time of ``steps`` decode steps of ``batch`` sequences from context ``start``, the middle step)."""
+    if steps <= 0:
+        return 0.0, step(spec, setup, gpu, (Part(n=batch, t=1, c=start),), eff)
+    samples = [step(spec, setup, gpu, (Part(n=batch, t=1, c=c),), eff) for c in decode_samples(start, steps)]
+    return sum(s.time_s for s in samples) / len(samples), samples[len(samples) // 2]
+
+
+def fixed_batch(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, *, input: int, output: int,
+                eff: Efficiency | None = None) -> FixedBatch:
+    """TTFT, TPOT and throughput of ``setup.batch`` prompts of ``input`` tokens generating ``output`` each."""
+    if input < 1 or output < 1:
+        raise TrainmathError(f"--input ({input}) and --output ({output}) must be positive")
+    eff = eff or Efficiency.of(gpu)
+    b = setup.batch
+    prefill = step(spec, setup, gpu, (Part(n=b, t=input, c=0),), eff)
+    pf = step(spec, setup, gpu, (Part(n=b, t=input, c=0),), FLOOR)
+    tpot, mid = mean_decode(spec, setup, gpu, b, input, output - 1, eff)
+    tpot_floor, mid_floor = mean_decode(spec, setup, gpu, b, input, output - 1, FLOOR)
+    return FixedBatch(batch=b, input=input, output=output, prefill=prefill, decode=mid, tpot_s=tpot or mid.time_s,
+                      prefill_floor=pf, decode_floor=mid_floor, tpot_floor_s=tpot_floor or mid_floor.time_s,
+                      kernel_format=compute_peak(gpu, setup.weights.dtype)[1])
+
+
+def with_batch(setup: InferenceSetup, batch: int) -> InferenceSetup:
+    return replace(setup, batch=batch)
