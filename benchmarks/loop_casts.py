@@ -1,5 +1,5 @@
 """The loops people write, predicted against the same step of transformers' real code on fake tensors under
-MemTracker (``trainmath.memory.simulate``), at Qwen3-8B's full width cut to 2 decoder layers.
+MemTracker (``trainmath.verify.simulate``), at Qwen3-8B's full width cut to 2 decoder layers.
 
 Method: amp-bf16, micro-batch 1 × seq 1024, plain SGD (no optimizer state, so the peak falls in backward: at the
 embedding's backward), ``device="cpu"``; the loop ``loss = model(...).loss`` (the default ``--loop-keeps loss``)
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 
-from trainmath.memory.simulate import simulate
 from trainmath.memory.training import TrainingSetup, training_memory
 from trainmath.model import spec_from_config
 from trainmath.render import table
 from trainmath.sources import catalog_entry
+from trainmath.verify.simulate import simulate
 
 
 def main() -> None:

@@ -15,10 +15,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trainmath.errors import TrainmathError  # noqa: E402
-from trainmath.memory.simulate import simulate  # noqa: E402
 from trainmath.memory.training import TrainingSetup, check_setup, training_memory  # noqa: E402
 from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.sources import catalog_entry  # noqa: E402
+from trainmath.verify.simulate import simulate  # noqa: E402
 
 CFG = dict(catalog_entry("Qwen/Qwen3-8B").config, num_hidden_layers=2)
 SPEC = spec_from_config(CFG, name="qwen3-8b-2-layers", source="test")

@@ -87,7 +87,8 @@ def predicted(model_type, setup):
     ("qwen3_moe", "bf16", "none"), ("qwen3_moe", "amp-bf16", "full"), ("mixtral", "fp32", "full"),
 ])
 def test_eager_loop_on_fake_tensors_equals_real_step(model_type, precision, recompute):
-    setup = TrainingSetup(micro_batch=B, seq=S, precision=precision, recompute=recompute, device="cpu",
+    setup = TrainingSetup(loop_keeps="output", micro_batch=B, seq=S, precision=precision, recompute=recompute,
+                          device="cpu",
                           experts="eager")
     sim = simulate({"model_type": model_type, **BASE, **FAMILY[model_type]}, setup, moe=True)
     measured = real_step(model_type, precision, "eager", recompute)
@@ -99,7 +100,8 @@ def test_eager_loop_on_fake_tensors_equals_real_step(model_type, precision, reco
 
 def test_grouped_mm_in_fp32_on_fake_tensors_equals_real_step(precision="amp-bf16"):
     """amp-bf16 (fp32 weights): grouped_mm runs in fp32; the rule makes the fake step the real one."""
-    setup = TrainingSetup(micro_batch=B, seq=S, precision=precision, device="cpu", experts="grouped")
+    setup = TrainingSetup(loop_keeps="output", micro_batch=B, seq=S, precision=precision, device="cpu",
+                          experts="grouped")
     sim = simulate({"model_type": "qwen3_moe", **BASE, **FAMILY["qwen3_moe"]}, setup, moe=True)
     measured = real_step("qwen3_moe", precision, "grouped")
     assert sim.peak_bytes - sim.buffers_bytes == measured == predicted("qwen3_moe", setup).peak_bytes
@@ -111,7 +113,8 @@ def test_gpt_oss_grouped_path_real_step_fake_step_and_calculator():
     fake step and the calculator agree to the byte. (Qwen3-Next's fake step equals the calculator too, but its
     real CPU step holds 2,080 bytes less at the loss whether its layers are MoE or dense — found here, outside the
     experts, not explained; its grouped saved bytes are exact in ``tests/activations/test_grouped_families.py``.)"""
-    setup = TrainingSetup(micro_batch=B, seq=S, precision="amp-bf16", device="cpu", experts="grouped",
+    setup = TrainingSetup(loop_keeps="output", micro_batch=B, seq=S, precision="amp-bf16", device="cpu",
+                          experts="grouped",
                           attention="eager")
     sim = simulate({"model_type": "gpt_oss", **BASE, **FAMILY["gpt_oss"]}, setup, moe=True)
     assert sim.peak_bytes - sim.buffers_bytes == predicted("gpt_oss", setup).peak_bytes \
@@ -182,7 +185,8 @@ def test_eager_loop_backward_holds_full_size_expert_gradients(model_type, precis
     monkeypatch.setattr(sys.modules[__name__], "B", 1)
     monkeypatch.setattr(sys.modules[__name__], "S", 16)
     measured = real_step(model_type, precision, "eager")
-    setup = TrainingSetup(micro_batch=1, seq=16, precision=precision, device="cpu", experts="eager")
+    setup = TrainingSetup(loop_keeps="output", micro_batch=1, seq=16, precision=precision, device="cpu",
+                          experts="eager")
     r = predicted(model_type, setup)
     assert r.stages[0].phase == "backward layer 0"
     assert 0 <= r.peak_bytes - measured < (0.012 if precision == "amp-bf16" else 0.001) * measured

@@ -202,7 +202,8 @@ def test_fsdp2_attention_backward_event():
               "embedding_dropout": 0.0, "use_bias": True, "tie_word_embeddings": False, "bos_token_id": 0,
               "eos_token_id": 0}
     spec = spec_from_config(config, name="tiny", source="test")
-    setup = TrainingSetup(micro_batch=1, seq=64, precision="bf16", optimizer_impl="forloop", device="cpu")
+    setup = TrainingSetup(loop_keeps="output", micro_batch=1, seq=64, precision="bf16", optimizer_impl="forloop",
+                          device="cpu")
     layout = ParallelLayout(dp=4, zero=3)
     r = training_memory(spec, setup, layout)
     sim = simulate(config, setup, layout)
@@ -223,7 +224,8 @@ def test_fsdp2_input_norm_backward_event():
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "max_position_embeddings": 512, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 0}
     spec = spec_from_config(config, name="tiny", source="test")
-    setup = TrainingSetup(micro_batch=1, seq=64, precision="bf16", optimizer_impl="forloop", device="cpu",
+    setup = TrainingSetup(loop_keeps="output", micro_batch=1, seq=64, precision="bf16", optimizer_impl="forloop",
+                          device="cpu",
                           recompute="full")
     layout = ParallelLayout(dp=4, zero=3)
     r = training_memory(spec, setup, layout)
@@ -281,7 +283,7 @@ def test_ddp_buckets_exact(bucket_view, vocab, b, s):
         dist.destroy_process_group()
     buffers = sum(x.untyped_storage().nbytes() for x in model.buffers())
     spec = spec_from_config(config, name="tiny", source="test")
-    r = training_memory(spec, TrainingSetup(micro_batch=b, seq=s, precision="fp32", device="cpu",
+    r = training_memory(spec, TrainingSetup(loop_keeps="output", micro_batch=b, seq=s, precision="fp32", device="cpu",
                                             bucket_view=bucket_view), ParallelLayout(dp=2))
     assert peak["Total"] - buffers == r.peak_bytes
     assert r.breakdown.flat()["framework_overhead_bytes"] == (0 if bucket_view else r.stages[0].at(

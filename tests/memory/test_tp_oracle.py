@@ -232,7 +232,7 @@ def test_fake_simulation_equals_gloo_rank(tp2, case):
     from trainmath.verify.simulate import simulate
 
     model_type, attn, mode, sp, vp = case
-    setup = TrainingSetup(micro_batch=B, seq=S, precision=PRECISION[mode], attention=attn,
+    setup = TrainingSetup(loop_keeps="output", micro_batch=B, seq=S, precision=PRECISION[mode], attention=attn,
                           optimizer_impl="forloop", device="cpu")
     sim = simulate({"model_type": model_type, **BASE}, setup, ParallelLayout(tp=2, sp=sp, vocab_parallel=vp))
     real = tp2[case][0]

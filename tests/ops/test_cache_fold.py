@@ -28,8 +28,10 @@ def test_every_mixer_op_names_its_cache(model):
                 q, k, v = op.inputs[:3]
                 tokens = [next(a.size for a in t.axes if a.shard == "seq") for t in op.cache]
                 assert tokens == [k.axes[1].size] * len(op.cache) == [100] * len(op.cache)
-                if mixer.kind == "attention":
-                    assert [t.axes[1].size for t in op.cache] == [mixer.dims.kv_heads] * 2
+                if mixer.kind == "attention":  # the heads of the key attention reads: h_kv, or h where Falcon's new
+                    # decoder architecture broadcasts them before the cache (as FalconAttention caches num_heads)
+                    assert [t.axes[1].size for t in op.cache] == [k.axes[2].size] * 2
+                    assert k.axes[2].size in (mixer.dims.kv_heads, mixer.dims.heads)
                     assert op.cache[1].axes[3].size == v.axes[3].size
             if op.kind == "scan":  # the recurrent state's heads are the heads the chunks run over
                 heads = op.inputs[0].axes[1 if op.kernel == "chunk_gated_delta_rule" else 2]
