@@ -10,9 +10,10 @@ t = I, c = 0; a decode step t = 1, c = the context so far). On one rank of the i
   token of each sequence (engines compute logits only where a token is sampled); divided evenly over the ranks
   (tensor parallel splits every GEMM, attention data parallel the batch, expert parallel the experts: balanced
   routing assumed); MLA decode in the absorbed form (``absorbed_extra``). The peak is the dense tensor-core
-  peak of the kernel format: fp8 weights run fp8 GEMMs on a GPU with an fp8 peak (W8A8), every other format
-  the bf16 peak (4-bit weights are dequantised inside W4A16 kernels, Marlin-style: their gain is in bytes, not
-  FLOPs);
+  peak of the kernel format, from the preset's native formats (``hardware/serving.json``): fp8 weights run fp8
+  GEMMs where fp8 is native (W8A8), nvfp4/mxfp4 weights fp4 GEMMs where fp4 is native (Blackwell), every other
+  case the bf16 peak (4-bit weights are dequantised inside W4A16 kernels, Marlin-style: their gain is in bytes,
+  not FLOPs);
 - **memory**: bytes read and written / (HBM bandwidth · memory efficiency): the rank's weights in their serving
   format (``infer.weights``) — routed experts only for the share the step's tokens touch, E·[1 − (1 − k/E)^T]
   of E experts for T tokens routing to k each (uniform routing), the input embedding table not at all (one row
@@ -22,16 +23,22 @@ t = I, c = 0; a decode step t = 1, c = the context so far). On one rank of the i
   of p ranks taking 2(p − 1)/p · bytes / link + 2(p − 1)·α; under expert parallelism 2 all-to-alls per MoE layer
   (dispatch and combine) of each rank's tokens × k × hidden, (ep − 1)/ep of it leaving the rank.
 
-step = max(compute, memory) + communication (decode kernels and collectives run one after the other). The floor
-is the same at efficiency 1. Efficiencies default to the GPU generation's ``gemm_peak_fraction``,
-``hbm_fraction`` and ``link_fraction`` (``hardware.gpus.json``); ``benchmarks/serving_oracles.py`` fits them per
-generation to published serving runs.
+- **overhead**: a fixed time per forward step (kernel launches or CUDA-graph replay, scheduling, sampling) plus
+  one per decoder layer per step, constants of the GPU generation (``hardware/serving.json``); it dominates
+  batch-1 decode of small models.
+
+step = max(compute, memory) + communication + overhead (decode kernels and collectives run one after the other).
+The floor is the same at efficiency 1 and without overhead. The compute and memory efficiencies and the two
+overheads are per GPU generation, fitted by ``benchmarks/serving_calibrate.py`` to published serving runs and
+stored in ``hardware/serving.json``; the link efficiency is the generation's ``link_fraction`` (``gpus.json``).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from importlib import resources
 
 from trainmath.errors import TrainmathError
 from trainmath.hardware import GPU, presets
@@ -42,18 +49,36 @@ ACT_BYTES = 2
 """Hidden states on the wire and in activations: bf16."""
 
 
+@lru_cache(maxsize=1)
+def serving_data() -> dict:
+    """``hardware/serving.json``: per-generation serving constants and per-preset native formats."""
+    return json.loads(resources.files("trainmath.hardware").joinpath("serving.json").read_text(encoding="utf-8"))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Efficiency:
-    """Achieved fractions of peak the prediction uses (1 everywhere: the physical floor)."""
+    """Achieved fractions of peak and fixed overheads the prediction uses (1 and 0: the physical floor)."""
 
     compute: float
     memory: float
     link: float
+    step_s: float = 0.0
+    """Fixed time of every forward step (launches, scheduler, sampling)."""
+    layer_s: float = 0.0
+    """Fixed time per decoder layer per step."""
 
     @classmethod
     def of(cls, gpu: GPU) -> Efficiency:
         e = presets().efficiency(gpu)
-        return cls(compute=e.gemm_peak_fraction, memory=e.hbm_fraction, link=e.link_fraction)
+        g = serving_data()["generations"].get(gpu.generation)
+        if g is None:
+            return cls(compute=e.gemm_peak_fraction, memory=e.hbm_fraction, link=e.link_fraction)
+        return cls(compute=g["prefill_compute_fraction"], memory=g["decode_memory_fraction"], link=e.link_fraction,
+                   step_s=g["step_overhead_s"], layer_s=g["layer_overhead_s"])
+
+    def overhead_s(self, layers: int) -> float:
+        """Fixed time of one forward step of a model of ``layers`` decoder layers: step_s + layers · layer_s."""
+        return self.step_s + layers * self.layer_s
 
 
 FLOOR = Efficiency(compute=1.0, memory=1.0, link=1.0)
@@ -82,20 +107,24 @@ class Step:
     compute_s: float
     memory_s: float
     comm_s: float
+    overhead_s: float = 0.0
+    """Fixed per-step and per-layer time (``Efficiency.overhead_s``)."""
 
     @property
     def time_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.comm_s
+        return max(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
 
     @property
     def bound(self) -> str:
+        if self.overhead_s > max(self.compute_s, self.memory_s, self.comm_s):
+            return "overhead"
         if self.comm_s > max(self.compute_s, self.memory_s):
             return "communication"
         return "compute" if self.compute_s >= self.memory_s else "memory"
 
     def to_dict(self) -> dict:
         return {"time_s": self.time_s, "bound": self.bound, "compute_s": self.compute_s, "memory_s": self.memory_s,
-                "communication_s": self.comm_s, "flops_per_rank": self.flops, "bytes_per_rank": self.bytes,
+                "communication_s": self.comm_s, "overhead_s": self.overhead_s, "flops_per_rank": self.flops, "bytes_per_rank": self.bytes,
                 "weight_bytes_per_rank": self.weight_bytes, "cache_bytes_per_rank": self.cache_bytes,
                 "comm_bytes_per_rank": self.comm_bytes}
 
@@ -173,11 +202,23 @@ def _cache(spec: ModelSpec, setup: InferenceSetup, n: int, c: int) -> int:
     return cache_tree(spec, batch=n, context=c, fmt=setup.cache, tp=setup.tp).value
 
 
+def native_formats(gpu: GPU) -> tuple[tuple[str, ...], float | None]:
+    """(GEMM formats ``gpu``'s tensor cores run natively, its dense fp4 peak or None): ``hardware/serving.json``,
+    else bf16 and, where the preset has an fp8 peak, fp8."""
+    n = serving_data()["native_formats"].get(gpu.name)
+    if n is None:
+        return ("bf16", "fp16") + (("fp8",) if gpu.fp8_flops_per_s else ()), None
+    return tuple(n["formats"]), n["fp4_flops_per_s"]
+
+
 def compute_peak(gpu: GPU, weights_dtype: str) -> tuple[float, str]:
     """Dense peak of the GEMMs for ``weights_dtype`` on ``gpu`` and the kernel format that runs them."""
-    if weights_dtype == "fp8" and gpu.fp8_flops_per_s:
+    native, fp4_peak = native_formats(gpu)
+    if weights_dtype == "fp8" and gpu.fp8_flops_per_s and "fp8" in native:
         return float(gpu.fp8_flops_per_s), "fp8 (W8A8)"
-    if weights_dtype in ("int4", "mxfp4"):
+    if weights_dtype in ("nvfp4", "mxfp4") and weights_dtype in native and fp4_peak:
+        return float(fp4_peak), f"fp4 ({weights_dtype} W4A4, native)"
+    if weights_dtype in ("int4", "mxfp4", "nvfp4"):
         return float(gpu.bf16_flops_per_s), f"bf16 ({weights_dtype} dequantised in a W4A16 kernel)"
     return float(gpu.bf16_flops_per_s), "bf16"
 
@@ -216,7 +257,7 @@ def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ..
     total = weight_bytes + cache_bytes
     return Step(flops=flops, bytes=total, weight_bytes=weight_bytes, cache_bytes=cache_bytes, comm_bytes=comm_bytes,
                 compute_s=flops / (peak * eff.compute), memory_s=total / (gpu.hbm_bytes_per_s * eff.memory),
-                comm_s=comm_s)
+                comm_s=comm_s, overhead_s=eff.overhead_s(spec.num_layers))
 
 
 def decode_samples(start: int, steps: int, most: int = 17) -> list[int]:
