@@ -76,12 +76,14 @@ def raw(r: dict) -> dict:
         pre = trip(step(spec, setup, gpu, (Part(n=b, t=inp, c=0),), unit))
         dec = [trip(step(spec, setup, gpu, (Part(n=b, t=1, c=c),), unit))
                for c in decode_samples(inp, max(out - 1, 1))]
-        return {"generation": gpu.generation, "layers": spec.num_layers, "kind": "batch", "n": b, "I": inp, "O": out, "prefill": pre,
+        return {"generation": gpu.generation, "layers": spec.num_layers, "kind": "batch", "n": b,
+                "I": inp, "O": out, "prefill": pre,
                 "decode": dec}
     cap = vllm_capacity(spec, setup, gpu, request_tokens=inp + out, engine=EngineMemory())
     st = steady_state(spec, setup, gpu, concurrency=r["concurrency"], input=inp, output=out, eff=unit,
                       capacity=cap.max_concurrency)
-    return {"generation": gpu.generation, "layers": spec.num_layers, "kind": "concurrency", "n": r["concurrency"], "I": inp, "O": out,
+    return {"generation": gpu.generation, "layers": spec.num_layers, "kind": "concurrency",
+            "n": r["concurrency"], "I": inp, "O": out,
             "step": trip(st.step), "chunk": trip(st.chunk_step), "p": st.prefill_steps, "queue": st.queue_factor}
 
 

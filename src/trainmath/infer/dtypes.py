@@ -100,7 +100,8 @@ class WeightFormat:
         """The scales' format: ``scale_dtype`` or the dtype's default (int8 fp32, int4 fp16, fp8 fp32)."""
         if not self.quantised:
             return None
-        return self.scale_dtype or {"int8": "fp32", "int4": "fp16", "fp8": "fp32", "mxfp4": "e8m0", "nvfp4": "fp8"}[self.dtype]
+        defaults = {"int8": "fp32", "int4": "fp16", "fp8": "fp32", "mxfp4": "e8m0", "nvfp4": "fp8"}
+        return self.scale_dtype or defaults[self.dtype]
 
     @property
     def scale_bits(self) -> int:

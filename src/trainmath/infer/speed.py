@@ -124,7 +124,8 @@ class Step:
 
     def to_dict(self) -> dict:
         return {"time_s": self.time_s, "bound": self.bound, "compute_s": self.compute_s, "memory_s": self.memory_s,
-                "communication_s": self.comm_s, "overhead_s": self.overhead_s, "flops_per_rank": self.flops, "bytes_per_rank": self.bytes,
+                "communication_s": self.comm_s, "overhead_s": self.overhead_s, "flops_per_rank": self.flops,
+                "bytes_per_rank": self.bytes,
                 "weight_bytes_per_rank": self.weight_bytes, "cache_bytes_per_rank": self.cache_bytes,
                 "comm_bytes_per_rank": self.comm_bytes}
 
