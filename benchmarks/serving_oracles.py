@@ -50,13 +50,16 @@ def _setup(r: dict):
     from trainmath.infer.dtypes import dtype_name
 
     n = r.get("batch") or r.get("concurrency") or 1
-    return InferenceSetup(batch=n, context=r["input"] + r["output"], tp=r.get("tp") or 1, ep=r.get("ep") or 1,
+    # attention data parallel: the engine's --tp splits no attention weight; every rank is an attention replica
+    tp = 1 if r.get("attention_dp") else r.get("tp") or 1
+    return InferenceSetup(batch=n, context=r["input"] + r["output"], tp=tp, ep=r.get("ep") or 1,
                           gpus=r.get("gpus"), weights=WeightFormat(dtype=dtype_name(r.get("weights_dtype") or "bf16")),
                           cache=CacheFormat(kv_dtype=dtype_name(r.get("kv_dtype") or "bf16", what="kv dtype")))
 
 
 def raw(r: dict) -> dict:
-    """The record's steps at compute and memory efficiency 1: (compute_s, memory_s, comm_s) triples."""
+    """The record's steps at compute and memory efficiency 1, without overhead: (GEMM compute, weight memory,
+    communication, attention compute, cache memory) of each."""
     from dataclasses import replace
 
     from trainmath.hardware import gpu as find_gpu
@@ -67,8 +70,9 @@ def raw(r: dict) -> dict:
     spec, gpu, setup = load_spec(r["model"]), find_gpu(r["gpu"]), _setup(r)
     unit = replace(Efficiency.of(gpu), compute=1.0, memory=1.0, step_s=0.0, layer_s=0.0)
 
-    def trip(s) -> tuple[float, float, float]:
-        return (s.compute_s, s.memory_s, s.comm_s)
+    def trip(s) -> tuple[float, float, float, float, float]:
+        return (s.compute_s - s.attention_compute_s, s.memory_s - s.cache_memory_s, s.comm_s,
+                s.attention_compute_s, s.cache_memory_s)
 
     inp, out = r["input"], r["output"]
     if r.get("batch"):
@@ -91,8 +95,8 @@ def predict(x: dict, compute: float, memory: float, step_s: float = 0.0, layer_s
     over = step_s + x["layers"] * layer_s
 
     def t(trip) -> float:
-        c, m, k = trip
-        return max(c / compute, m / memory) + k + over
+        c, m, k, ac, cm = trip
+        return max(c / compute, m / memory) + max(ac / compute, cm / memory) + k + over
 
     if x["kind"] == "batch":
         ttft = t(x["prefill"])

@@ -27,7 +27,13 @@ t = I, c = 0; a decode step t = 1, c = the context so far). On one rank of the i
   one per decoder layer per step, constants of the GPU generation (``hardware/serving.json``); it dominates
   batch-1 decode of small models.
 
-step = max(compute, memory) + communication + overhead (decode kernels and collectives run one after the other).
+The compute and memory bounds are taken per kernel class, because the kernels of a step run one after the other:
+the GEMMs (linear FLOPs against the weights they stream) and the attention cores (score and value FLOPs, at the
+bf16 peak unless the cache is fp8 on a GPU that runs fp8, against the cache they stream). An MLA decode at a
+large batch is compute-bound in attention (the absorbed form shares the latent across heads) while its MoE
+GEMMs are memory-bound; one max over the whole step would overlap the two.
+
+step = max(gemm compute, weight bytes) + max(attention compute, cache bytes) + communication + overhead.
 The floor is the same at efficiency 1 and without overhead. The compute and memory efficiencies and the two
 overheads are per GPU generation, fitted by ``benchmarks/serving_calibrate.py`` to published serving runs and
 stored in ``hardware/serving.json``; the link efficiency is the generation's ``link_fraction`` (``gpus.json``).
@@ -105,14 +111,21 @@ class Step:
     cache_bytes: float
     comm_bytes: float
     compute_s: float
+    """GEMM and attention compute together."""
     memory_s: float
+    """Weight and cache streaming together."""
     comm_s: float
     overhead_s: float = 0.0
     """Fixed per-step and per-layer time (``Efficiency.overhead_s``)."""
+    attention_compute_s: float = 0.0
+    """The attention cores' share of ``compute_s``."""
+    cache_memory_s: float = 0.0
+    """The cache's share of ``memory_s``."""
 
     @property
     def time_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
+        gemm = max(self.compute_s - self.attention_compute_s, self.memory_s - self.cache_memory_s)
+        return gemm + max(self.attention_compute_s, self.cache_memory_s) + self.comm_s + self.overhead_s
 
     @property
     def bound(self) -> str:
@@ -124,7 +137,9 @@ class Step:
 
     def to_dict(self) -> dict:
         return {"time_s": self.time_s, "bound": self.bound, "compute_s": self.compute_s, "memory_s": self.memory_s,
-                "communication_s": self.comm_s, "overhead_s": self.overhead_s, "flops_per_rank": self.flops,
+                "communication_s": self.comm_s, "overhead_s": self.overhead_s,
+                "attention_compute_s": self.attention_compute_s, "cache_memory_s": self.cache_memory_s,
+                "flops_per_rank": self.flops,
                 "bytes_per_rank": self.bytes,
                 "weight_bytes_per_rank": self.weight_bytes, "cache_bytes_per_rank": self.cache_bytes,
                 "comm_bytes_per_rank": self.comm_bytes}
@@ -146,6 +161,14 @@ def new_token_flops(spec: ModelSpec, part: Part) -> int:
     before = _forward(spec, part.c)[0] if part.c else 0
     extra = absorbed_extra(spec, part.c + 1) if part.t == 1 else 0
     return part.n * (total - before - head * (part.t - 1) + extra)
+
+
+def attention_flops(spec: ModelSpec, part: Part) -> int:
+    """The attention cores' share of ``new_token_flops``: the total less the linear FLOPs, which do not depend on
+    the context (n · [t · (F₁ − head) + head], F₁ a single token's FLOPs with one cached pair)."""
+    one = new_token_flops(spec, Part(n=1, t=1, c=0))
+    head = _forward(spec, 1)[1]
+    return max(new_token_flops(spec, part) - part.n * (part.t * (one - head) + head), 0)
 
 
 @lru_cache(maxsize=256)
@@ -236,7 +259,9 @@ def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ..
     ranks, replicas = setup.ranks, setup.replicas
     tokens = sum(p.n * p.t for p in parts)
     flops = sum(new_token_flops(spec, p) for p in parts) / ranks
+    attn = sum(attention_flops(spec, p) for p in parts) / ranks
     peak, _ = compute_peak(gpu, setup.weights.dtype)
+    attn_peak = compute_peak(gpu, "fp8" if setup.cache.kv_dtype == "fp8" else "bf16")[0]
     dense, expert_bytes = _weights(spec, setup)
     experts, k, moe_layers = _moe(spec)
     weight_bytes = dense + expert_bytes * touched_fraction(experts, k, tokens)
@@ -257,8 +282,10 @@ def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ..
                                     + (setup.ep - 1) * gpu.intra_node_latency_s)
     total = weight_bytes + cache_bytes
     return Step(flops=flops, bytes=total, weight_bytes=weight_bytes, cache_bytes=cache_bytes, comm_bytes=comm_bytes,
-                compute_s=flops / (peak * eff.compute), memory_s=total / (gpu.hbm_bytes_per_s * eff.memory),
-                comm_s=comm_s, overhead_s=eff.overhead_s(spec.num_layers))
+                compute_s=((flops - attn) / peak + attn / attn_peak) / eff.compute,
+                memory_s=total / (gpu.hbm_bytes_per_s * eff.memory), comm_s=comm_s,
+                overhead_s=eff.overhead_s(spec.num_layers), attention_compute_s=attn / (attn_peak * eff.compute),
+                cache_memory_s=cache_bytes / (gpu.hbm_bytes_per_s * eff.memory))
 
 
 def decode_samples(start: int, steps: int, most: int = 17) -> list[int]:
