@@ -65,3 +65,24 @@ def test_native_formats_per_preset():
     assert compute_peak(gpu("b200"), "nvfp4") == (9e15, "fp4 (nvfp4 W4A4, native)")
     assert compute_peak(gpu("h100"), "nvfp4")[0] == gpu("h100").bf16_flops_per_s  # no fp4 on Hopper: W4A16
     assert compute_peak(gpu("a100-40gb"), "fp8")[1] == "bf16"
+
+
+def test_attention_flops_are_the_hand_count():
+    """Llama-3.1-8B: a decode token at context c has 4·(c + 1)·heads·head_dim attention FLOPs per layer."""
+    from trainmath.infer.speed import attention_flops
+
+    spec = load_spec(L8)
+    for c in (0, 99, 4095):
+        assert attention_flops(spec, Part(n=2, t=1, c=c)) == 2 * 32 * 4 * (c + 1) * 32 * 128
+    assert attention_flops(spec, Part(n=1, t=100, c=0)) == 32 * 4 * (100 * 101 // 2) * 32 * 128
+
+
+def test_gemms_and_attention_are_bounded_in_turn():
+    """time = max(GEMM compute, weight bytes) + max(attention compute, cache bytes): the two kernel classes do not
+    overlap, so a step is never faster than either and is their sum when one is compute- and one memory-bound."""
+    spec, h100 = load_spec(L8), gpu("h100")
+    s = step(spec, InferenceSetup(batch=256, context=32_001), h100, (Part(n=256, t=1, c=32_000),), FLOOR)
+    gemm = max(s.compute_s - s.attention_compute_s, s.memory_s - s.cache_memory_s)
+    attn = max(s.attention_compute_s, s.cache_memory_s)
+    assert s.time_s == pytest.approx(gemm + attn, rel=1e-12)
+    assert s.time_s >= max(s.compute_s, s.memory_s)

@@ -165,8 +165,9 @@ def new_token_flops(spec: ModelSpec, part: Part) -> int:
 
 def attention_flops(spec: ModelSpec, part: Part) -> int:
     """The attention cores' share of ``new_token_flops``: the total less the linear FLOPs, which do not depend on
-    the context (n · [t · (F₁ − head) + head], F₁ a single token's FLOPs with one cached pair)."""
-    one = new_token_flops(spec, Part(n=1, t=1, c=0))
+    the context: n · [t · (L − head) + head], L = 2·F(c=0) − F(c=1) the linear FLOPs of one token (F(c) a decode
+    token's FLOPs after c cached ones: its attention grows by one pair per cached token)."""
+    one = 2 * new_token_flops(spec, Part(n=1, t=1, c=0)) - new_token_flops(spec, Part(n=1, t=1, c=1))
     head = _forward(spec, 1)[1]
     return max(new_token_flops(spec, part) - part.n * (part.t * (one - head) + head), 0)
 
