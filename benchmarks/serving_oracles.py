@@ -88,7 +88,14 @@ def raw(r: dict) -> dict:
                       capacity=cap.max_concurrency)
     return {"generation": gpu.generation, "layers": spec.num_layers, "kind": "concurrency",
             "n": r["concurrency"], "I": inp, "O": out,
-            "step": trip(st.step), "chunk": trip(st.chunk_step), "p": st.prefill_steps, "queue": st.queue_factor}
+            "step": trip(st.step), "chunk": trip(st.chunk_step), "p": st.prefill_steps, "queue": st.queue_factor,
+            "running": st.running, "per_step": max(1, st.chunk_tokens // inp)}
+
+
+def prefill_wait(prompt_s: float, per_step: int, running: int, e2e_s: float) -> float:
+    from trainmath.infer.batching import prefill_wait as wait
+
+    return wait(prompt_s, per_step, running, e2e_s)
 
 
 def predict(x: dict, compute: float, memory: float, step_s: float = 0.0, layer_s: float = 0.0) -> dict:
@@ -104,6 +111,7 @@ def predict(x: dict, compute: float, memory: float, step_s: float = 0.0, layer_s
     else:
         tpot = t(x["step"])
         first = 0.5 * tpot + x["p"] * t(x["chunk"])
+        first += prefill_wait(x["p"] * t(x["chunk"]), x["per_step"], x["running"], first + (x["O"] - 1) * tpot)
         ttft = first + (x["queue"] - 1) * (first + (x["O"] - 1) * tpot)  # past the KV capacity requests queue
     e2e = ttft + (x["O"] - 1) * tpot
     return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "output_tokens_per_s": x["n"] * x["O"] / e2e}

@@ -86,3 +86,12 @@ def test_gemms_and_attention_are_bounded_in_turn():
     attn = max(s.attention_compute_s, s.cache_memory_s)
     assert s.time_s == pytest.approx(gemm + attn, rel=1e-12)
     assert s.time_s >= max(s.compute_s, s.memory_s)
+
+
+def test_prefill_wait_is_md1():
+    """M/D/1 mean wait ρ·S / (2(1 − ρ)): S = 0.4 s, 25 requests of 20 s each → ρ = 0.5, wait 0.2 s."""
+    from trainmath.infer.batching import prefill_wait
+
+    assert prefill_wait(0.4, 1, 25, 20.0) == pytest.approx(0.2, rel=1e-12)
+    assert prefill_wait(0.4, 2, 25, 20.0) == pytest.approx(0.25 * 0.2 / 1.5, rel=1e-12)  # two prompts a step
+    assert prefill_wait(1.0, 1, 1000, 1.0) == pytest.approx(0.95 / 0.1, rel=1e-12)  # ρ capped at 0.95
