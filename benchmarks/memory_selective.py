@@ -26,11 +26,11 @@ import sys
 from memory_sim import EAGER_ATTENTION, FAMILIES, cut
 
 from trainmath.memory.activations import activation_bytes
-from trainmath.memory.simulate import simulate
 from trainmath.memory.training import TrainingSetup, experts_path, training_memory
 from trainmath.model import spec_from_config
 from trainmath.model.spec import MoEDims
 from trainmath.sources import resolve
+from trainmath.verify.simulate import simulate
 
 MODELS = ("Qwen/Qwen3-0.6B", "meta-llama/Llama-3.2-1B")
 RECOMPUTE = ("none", "selective", "full")

@@ -1,5 +1,5 @@
 """Predicted training peak (``--device cpu``) against the same step of the real transformers code run at full
-width on fake tensors under MemTracker (``trainmath.memory.simulate``).
+width on fake tensors under MemTracker (``trainmath.verify.simulate``).
 
 Method: for each case, ``training_memory(spec, setup)`` with ``device="cpu"`` (no allocator rounding, the
 optimizer's step scalars on the one device) and ``simulate(config, setup)`` (two steps of
@@ -20,7 +20,7 @@ Nemotron-H keeps 3 layers, pattern ``M*-`` (Mamba-2, attention, MLP); DeepSeek-V
 both chunked RoPE MoE layers). MoE experts: grouped
 where the family's grouped path is modelled, else eager (``trainmath.memory.training.experts_path``; the experts
 column says which); amp-bf16 grouped runs ``_grouped_mm`` in fp32 and eager loops run under the simulation's
-stated routing (``trainmath.memory.fake_experts``). ``--experts eager``: every MoE case on the eager loop. A family
+stated routing (``trainmath.verify.fake_experts``). ``--experts eager``: every MoE case on the eager loop. A family
 whose simulation fails is a row with the error, not a crash. Attention: SDPA, except ``EAGER_ATTENTION`` (Gemma 2's
 softcapping and gpt-oss's sinks: transformers runs them eager only). ``--only a,b``: those families only. Each case
 takes seconds; the whole single-device table about 5 minutes on two shared cores.
@@ -32,11 +32,11 @@ import dataclasses
 import sys
 
 from trainmath.layout import ParallelLayout
-from trainmath.memory.simulate import simulate
 from trainmath.memory.training import TrainingSetup, experts_path, training_memory
 from trainmath.model import spec_from_config
 from trainmath.model.spec import MoEDims
 from trainmath.sources import resolve
+from trainmath.verify.simulate import simulate
 
 MODELS = ("Qwen/Qwen3-0.6B", "meta-llama/Llama-3.2-1B")
 CASES = [(p, r) for p in ("bf16", "amp-bf16") for r in ("none", "full")]

@@ -1,6 +1,6 @@
 """One tensor-parallel rank at full width: the real transformers step on fake tensors over a fake process group.
 
-Method: for each model, precision and layout, ``trainmath.memory.simulate.simulate`` builds the model inside
+Method: for each model, precision and layout, ``trainmath.verify.simulate.simulate`` builds the model inside
 ``FakeTensorMode``, splits it with ``trainmath.runtime.tensor_parallel.apply_tp`` (torchtitan's plans; the device
 mesh of a ``dist.init_process_group("fake")`` world of tp ranks made outside the fake mode), and runs
 ``out = model(ids, labels=ids); out.loss.backward(); opt.step(); opt.zero_grad()`` twice (for-loop AdamW,
@@ -15,9 +15,9 @@ from __future__ import annotations
 import sys
 
 from trainmath.layout import ParallelLayout
-from trainmath.memory.simulate import simulate
 from trainmath.memory.training import TrainingSetup
 from trainmath.sources import resolve
+from trainmath.verify.simulate import simulate
 
 MODELS = ("Qwen/Qwen3-0.6B", "meta-llama/Llama-3.2-1B")
 LAYOUTS = [(1, False), (2, False), (2, True), (4, False), (4, True)]

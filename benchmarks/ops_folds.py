@@ -1,14 +1,17 @@
-"""Old vs new: a snapshot of every figure the op folds of issue 9 (opsfold) feed, to compare two trees byte for byte.
+"""Old vs new: a snapshot of every figure the calculator prints, to compare two trees byte for byte.
 
 ``snapshot OUT.json`` records, for all 41 catalog configs: ``repr(count_flops(...))`` (both causal conventions,
 recompute none/selective/full, four batch × seq, Gated DeltaNet / Mamba-2 chunk overrides); the cache tree at tp
 1/2/8 where the layout is valid × five cache formats × five contexts × batch 1 and 3; ``kv_bytes_per_token`` and
 ``grows_with_context``; the output of three ``trainmath infer`` commands per model (with ``--gpu``: the largest
 batch and context searches); serve's ``calc`` for six models; and the saved-bytes folds (``activation_bytes``, three
-precisions × two expert paths × tp 1/2 × two lengths × recompute none/selective) that the emitters also feed.
+precisions × two expert paths × tp 1/2 × two lengths × recompute none/selective) that the emitters also feed;
+``trainmath params --json``; ``trainmath memory --json --timeline`` under eight layouts (DDP buckets, ZeRO-1/2 ours
+and DeepSpeed's, FSDP2 ZeRO-2/3, TP+SP, recompute, eager experts, megatron profile); one ``trainmath plan --json``
+and one ``trainmath estimate --json`` per model.
 ``compare OLD.json NEW.json`` prints, per section, how many cases are equal to the byte.
 Run on the tree before a change and after it (``PYTHONPATH=<old tree>/src python benchmarks/ops_folds.py snapshot
-old.json``; the same with the new tree; then ``compare``). Pure calculator, ~15 s per snapshot on one core.
+old.json``; the same with the new tree; then ``compare``). Pure calculator, about a minute per snapshot on one core.
 """
 
 from __future__ import annotations
@@ -89,10 +92,35 @@ def _memory(m: str, spec) -> dict:
     return out
 
 
+MEMORY = (["--micro-batch", "1", "--seq", "256"],
+          ["--micro-batch", "2", "--seq", "512", "--dp", "4", "--bucket-view", "--grad-lifetime", "zero"],
+          ["--micro-batch", "1", "--seq", "512", "--dp", "8", "--zero", "1", "--zero-impl", "trainmath"],
+          ["--micro-batch", "1", "--seq", "512", "--dp", "8", "--zero", "2", "--zero-impl", "deepspeed",
+           "--precision", "bf16", "--optimizer", "sgd-momentum"],
+          ["--micro-batch", "1", "--seq", "512", "--dp", "8", "--zero", "3", "--recompute", "full"],
+          ["--micro-batch", "1", "--seq", "512", "--dp", "4", "--zero", "2", "--zero-impl", "fsdp2",
+           "--experts", "eager", "--device", "cpu"],
+          ["--micro-batch", "1", "--seq", "1024", "--tp", "2", "--sp", "--vocab-parallel", "--recompute",
+           "selective", "--gpu", "h100"],
+          ["--micro-batch", "1", "--seq", "2048", "--profile", "megatron", "--dp", "2", "--zero", "1"])
+
+
+def _commands(m: str) -> dict:
+    out = {}
+    argvs = [["params", m, "--json"]] + [["memory", m, *a, "--json", "--timeline"] for a in MEMORY]
+    argvs += [["plan", m, "--gpus", "16", "--gpu", "h100", "--seq", "4096", "--global-batch", "64", "--json",
+               "--top", "5"],
+              ["estimate", m, "--gpus", "16", "--gpu", "h100", "--seq", "4096", "--global-batch", "64", "--json"]]
+    for argv in argvs:
+        out[" ".join(argv)] = _cli(argv)
+    return out
+
+
 def snapshot(path: str) -> None:
     from trainmath.serve.app import calc
 
-    out: dict[str, dict] = {k: {} for k in ("flops", "cache", "per_token", "grows", "cli", "serve", "memory")}
+    out: dict[str, dict] = {k: {} for k in ("flops", "cache", "per_token", "grows", "cli", "serve", "memory",
+                                                    "commands")}
     for m in sorted(catalog_index()):
         spec = load_spec(m)
         out["flops"].update(_flops(m, spec))
@@ -102,6 +130,7 @@ def snapshot(path: str) -> None:
                      ["infer", m, "--batch", "4", "--context", "8192", "--tp", "8", "--gpu", "h100"]):
             out["cli"][" ".join(argv)] = _cli(argv)
         out["memory"].update(_memory(m, spec))
+        out["commands"].update(_commands(m))
     for m in SERVE:
         out["serve"][m] = json.dumps(calc({"model": m, "micro-batch": "1", "seq": "1024", "serve-batch": "4",
                                            "context": "70000", "gpu": "h100"}), sort_keys=True)

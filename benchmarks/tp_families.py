@@ -12,7 +12,7 @@ Run: ``python benchmarks/tp_families.py [family,...]`` (about 3 s a case on two 
 
 ``--full-width``: one catalog model per family at full width, cut to 2 decoder layers (``memory_sim.cut``),
 b = 1, s = 512, bf16 (Gemma-3-1B with 4 KV heads instead of 1), rank 0 of tp = 2 with SP over a fake process
-group (``trainmath.memory.simulate.simulate``: the model built on fake tensors, split by ``apply_tp``, two steps
+group (``trainmath.verify.simulate.simulate``: the model built on fake tensors, split by ``apply_tp``, two steps
 under MemTracker, for-loop AdamW): the simulated saved bytes beside the fold, and the simulated peak (less module
 buffers) beside ``training_memory``'s CPU peak.
 """
@@ -37,10 +37,10 @@ def full_width() -> None:
 
     from trainmath.layout import ParallelLayout
     from trainmath.memory.activations import activation_bytes, logits_bytes
-    from trainmath.memory.simulate import simulate
     from trainmath.memory.training import TrainingSetup, training_memory
     from trainmath.model import spec_from_config
     from trainmath.sources import resolve
+    from trainmath.verify.simulate import simulate
 
     layout = ParallelLayout(tp=2, sp=True)
     print("| family | model (2 layers) | saved / rank, simulated (B) | fold (B) | peak − buffers, simulated (B) | "

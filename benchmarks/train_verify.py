@@ -18,7 +18,7 @@ from trainmath.runtime.launch import JobSpec, launch
 from trainmath.runtime.train.config import TrainConfig, validate
 from trainmath.runtime.train.loop import prepare, rank_entry
 from trainmath.runtime.train.model import model_spec, shrunk_config
-from trainmath.runtime.train.verify import compare, predict
+from trainmath.verify.train import compare, predict
 
 RUNS = [
     {"strategy": "ddp", "impl": "torch"},

@@ -1,4 +1,4 @@
-"""``--explain``: the parameter formula in the seed's notation, with the values substituted.
+"""``--explain``: the parameter formula in the notation of Jiang Yi's blog series, with the values substituted.
 
 Symbols (seed, first article): N layers, |V| vocabulary, d hidden size, d_ff MLP width, h_d head dim, h query
 heads, h_kv KV heads, n routed experts, k experts per token. Each block's formula is evaluated from its own dims

@@ -15,6 +15,7 @@ routed experts. ``validate_layout`` raises one ``TrainmathError`` that lists eve
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
@@ -48,6 +49,16 @@ class ParallelLayout:
     gradients, 3 also weights (Rajbhandari et al. 2020, §5)."""
     world_size: int | None = None
     """The number of GPUs, when given: must equal dp·tp·pp·cp."""
+    first_stage_layers: int | None = None
+    """Decoder layers on the first pipeline stage (Megatron-LM's ``--decoder-first-pipeline-num-layers``);
+    None: the even split. The other stages share the rest evenly (``trainmath.placement.stage_layers``)."""
+    last_stage_layers: int | None = None
+    """Decoder layers on the last pipeline stage (Megatron-LM's ``--decoder-last-pipeline-num-layers``)."""
+
+    @property
+    def stage_split(self) -> tuple[int | None, int | None]:
+        """(first_stage_layers, last_stage_layers): what a pipeline split reads besides pp."""
+        return (self.first_stage_layers, self.last_stage_layers)
 
     @property
     def ranks(self) -> int:
@@ -67,7 +78,9 @@ class ParallelLayout:
 
     def describe(self) -> str:
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} cp={self.cp} ep={self.ep} sp={self.sp} "
-                f"zero={self.zero}" + (" vocab_parallel=True" if self.vocab_parallel else ""))
+                f"zero={self.zero}" + (" vocab_parallel=True" if self.vocab_parallel else "")
+                + (f" first_stage_layers={self.first_stage_layers}" if self.first_stage_layers is not None else "")
+                + (f" last_stage_layers={self.last_stage_layers}" if self.last_stage_layers is not None else ""))
 
 
 def _divisors(n: int, flag: str) -> str:
@@ -113,27 +126,33 @@ def layout_problems(layout: ParallelLayout, spec: ModelSpec | None = None) -> li
             bad.append(msg)
 
     experts = set()
+    tp_counts: list[int] = []  # the head counts tp must divide: one list of valid degrees for all of them
+    n_before = len(bad)
     for layer in spec.layers:
         for b in layer.blocks:
             d = b.dims
             if isinstance(d, AttentionDims):
-                need(d.heads % tp == 0, f"tp ({tp}) must divide attention heads ({d.heads})"
-                     + _divisors(d.heads, "--tp"))
+                tp_counts += [d.heads, d.kv_heads]
+                need(d.heads % tp == 0, f"tp ({tp}) must divide attention heads ({d.heads})")
                 need(d.kv_heads % tp == 0, f"tp ({tp}) must divide KV heads ({d.kv_heads}): a column-wise "
                                            f"k_proj/v_proj would give a rank part of a KV head (parallelize_module "
-                                           f"and Megatron do not replicate KV heads)"
-                     + _divisors(d.kv_heads, "--tp"))
+                                           f"and Megatron do not replicate KV heads)")
             elif isinstance(d, MLADims):
+                tp_counts.append(d.heads)
                 need(d.heads % tp == 0, f"tp ({tp}) must divide attention heads ({d.heads})")
             elif isinstance(d, LinearAttentionDims):
+                tp_counts += [d.key_heads, d.value_heads]
                 need(d.key_heads % tp == 0, f"tp ({tp}) must divide linear-attention key heads ({d.key_heads})")
                 need(d.value_heads % tp == 0,
                      f"tp ({tp}) must divide linear-attention value heads ({d.value_heads})")
             elif isinstance(d, MambaDims):
+                tp_counts += [d.heads, d.groups]
                 need(d.heads % tp == 0, f"tp ({tp}) must divide Mamba heads ({d.heads})")
                 need(d.groups % tp == 0, f"tp ({tp}) must divide Mamba groups ({d.groups})")
             elif isinstance(d, MoEDims):
                 experts.add(d.experts)
+    if tp_counts and any(n % tp for n in tp_counts) and len(bad) > n_before:
+        bad[-1] += _divisors(math.gcd(*tp_counts), "--tp")
     for n in sorted(experts):
         need(n % layout.ep == 0, f"ep ({layout.ep}) must divide the routed experts ({n})" + _divisors(n, "--ep"))
     if layout.ep > 1 and not experts:

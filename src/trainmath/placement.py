@@ -34,8 +34,22 @@ from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec, TensorSpec
 
 
-def stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
-    """The layer indices of each pipeline stage: contiguous, the first L mod pp stages one layer longer."""
+def stage_layers(num_layers: int, pp: int, first: int | None = None, last: int | None = None) -> tuple[range, ...]:
+    """The layer indices of each pipeline stage: contiguous, the first L mod pp stages one layer longer. With
+    ``first`` / ``last`` (Megatron-LM's ``--decoder-first-pipeline-num-layers`` /
+    ``--decoder-last-pipeline-num-layers``), those stages hold that many layers and the stages between share
+    the rest, again the first ones one longer where it does not divide (Megatron requires it to divide;
+    ``trainmath.perf.job.split_problems`` says so)."""
+    if pp > 1 and (first is not None or last is not None):
+        ends = [n for n in (first, last) if n is not None]
+        inner = stage_layers(num_layers - sum(ends), pp - len(ends)) if pp > len(ends) else ()
+        sizes = ([first] if first is not None else []) + [len(r) for r in inner] + ([last] if last is not None
+                                                                                      else [])
+        out, start = [], 0
+        for n in sizes:
+            out.append(range(start, start + n))
+            start += n
+        return tuple(out)
     base, extra = divmod(num_layers, pp)
     out, start = [], 0
     for s in range(pp):
@@ -134,7 +148,7 @@ def place(spec: ModelSpec, layout: ParallelLayout, stage: int = 0, *, vocab_para
     ``vocab_parallel``: whether ``vocab`` tensors (embeddings, LM head) are split tp ways: Megatron's rule (the
     default, used by the megatron profile and ``trainmath.perf``); the hf profile passes
     ``layout.vocab_parallel`` (``parallelize_module`` leaves them whole unless asked)."""
-    stages = stage_layers(spec.num_layers, layout.pp)
+    stages = stage_layers(spec.num_layers, layout.pp, *layout.stage_split)
     if not 0 <= stage < len(stages):
         raise ValueError(f"stage {stage} out of range for pp={layout.pp}")
     layers = stages[stage]

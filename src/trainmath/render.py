@@ -16,6 +16,22 @@ def human_count(n: int) -> str:
     return str(n)
 
 
+FLOP_PREFIXES = ((1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"),
+                 (1e3, "K"))
+"""SI prefixes for FLOP counts, largest first (a training run's 2e23 FLOPs reads 200 ZFLOP, not 200,000 EFLOP)."""
+
+
+def human_flops(n: float) -> str:
+    """FLOPs with the largest SI prefix that leaves at least 1 (1.84e15 → '1.84 PFLOP'); past Y (1e24) the count
+    is written as a power of ten (3.10e+26 FLOP)."""
+    if abs(n) >= 1e27:
+        return f"{n:.2e} FLOP"
+    for div, prefix in FLOP_PREFIXES:
+        if abs(n) >= div:
+            return f"{n / div:.2f} {prefix}FLOP"
+    return f"{n:.0f} FLOP"
+
+
 def human_bytes(n: int | float, unit: str = "GiB") -> str:
     """Bytes in GiB (2**30, default) or GB (1e9)."""
     div = {"GiB": 2**30, "MiB": 2**20, "GB": 1e9, "MB": 1e6}[unit]

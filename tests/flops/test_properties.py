@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from trainmath.errors import TrainmathError
 from trainmath.flops import count_flops
-from trainmath.flops.gemm import attended_pairs
+from trainmath.ops.gemm import attended_pairs
 from trainmath.sources import catalog_index, load_spec
 from trainmath.tree import check_sums
 

@@ -58,6 +58,10 @@ CASES = {
         hybrid_override_pattern="M*M-", mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=8,
         conv_kernel=4, layers_block_type=None, num_hidden_layers=4)),
     "starcoder2": ("bigcode/starcoder2-7b", dict(num_hidden_layers=2, sliding_window=6, head_dim=None)),
+    "falcon": ("tiiuae/falcon-180B", dict(num_hidden_layers=2, num_kv_heads=2, num_key_value_heads=None,
+                                           head_dim=None, intermediate_size=None)),  # new decoder architecture
+    "falcon_mqa": ("tiiuae/falcon-7b", dict(num_hidden_layers=2, num_key_value_heads=None, head_dim=None,
+                                            intermediate_size=None)),
     "gpt2": ("openai-community/gpt2", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64)),
 }
 

@@ -129,3 +129,29 @@ def test_cli_bad_input_is_one_line_exit_2(argv, needle, capsys):
 def test_cli_kv_heads_not_dividing(capsys):
     assert main(["infer", "Qwen/Qwen3-14B", "--batch", "1", "--context", "10", "--tp", "5"]) == 2
     assert "num_key_value_heads (8)" in capsys.readouterr().err
+
+
+def test_largest_context_is_capped_at_max_position_embeddings(capsys):
+    """DeepSeek-V2-Lite on an H200 at batch 1: the memory holds more than its 163,840 positions; the context it can
+    serve is the configured limit, and the memory's own figure is named beside it."""
+    spec = load_spec("deepseek-ai/DeepSeek-V2-Lite")
+    r = infer_memory(spec, InferenceSetup(batch=1, context=4096), gpu=gpu("h200"))
+    f = r.fit
+    assert f.max_context > spec.max_position_embeddings == 163_840 == f.usable_context
+    assert main(["infer", "deepseek-ai/DeepSeek-V2-Lite", "--gpu", "h200", "--batch", "1", "--context", "4096"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("largest context"))
+    assert line.startswith("largest context at batch 1: 163,840, the config's max_position_embeddings")
+    assert f"the memory alone would hold {f.max_context:,}" in line
+    # below the limit the memory's figure is the answer
+    small = infer_memory(spec, InferenceSetup(batch=256, context=4096), gpu=gpu("h200")).fit
+    assert small.usable_context == small.max_context < 163_840
+
+
+def test_unbounded_context_is_the_position_limit(tmp_path):
+    from trainmath.sources import catalog_entry
+
+    cfg = dict(catalog_entry("mistralai/Mistral-7B-v0.3").config, sliding_window=4096)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    f = infer_memory(load_spec(str(path)), InferenceSetup(batch=1, context=100), gpu=gpu("h100")).fit
+    assert f.max_context is None and f.usable_context == cfg["max_position_embeddings"]

@@ -52,7 +52,7 @@ def _step_peak(case, mesh) -> dict:
 
     def step():
         gc.collect()  # the cycles of the previous case's and step's graphs freed now, not at a random moment inside
-        ids = ids0.clone()  # one tensor for both, as ``trainmath.memory.simulate`` and the calculator's batch
+        ids = ids0.clone()  # one tensor for both, as ``trainmath.verify.simulate`` and the calculator's batch
         out = model(input_ids=ids, labels=ids, use_cache=False)
         out.loss.backward()
         opt.step()

@@ -45,7 +45,7 @@ def test_table(capsys):
     (["--micro-batch", "0", "--seq", "8"], "micro-batch must be a positive integer, got 0"),
     (["--micro-batch", "1", "--seq", "-5"], "seq must be a positive integer, got -5"),
     (["--micro-batch", "1", "--seq", "8", "--tp", "3"],
-     "tp (3) must divide attention heads (32); pass --tp 1, 2, 4, 8, 16, 32"),
+     "tp (3) must divide attention heads (32); tp (3) must divide KV heads (8)"),
     (["--micro-batch", "1", "--seq", "4097", "--cp", "2", "--profile", "megatron"],
      "--seq (4097) must be a multiple of --cp (2): context parallelism gives every rank an equal slice of the "
      "sequence; pass --seq 4096"),
@@ -66,6 +66,6 @@ def test_bad_input_one_line_exit_2(capsys, argv, message):
 def test_calculator_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
             "import trainmath.layout, trainmath.placement, trainmath.memory.training, trainmath.memory.optimizers\n"
-            "import trainmath.memory.timeline, trainmath.memory.fit, trainmath.memory.simulate\n"
+            "import trainmath.memory.timeline, trainmath.memory.fit, trainmath.verify.simulate\n"
             "import trainmath.cli.memory\n")
     subprocess.run([sys.executable, "-c", code], check=True)

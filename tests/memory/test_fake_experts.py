@@ -1,4 +1,4 @@
-"""Oracle: routed experts on fake tensors (``trainmath.memory.fake_experts``) measure what a real CPU step measures.
+"""Oracle: routed experts on fake tensors (``trainmath.verify.fake_experts``) measure what a real CPU step measures.
 
 - The eager loop: the simulation runs transformers' loop under a stated routing (token t's slot j → expert
   (t·k + j) mod n). A real step forced onto the same routing (the same forward pre-hook, real indices) is
@@ -17,10 +17,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trainmath.memory.fake_experts import grouped_mm_output, grouped_mm_rule, standin_text  # noqa: E402
-from trainmath.memory.simulate import simulate  # noqa: E402
 from trainmath.memory.training import TrainingSetup, training_memory  # noqa: E402
 from trainmath.model import spec_from_config  # noqa: E402
+from trainmath.verify.fake_experts import grouped_mm_output, grouped_mm_rule, standin_text  # noqa: E402
+from trainmath.verify.simulate import simulate  # noqa: E402
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, head_dim=16, vocab_size=1024,

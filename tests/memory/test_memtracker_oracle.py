@@ -144,7 +144,7 @@ def test_layer_backward_peak_within_1_percent(model_type, precision):
 def test_fake_simulation_equals_real_step(precision, recompute):
     """``--simulate`` (the same step on fake tensors) measures what the real step measures, to the byte, less the
     module buffers (a model built in bf16 keeps its rotary buffers fp32; ``.to(bfloat16)`` converts them)."""
-    from trainmath.memory.simulate import simulate
+    from trainmath.verify.simulate import simulate
 
     measured, buffers, r = measure("qwen3", precision=precision, vocab=1024, b=2, s=64, recompute=recompute)
     config = {"model_type": "qwen3", "vocab_size": 1024, **BASE}
@@ -175,7 +175,7 @@ def test_fsdp2_rank_exact(world, precision):
     timeline at its peak (the loss's backward: sharded states, the unsharded root, the last layer all-gathered
     for backward), less the buffers."""
     from trainmath.layout import ParallelLayout
-    from trainmath.memory.simulate import simulate
+    from trainmath.verify.simulate import simulate
 
     config = {"model_type": "qwen3", "vocab_size": 1024, **BASE}
     spec = spec_from_config(config, name="tiny", source="test")
@@ -194,7 +194,7 @@ def test_fsdp2_attention_backward_event():
     freed, and the math kernel's fp32 backward buffers alive (``fsdp2.MixerBackward``). Exact but for one fp32
     scalar (4 bytes) the timeline does not carry there (the other FSDP2 rows' 4 bytes)."""
     from trainmath.layout import ParallelLayout
-    from trainmath.memory.simulate import simulate
+    from trainmath.verify.simulate import simulate
 
     config = {"model_type": "starcoder2", "vocab_size": 128, "hidden_size": 256, "intermediate_size": 1024,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -217,7 +217,7 @@ def test_fsdp2_input_norm_backward_event():
     alive, the recomputed saved tensors freed but the norm's fp32 x, and five fp32 tensors of x's shape
     (``fsdp2.NormBackward``). Exact but for one fp32 scalar (4 bytes) the timeline does not carry there."""
     from trainmath.layout import ParallelLayout
-    from trainmath.memory.simulate import simulate
+    from trainmath.verify.simulate import simulate
 
     config = {"model_type": "mistral", "vocab_size": 128, "hidden_size": 256, "intermediate_size": 1024,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

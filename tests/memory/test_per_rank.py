@@ -209,7 +209,7 @@ def _cli(capsys, *argv):
 
 
 def test_cli_tp_prints_per_rank_figures(capsys):
-    code, out, err = _cli(capsys, "Qwen/Qwen3-8B", "--micro-batch", "1", "--seq", "4096", "--tp", "2")
+    code, out, err = _cli(capsys, "Qwen/Qwen3-8B", "--micro-batch", "1", "--seq", "4096", "--tp", "2", "--explain")
     assert code == 0 and err == ""
     assert "dp=1 tp=2 pp=1 cp=1 ep=1 sp=False zero=0  (2 GPUs)" in out
     assert "embedding, LM head and loss whole on every rank" in out
@@ -230,7 +230,9 @@ def test_cli_tp_prints_per_rank_figures(capsys):
     (["--vocab-parallel"], "--vocab-parallel needs --tp 2 or more"),
     (["--tp", "16"], "tp (16) must divide KV heads (8): a column-wise k_proj/v_proj would give a rank part of a KV "
                      "head (parallelize_module and Megatron do not replicate KV heads); pass --tp 1, 2, 4, 8"),
-    (["--tp", "3"], "tp (3) must divide attention heads (32); pass --tp 1, 2, 4, 8, 16, 32"),
+    (["--tp", "3"], "tp (3) must divide attention heads (32); tp (3) must divide KV heads (8): a column-wise "
+                    "k_proj/v_proj would give a rank part of a KV head (parallelize_module and Megatron do not "
+                    "replicate KV heads); pass --tp 1, 2, 4, 8"),
     (["--tp", "2", "--sp", "--seq", "4097"], "--seq (4097) must be a multiple of --tp (2) with --sp"),
     (["--cp", "2", "--attention", "eager"], "--attention eager with --cp 2 is not modelled"),
     (["--dp", "3", "--ep", "3", "--model", "Qwen/Qwen3-30B-A3B"], "ep (3) must divide the routed experts (128)"),
@@ -259,3 +261,11 @@ def test_expert_parallel_keeps_the_rows_and_divides_the_experts(ep, precision):
     rank = activation_bytes(spec, **kw, ep=ep).value
     copies = 48 * (128 - 128 // ep) * c * 3 * 768 * 2048 if p > c else 0
     assert one - rank == copies
+
+
+@pytest.mark.parametrize("tp", [3, 5, 12])
+def test_bad_tp_offers_one_list_of_degrees_that_divide_every_head_count(capsys, tp):
+    """Qwen3-8B: 32 query heads, 8 KV heads; the degrees that work are the divisors of gcd(32, 8) = 8, named once."""
+    code = main(["memory", "Qwen/Qwen3-8B", "--micro-batch", "1", "--seq", "8", "--tp", str(tp)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("pass --tp") == 1 and err.rstrip().endswith("pass --tp 1, 2, 4, 8")

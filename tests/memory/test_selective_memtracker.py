@@ -50,7 +50,7 @@ def test_layer_backward_peak_within_bound(selective, precision, bound):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_fake_simulation_equals_real_step(selective, precision):
-    from trainmath.memory.simulate import simulate
+    from trainmath.verify.simulate import simulate
 
     measured, buffers, r = mto.measure("qwen3", precision=precision, vocab=1024, b=2, s=64, recompute="selective")
     sim = simulate({"model_type": "qwen3", "vocab_size": 1024, **mto.BASE}, r.setup)

@@ -228,8 +228,8 @@ def test_fake_simulation_equals_gloo_rank(tp2, case):
     less the module buffers (a model built in bf16 keeps its rotary buffers fp32; ``.to(bfloat16)`` converts
     them)."""
     from trainmath.layout import ParallelLayout
-    from trainmath.memory.simulate import simulate
     from trainmath.memory.training import TrainingSetup
+    from trainmath.verify.simulate import simulate
 
     model_type, attn, mode, sp, vp = case
     setup = TrainingSetup(micro_batch=B, seq=S, precision=PRECISION[mode], attention=attn,

@@ -1,4 +1,4 @@
-"""GEMM FLOPs as folds over the op lists (``trainmath.ops.flops``): the linears equal ``flops.gemm``'s count from
+"""GEMM FLOPs as folds over the op lists (``trainmath.ops.flops``): the linears equal ``ops.gemm``'s count from
 the ModelSpec's blocks for every catalog model and layer type (``tests/flops`` checks both against
 FlopCounterMode), and every GEMM, linears and cores, is divided per rank exactly as the op tensors' sharding
 rules say."""
@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 
 from trainmath.errors import TrainmathError
-from trainmath.flops.gemm import linear_gemms
 from trainmath.ops import families
 from trainmath.ops.flops import core_gemms_from_ops, layer_ops, layer_top_k, linear_gemms_from_ops
+from trainmath.ops.gemm import linear_gemms
 from trainmath.ops.ir import Degrees
 from trainmath.sources import catalog_index, load_spec
 

@@ -110,7 +110,7 @@ def test_estimate_text(capsys):
     (["--gpu", "h100", "--ep", "3"], r"ep \(3\) must divide dp·cp \(8·1 = 8\)"),
     (["--gpu", "h100", "--pp", "8"], r"must divide the layers \(28\)"),
     (["--gpu", "h100", "--ep", "2"], "has no routed experts"),
-    (["--gpu", "h100", "--tokens", "lots"], "bad token count 'lots'"),
+    (["--gpu", "h100", "--tokens", "lots"], "argument --tokens: must be a token count"),
     (["--gpu", "a100", "--dtype", "fp8"], "A100-SXM-80GB has no dense fp8"),
 ])
 def test_estimate_bad_input_exit_2(argv, match, capsys):

@@ -81,7 +81,8 @@ def test_cli_json_and_unreachable_goal(capsys):
     (["--tokens", "1T", "--gpus", "auto"], "--gpus auto needs --deadline"),
     (["--deadline", "30d"], "need --tokens"),
     (["--tokens", "1T", "--budget", "100"], "--budget needs --price-per-gpu-hour"),
-    (["--tokens", "1T", "--budget", "nan", "--price-per-gpu-hour", "2"], "--budget must be a positive finite"),
+    (["--tokens", "1T", "--budget", "nan", "--price-per-gpu-hour", "2"], "argument --budget: must be a finite number"),
+    (["--tokens", "1T", "--budget", "0", "--price-per-gpu-hour", "2"], "--budget must be a positive finite"),
     (["--tokens", "1T", "--deadline", "30d", "--gpus", "64"], "pass --gpus auto"),
     ([], "--gpus is required"),
 ])

@@ -89,10 +89,10 @@ def test_cli_demo_table_is_the_runtime_table():
 
 
 def test_demo_under_real_torchrun(tmp_path):
-    # `python -m torch.distributed.run ... -m trainmath.runtime.demo`: the demo runs as torchrun's ranks
+    # `python -m torch.distributed.run ... -m trainmath.cli.demo`: the demo runs as torchrun's ranks
     # (TMPDIR: torchrun keeps its torchelastic_* log folder there after the job)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
-                          "trainmath.runtime.demo", "all_reduce"], capture_output=True, text=True, timeout=90,
+                          "trainmath.cli.demo", "all_reduce"], capture_output=True, text=True, timeout=90,
                          env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
@@ -104,7 +104,7 @@ def test_demo_under_real_torchrun(tmp_path):
 
 
 def test_demo_module_outside_torchrun_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "trainmath.runtime.demo", "all_reduce"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "trainmath.cli.demo", "all_reduce"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("trainmath: error: not started by torchrun") and out.stderr.count("\n") == 1

@@ -54,7 +54,7 @@ def test_seed_demos_show_the_seed_tensors(n):
 
 def test_seed_all_reduce_pinned():
     records = launch(JobSpec(nproc_per_node=4, timeout_s=20), run_demo, "all_reduce", {"reduce_op": "sum"})[0]
-    assert [r["after"] for r in records] == [[10.0] * 5] * 4  # the seed's output
+    assert [r["after"] for r in records] == [[10.0] * 5] * 4  # the blog series' output
 
 
 def test_subgroup_ranks_are_renumbered():

@@ -106,7 +106,7 @@ def test_verify_json_every_field_within_tolerance(capfd):
 def test_verify_exits_1_when_a_field_is_off(capfd, monkeypatch):
     """FSDP2's ZeRO-2 (``memory/fsdp2.py``, reshard_after_forward=False) agrees in every field, its weight shards
     included; its peak is 600 bytes off (0.02%), so a zero peak tolerance puts the peaks outside: exit 1."""
-    from trainmath.runtime.train import verify
+    from trainmath.verify import train as verify
 
     assert main(["verify", *TINY, "--nproc", "2", "--strategy", "zero2", "--impl", "torch"]) == 0
     capfd.readouterr()

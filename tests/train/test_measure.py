@@ -2,7 +2,7 @@
 
 Oracle: the bytes of the real tensors each strategy holds after backward (DTensors by their local shards),
 walked by ``measure.state_bytes``; the prediction is ``trainmath.memory.training_memory`` through
-``runtime.train.verify``. Padded shards are exercised: vocab 67 and 42 intermediate rows do not divide by 2 or 4.
+``verify.train``. Padded shards are exercised: vocab 67 and 42 intermediate rows do not divide by 2 or 4.
 """
 
 from dataclasses import replace
@@ -11,7 +11,7 @@ import pytest
 
 from tests.train.runs import STRATEGIES, cached, config
 from trainmath.runtime.train.model import model_spec, shrunk_config
-from trainmath.runtime.train.verify import STATE_FIELDS, compare, peak_tolerance, predict, zero_impl
+from trainmath.verify.train import STATE_FIELDS, compare, peak_tolerance, predict, zero_impl
 
 
 def _fields(nproc, strategy, impl):

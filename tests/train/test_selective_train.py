@@ -21,7 +21,7 @@ def test_selective_flops_and_peak_as_predicted(strategy, impl):
     without recompute (flash backward: 7/6 of the calculator's); MemTracker's peak within the stated tolerance."""
     from tests.train.runs import config
     from trainmath.runtime.train.model import model_spec, shrunk_config
-    from trainmath.runtime.train.verify import compare, predict
+    from trainmath.verify.train import compare, predict
 
     res = cached(2, strategy=strategy, impl=impl, recompute="selective")
     cfg = config(strategy=strategy, impl=impl, recompute="selective", measure=True)

@@ -117,3 +117,20 @@ def test_timeline_chart_is_the_calculators(html, capsys):
     assert 'id="chart-timeline"' in section
     assert f"peak {peak['bytes'] / 2**30:.2f} GiB at {peak['event']}" in section
     assert 'class="capacity"' in section[section.index('id="chart-timeline"'):]
+
+
+def test_report_with_gpus_shows_the_top_layouts_memory(tmp_path, capsys):
+    """With --gpus the memory section is the planner's top layout (its layout, micro-batch, recompute, and the fit
+    profile whose peak is the largest), not one GPU holding the whole model: the same peak the planner fitted."""
+    import json
+
+    job = ["--gpus", "8", "--gpu", "h100", "--seq", "2048", "--global-batch", "32"]
+    assert main(["plan", "qwen3-8b", *job, "--top", "1", "--json"]) == 0
+    top = json.loads(capsys.readouterr().out)["layouts"][0]
+    out = tmp_path / "r.html"
+    assert main(["report", "qwen3-8b", "--micro-batch", "1", *job, "-o", str(out)]) == 0
+    page = out.read_text()
+    memory = page[page.index('id="memory"'):page.index("</section>", page.index('id="memory"'))]
+    assert f"micro-batch {top['micro_batch']} " in memory
+    assert f"recompute {top['recompute']}" in memory
+    assert f"{top['peak_bytes']:,}" in memory

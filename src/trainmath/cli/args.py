@@ -66,6 +66,28 @@ def number(minimum: float = 0.0, maximum: float = 1e9, *, exclusive_minimum: boo
     return parse
 
 
+MAX_TOKENS = 10**18
+"""The largest token budget (``--tokens``): a million times the 15T tokens of today's largest runs."""
+
+
+def tokens(text: str) -> int:
+    """A token budget as people write it (``1T``, ``300B``, ``2e12``: decimal suffixes), 1..10**18."""
+    from trainmath.errors import TrainmathError
+    from trainmath.perf.tokens import parse_tokens
+
+    allowed = f"a token count in 1..{MAX_TOKENS:.0e} with an optional K, M, B, T or P suffix (e.g. 1T, 300B)"
+    if len(text) > _MAX_DIGITS:
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {_show(text)}")
+    try:
+        digits = text.strip().replace("_", "").replace(",", "")
+        value = int(digits) if digits.isdigit() else parse_tokens(text)  # digits: exact, not through a float
+    except (TrainmathError, OverflowError):
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {_show(text)}") from None
+    if value > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {_show(text)}")
+    return value
+
+
 def port(text: str) -> int:
     """A TCP port, 0..65535 (0: pick a free one)."""
     return count(0, 65535, what="a TCP port")(text)

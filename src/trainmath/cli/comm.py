@@ -216,7 +216,7 @@ def cmd_demo(args) -> int:
 
 def render_demo(name: str, records: list[dict], *, nnodes: int, nproc: int, backend: str, reduce_op: str,
                 as_json: bool = False) -> str:
-    """What ``comm demo`` prints of every rank's record (also used under torchrun by ``trainmath.runtime.demo``)."""
+    """What ``comm demo`` prints of every rank's record (also used under torchrun by ``trainmath.cli.demo``)."""
     world = len(records)
     if as_json:
         return json.dumps({"op": name, "world_size": world, "nnodes": nnodes, "backend": backend,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_mem_util
+from trainmath.cli.args import add_mem_util, count, number, tokens
 from trainmath.memory.optimizers import OPTIMIZERS
 from trainmath.memory.precision import RECIPES
+from trainmath.vocabulary import RECOMPUTE
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
 PRECISIONS = tuple(RECIPES)
@@ -29,18 +30,23 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
                        help="GPUs in the job, or auto: the fewest that meet --deadline, or the count whose layout is "
                             "fastest within --budget (default auto when either is given)")
     else:
-        p.add_argument("--gpus", type=int, required=required, help="GPUs in the job")
+        p.add_argument("--gpus", type=count(), required=required, help="GPUs in the job")
     p.add_argument("--gpu", required=required, help="GPU preset (case-insensitive, e.g. h100, a100-80gb, mi300x)")
-    p.add_argument("--seq", type=int, required=required, help="tokens per sequence")
-    p.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step, all DP ranks")
-    p.add_argument("--gpus-per-node", type=int, default=None,
+    p.add_argument("--seq", type=count(), required=required, help="tokens per sequence")
+    p.add_argument("--global-batch", type=count(), required=required, help="sequences per optimizer step, all DP ranks")
+    p.add_argument("--gpus-per-node", type=count(), default=None,
                    help="GPUs per node (NVLink domain); default: the preset's reference node")
     p.add_argument("--hardware", metavar="FILE", default=None,
                    help="JSON file of extra GPUs / efficiency curves with the fields of hardware/gpus.json")
-    p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
+    p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16",
+                   help="training precision recipe (default mixed-bf16); fp8 = Transformer Engine's: the decoder's "
+                        "linear layers (fprop, dgrad, wgrad) in FP8 with their casts, attention and the LM head BF16")
+    p.add_argument("--fp8-head", action="store_true",
+                   help="with --precision fp8: run the LM head's GEMMs in FP8 too")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
-                   help="tensor-core format of the GEMMs; its dense peak is MFU's denominator (default bf16)")
+                   help="tensor-core format of the GEMMs (under --precision fp8, the recipe decides) and MFU's "
+                        "denominator peak (default bf16)")
     p.add_argument("--attention", choices=("flash", "eager"), default="flash",
                    help="attention kernel: flash (default) or eager (materialised s×s scores)")
     p.add_argument("--mfu-causal", choices=("executed", "half"), default="executed",
@@ -50,8 +56,10 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
                         "(transformers' saved tensors per rank: plain --tp keeps embedding, head and loss whole)")
     add_mem_util(p)
     if printing:  # what is printed; a chart has no use for these
-        p.add_argument("--tokens", default=None, help="token budget (1T, 300B, ...): time, GPU-hours and cost")
-        p.add_argument("--price-per-gpu-hour", type=float, default=None, help="price of one GPU-hour, for --tokens")
+        p.add_argument("--tokens", type=tokens, default=None,
+                       help="token budget (1T, 300B, ...): time, GPU-hours and cost")
+        p.add_argument("--price-per-gpu-hour", type=number(0, 1e6), default=None,
+                       help="price of one GPU-hour, for --tokens")
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -64,21 +72,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "per GPU with a fit verdict, and with --tokens the time, GPU-hours and cost of a budget.",
     )
     add_job_arguments(p)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--dp", type=int, default=None, help="default: GPUs / (tp·pp·cp)")
+    p.add_argument("--tp", type=count(), default=1)
+    p.add_argument("--pp", type=count(), default=1)
+    p.add_argument("--cp", type=count(), default=1)
+    p.add_argument("--ep", type=count(), default=1)
+    p.add_argument("--dp", type=count(), default=None, help="default: GPUs / (tp·pp·cp)")
     p.add_argument("--zero", type=int, default=1, choices=(0, 1, 2, 3), help="ZeRO stage (default 1)")
     p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+    p.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
                         "; timed and counted in HFU the same way; full = every decoder layer")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
-    p.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B chunks per pipeline rank")
+    p.add_argument("--micro-batch", type=count(), default=1, help="sequences per micro-batch (default 1)")
+    p.add_argument("--virtual-stages", type=count(), default=1, help="interleaved 1F1B chunks per pipeline rank")
     p.add_argument("--uneven-stages", action="store_true",
                    help="allow pp·virtual-stages not dividing the layers (stages differ by one layer)")
+    p.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None, metavar="N",
+                   help="decoder layers on the first pipeline stage, as Megatron-LM's flag (the stages between "
+                        "share the rest evenly)")
+    p.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None, metavar="N",
+                   help="decoder layers on the last pipeline stage, as Megatron-LM's flag")
     p.set_defaults(func=run)
 
 
@@ -86,13 +99,15 @@ def _gpus_or_auto(text: str):
     if text.strip().lower() == "auto":
         return "auto"
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
+        return count()(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (at most 2**40) or auto, got "
+                                         f"{text[:40]!r}") from None
 
 
 def load(args: argparse.Namespace):
     """(spec, GPU, Hardware, Job, token budget) from the shared arguments; bad values raise TrainmathError."""
+    from trainmath.cli.args import positions_warning
     from trainmath.errors import TrainmathError
     from trainmath.hardware import presets, read_hardware_file
     from trainmath.perf import Job
@@ -108,7 +123,7 @@ def load(args: argparse.Namespace):
         bad.append("--price-per-gpu-hour needs --tokens and a price >= 0")
     if bad:
         raise TrainmathError("; ".join(bad))
-    tokens = parse_tokens(budget) if budget is not None else None
+    budget_tokens = parse_tokens(budget) if isinstance(budget, str) else budget
     hw = read_hardware_file(args.hardware) if args.hardware else presets()
     gpu = hw.gpu(args.gpu)
     if args.gpus_per_node and args.gpus_per_node != gpu.gpus_per_node:
@@ -116,13 +131,18 @@ def load(args: argparse.Namespace):
 
         gpu = replace(gpu, gpus_per_node=args.gpus_per_node)
     spec = load_spec(args.model)
+    positions_warning(spec, args.seq, "--seq")  # learned positions: an error, as in flops and memory
     job = Job(global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
               dtype=args.dtype, attention=args.attention, mfu_causal=args.mfu_causal, mem_util_percent=args.mem_util,
-              profile=args.profile,
+              profile=args.profile, fp8_head=getattr(args, "fp8_head", False),
               micro_batch=getattr(args, "micro_batch", 1), recompute=getattr(args, "recompute", "none"),
               virtual_stages=getattr(args, "virtual_stages", 1), uneven_stages=getattr(args, "uneven_stages", False))
     gpu.peak_flops_per_s(args.dtype)  # an error now if the chip has no such format
-    return spec, gpu, hw, job, tokens
+    if job.precision == "fp8" and gpu.fp8_flops_per_s is None:
+        raise TrainmathError(f"--precision fp8 needs FP8 tensor cores; {gpu.name} has none: use mixed-bf16")
+    elif job.fp8_head:
+        raise TrainmathError("--fp8-head needs --precision fp8")
+    return spec, gpu, hw, job, budget_tokens
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     dp = args.dp if args.dp is not None else args.gpus // inner
     spec, gpu, hw, job, tokens = load(args)
     layout = ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp, zero=args.zero,
-                            world_size=args.gpus)
+                            world_size=args.gpus, first_stage_layers=args.decoder_first_pipeline_num_layers,
+                            last_stage_layers=args.decoder_last_pipeline_num_layers)
     est = estimate(spec, layout, job, gpu, hardware=hw)
     budget = est.budget(tokens, args.price_per_gpu_hour) if tokens else None
     if args.json:
@@ -154,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(est, budget: dict | None = None) -> str:
-    from trainmath.render import human_bytes, table
+    from trainmath.render import human_bytes, human_flops, table
 
     lay, job = est.layout, est.job
     lines = [f"{est.model} on {est.gpus} × {est.gpu}: {lay.describe()}, micro-batch {job.micro_batch} × "
@@ -164,6 +185,12 @@ def render(est, budget: dict | None = None) -> str:
     rows.append(["step", f"{est.step_time_s:.4f}", "100.0%"])
     lines.append(table(["step breakdown", "seconds", "share"], rows))
     lines.append("")
+    if len(est.stage_times_s) > 1:
+        slow = max(est.stage_times_s)
+        lines.append("pipeline stages (layers: compute s per micro-batch): " + ", ".join(
+            f"{n}: {t:.4f}" + ("*" if t == slow else "") for n, t in zip(est.stage_layers, est.stage_times_s))
+            + "   (* the slowest: it sets the pace and the bubble)")
+        lines.append("")
     crow = [[c.name, c.op, f"{c.group}({c.group_size})", c.link, human_bytes(c.size_bytes, "MiB"), f"{c.count:,}",
              human_bytes(c.bytes_per_step, "GB"), f"{c.time_s:.4f}", f"{c.exposed_s:.4f}"]
             for c in est.comm if c.group_size > 1 and c.count]
@@ -182,7 +209,8 @@ def render(est, budget: dict | None = None) -> str:
     if budget:
         cost = f", cost {budget['cost']:,.0f} at {budget['price_per_gpu_hour']:g}/GPU-hour" if "cost" in budget else ""
         lines.append(f"budget {budget['tokens']:,} tokens: {budget['steps']:,.0f} steps, {budget['days']:,.2f} days, "
-                     f"{budget['gpu_hours']:,.0f} GPU-hours, {budget['training_flops']:.3e} model FLOPs{cost}")
+                     f"{budget['gpu_hours']:,.0f} GPU-hours, {budget['training_flops']:.3e} model FLOPs "
+                     f"({human_flops(budget['training_flops'])}){cost}")
     lines.append("")
     lines += [f"convention: {c}" for c in est.conventions]
     lines.append("units: GiB = 2**30 bytes, GB = 1e9 bytes, TFLOP/s = 1e12 FLOP/s")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_strict, config_json, config_lines, count, positions_warning
+from trainmath.cli.args import add_strict, config_json, config_lines, count, positions_warning, tokens
+from trainmath.vocabulary import RECOMPUTE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--causal", choices=("executed", "half"), default="executed",
                    help="attention products: 'executed' counts all s×s as eager attention runs them (default); "
                         "'half' only the causally attended pairs")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+    p.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recomputation: none (default), selective (torchtitan's op-level policy: "
                         "the linears it does not cache, every 2nd mm), full (every layer)")
     p.add_argument("--checkpoint", choices=("megatron", "torch"), default="megatron",
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mamba-chunk", type=count(), default=None,
                    help="Mamba-2 SSD chunk length (default: the config's chunk_size, else transformers' 128)")
     p.add_argument("--gemms", action="store_true", help="also list every GEMM of each layer type")
-    p.add_argument("--tokens", default=None,
+    p.add_argument("--tokens", type=tokens, default=None,
                    help="token budget (1T, 300B, ...): total training FLOPs = per-token FLOPs at this --seq × tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     add_strict(p)
@@ -75,18 +76,17 @@ def token_budget(report, tokens_text: str) -> dict:
     from trainmath.arith import ceil_div
     from trainmath.perf.tokens import parse_tokens
 
-    tokens = parse_tokens(tokens_text)
+    tokens = tokens_text if isinstance(tokens_text, int) else parse_tokens(tokens_text)
     sequences = ceil_div(tokens, report.seq)
     return {"tokens": tokens, "sequences": sequences,
             "training_flops": report.per_sequence(report.training) * sequences}
 
 
 def _f(n: float) -> str:
-    """FLOPs with SI prefixes: 1.84e15 → '1.84 PFLOP'."""
-    for div, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {prefix}FLOP"
-    return f"{n:.0f} FLOP"
+    """FLOPs with SI prefixes (``render.human_flops``): 1.84e15 → '1.84 PFLOP'."""
+    from trainmath.render import human_flops
+
+    return human_flops(n)
 
 
 def _per_token(flops: int, tokens: int) -> str:
@@ -136,5 +136,5 @@ def render(spec, report, closed, *, gemms: bool = False) -> str:
         lines.append(f"note: {note}")
     lines.extend(config_lines(spec))
     lines.append("conventions: " + "; ".join(report.conventions))
-    lines.append("units: FLOP counts are exact integers; E/P/T/G/M/K = 1e18/1e15/1e12/1e9/1e6/1e3")
+    lines.append("units: FLOP counts are exact integers; Y/Z/E/P/T/G/M/K = 1e24/1e21/1e18/1e15/1e12/1e9/1e6/1e3")
     return "\n".join(lines)

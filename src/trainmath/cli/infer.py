@@ -167,13 +167,17 @@ def render(report) -> str:
             lines.append("would fit with: " + ("; ".join(f.levers) if f.levers else none))
         lines.append(f"largest batch at context {s.context:,}: {f.max_batch:,}"
                      + ("" if f.weights_fit else " (the weights do not fit)"))
-        if f.max_context is None:
-            ctx = "unbounded (no layer's cache grows with the context)"
-        else:
-            ctx = f"{f.max_context:,}"
-            if f.max_context > f.max_position_embeddings:
-                ctx += f" (beyond max_position_embeddings {f.max_position_embeddings:,})"
-        lines.append(f"largest context at batch {s.batch}: {ctx}")
+        lines.append(f"largest context at batch {s.batch}: {context_text(f)}")
     lines.append("")
     lines.append("conventions: " + "; ".join(report.conventions))
     return "\n".join(lines)
+
+
+def context_text(f) -> str:
+    """The largest context at the batch, capped at the model's max_position_embeddings, with what the memory
+    alone would hold when that is more."""
+    if f.max_context is not None and f.max_context <= f.max_position_embeddings:
+        return f"{f.max_context:,}"
+    held = "any context (no layer's cache grows with it)" if f.max_context is None else f"{f.max_context:,}"
+    return (f"{f.usable_context:,}, the config's max_position_embeddings (the memory alone would hold {held}; "
+            f"going past it needs a rope scaling the config does not state)")

@@ -8,6 +8,7 @@ import json
 from trainmath.cli.args import add_mem_util, add_strict, config_json, config_lines, integer, positions_warning
 from trainmath.memory.optimizers import OPTIMIZERS
 from trainmath.memory.precision import RECIPES
+from trainmath.vocabulary import RECOMPUTE
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
 PRECISIONS = tuple(RECIPES)
@@ -35,10 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "zero (zero_grad(set_to_none=False)), accumulate (gradient accumulation: the whole step)")
     p.add_argument("--bucket-view", action="store_true",
                    help="DDP gradient_as_bucket_view=True (ZeRO-0, dp > 1): gradients are views of the buckets")
-    p.add_argument("--loop-keeps", choices=("output", "loss"), default="output",
-                   help="what the training loop holds through backward: output (out = model(...); the logits "
-                        "until the step returns) or loss (loss = model(...).loss, as the HF Trainer: the logits "
-                        "are freed after the forward)")
+    p.add_argument("--loop-keeps", choices=("loss", "output"), default="loss",
+                   help="what the training loop holds through backward: loss (loss = model(...).loss, the "
+                        "default, as the HF Trainer, torchtitan and Lightning: the logits are freed after the "
+                        "forward) or output (out = model(...); the logits until the step returns)")
+    p.add_argument("--backward-in-autocast", action="store_true",
+                   help="the loop calls backward() inside the torch.autocast context (amp-bf16): autocast's cache "
+                        "keeps the forward's bf16 weight casts to the end of backward (about 2 bytes per linear "
+                        "parameter more); default: backward() after the context exits")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda: what torch.cuda.max_memory_allocated reports; cpu: what CPU kernels allocate "
                         "(MemTracker on a CPU step)")
@@ -48,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
                    help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
                         "parameter shards")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+    p.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
                         "; full = every decoder layer")
@@ -96,6 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "cpu prediction")
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
+    p.add_argument("--explain", "--verbose", dest="explain", action="store_true",
+                   help="also print every term (zeros included) and every convention the figures assume "
+                        "(--json always carries them)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     add_strict(p)
     p.set_defaults(func=run)
@@ -111,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
                           attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
                           grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
                           offload=args.offload, experts=args.experts, loop_keeps=args.loop_keeps,
+                          backward_in_autocast=args.backward_in_autocast,
                           zero_impl=args.zero_impl)
     from trainmath.memory.fit import derive_dp
 
@@ -128,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise TrainmathError("; ".join(bad))
     if args.simulate:
-        from trainmath.memory.simulate import check_simulable
+        from trainmath.verify.simulate import check_simulable
 
         check_simulable(setup, layout)
     gpu = None
@@ -171,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         out["warnings"] = [warning] if warning else []
         print(json.dumps(out, indent=1))
         return 0
-    print(render(report))
+    print(render(report, explain=args.explain))
     for line in config_lines(spec) + ([f"warning: {warning}"] if warning else []):
         print(line)
     if verdict is not None:
@@ -185,10 +194,10 @@ def simulation(model: str, spec, setup, layout) -> dict:
     """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures)."""
     from dataclasses import replace
 
-    from trainmath.memory.simulate import simulate
     from trainmath.memory.training import experts_path, training_memory
     from trainmath.model.spec import MoEDims
     from trainmath.sources import resolve
+    from trainmath.verify.simulate import simulate
 
     moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
     if moe:  # simulate the path the prediction models (a grouped path not modelled is its eager loop)
@@ -205,8 +214,8 @@ def simulation(model: str, spec, setup, layout) -> dict:
 def simulate_only(args, spec, setup, layout, refusal: str) -> int:
     """``--simulate`` of a layout the calculator refuses (the hf profile with --tp > 1, for now): the simulated
     rank alone, with the refusal in place of the prediction."""
-    from trainmath.memory.simulate import simulate
     from trainmath.sources import resolve
+    from trainmath.verify.simulate import simulate
 
     sim = simulate(resolve(args.model).config, setup, layout).to_dict()
     if args.json:
@@ -241,7 +250,9 @@ def render_simulation(sim: dict) -> str:
     ])
 
 
-def render(report) -> str:
+def render(report, *, explain: bool = False) -> str:
+    """The breakdown: its non-zero terms and the loop's convention (the one that moves the peak most often);
+    ``explain``: every term and every convention."""
     from trainmath.render import human_bytes, table
 
     s, lay = report.setup, report.layout
@@ -250,9 +261,11 @@ def render(report) -> str:
              f"  micro-batch {s.micro_batch} × seq {s.seq}, {s.precision}, {s.optimizer} ({s.optimizer_impl}), "
              f"recompute {s.recompute}, attention {s.attention}, profile {s.profile}, "
              f"grad lifetime {s.grad_lifetime}, device {s.device}",
-             f"  {lay.describe()}  ({lay.ranks} GPUs)", ""]
+             f"  {lay.describe()}  ({lay.ranks} GPU{'' if lay.ranks == 1 else 's'})", ""]
     rows = []
     for node in report.breakdown.children:
+        if not node.value and not explain:
+            continue
         share = f"{100 * node.value / peak:.1f}%" if peak else "-"
         rows.append([node.name, f"{node.value:,}", human_bytes(node.value), share, node.note])
         if node.name == "activations_bytes" and len(node.children) > 1:
@@ -277,7 +290,12 @@ def render(report) -> str:
         lines.append(table(["stage", "layers", "in flight", "peak event", "peak bytes", "GiB"], srows))
     lines.append("")
     lines.append("outside peak_bytes (not tensors; measured at run time): CUDA context, allocator cached-free memory")
-    lines.extend(f"convention: {c}" for c in report.conventions)
+    if explain:
+        lines.extend(f"convention: {c}" for c in report.conventions)
+    else:
+        loop = [c for c in report.conventions if c.startswith("the loop keeps")]
+        lines.extend(f"convention: {c}" for c in loop)
+        lines.append(f"{len(report.conventions) - len(loop)} more conventions and the zero terms: --explain")
     return "\n".join(lines)
 
 

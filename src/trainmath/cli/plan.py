@@ -8,6 +8,7 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from trainmath.cli.args import count, number
     from trainmath.cli.estimate import add_job_arguments
 
     p = sub.add_parser(
@@ -23,10 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline", default=None, metavar="DURATION",
                    help="how many GPUs: the fewest (multiples of the node) whose best layout trains --tokens within "
                         "this time (30d, 12h, 90m)")
-    p.add_argument("--budget", type=float, default=None, metavar="DOLLARS",
+    p.add_argument("--budget", type=number(0, 1e15), default=None, metavar="DOLLARS",
                    help="how many GPUs: the fastest layout whose cost on --tokens stays within this amount (needs "
                         "--price-per-gpu-hour)")
-    p.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    p.add_argument("--top", type=count(1, 10_000), default=5, help="layouts to show (default 5)")
+    p.add_argument("--uneven-stages", action="store_true",
+                   help="also try pp not dividing the layers: the even split (stages one layer apart) and "
+                        "Megatron-LM's lighter first and last stages (--decoder-first/last-pipeline-num-layers)")
     p.add_argument("--explain", action="store_true", help="also list every rejected candidate with its reason")
     p.add_argument("--fit-profiles", default=None, metavar="P[,P]",
                    help="activation profiles every recommended layout must fit under (default: --profile and hf "
@@ -112,7 +116,16 @@ def run(args: argparse.Namespace) -> int:
 def _row_dict(r) -> dict:
     lay = r.layout
     return {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp, "zero": lay.zero,
-            "micro_batch": r.micro_batch or None, "recompute": r.recompute, "virtual_stages": r.virtual_stages or None}
+            "micro_batch": r.micro_batch or None, "recompute": r.recompute, "virtual_stages": r.virtual_stages or None,
+            "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers}
+
+
+def pp_cell(lay) -> str:
+    """pp, and Megatron-LM's first/last stage layers when set (``16:7..7``)."""
+    if lay.stage_split == (None, None):
+        return str(lay.pp)
+    first, last = lay.stage_split
+    return f"{lay.pp}:{'' if first is None else first}..{'' if last is None else last}"
 
 
 def render(result, *, explain: bool = False, tokens: int | None = None, price: float | None = None) -> str:
@@ -126,7 +139,7 @@ def render(result, *, explain: bool = False, tokens: int | None = None, price: f
         rows = []
         for i, e in enumerate(result.layouts, 1):
             lay, job = e.layout, e.job
-            rows.append([i, lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.zero, job.micro_batch, job.virtual_stages,
+            rows.append([i, lay.dp, lay.tp, pp_cell(lay), lay.cp, lay.ep, lay.zero, job.micro_batch, job.virtual_stages,
                          job.recompute, f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}", f"{e.tflops_per_gpu:.1f}",
                          f"{100 * e.mfu:.1f}%", human_bytes(e.peak_bytes)])
         lines.append(table(head, rows))

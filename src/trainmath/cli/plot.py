@@ -7,9 +7,8 @@ planner's candidates (PNG, SVG or PDF by the suffix; matplotlib is imported only
 from __future__ import annotations
 
 import argparse
-import json
 
-from trainmath.cli.args import add_strict
+from trainmath.cli.args import add_strict, count
 
 KINDS = ("params", "memory", "comm", "timeline", "plan", "latency")
 
@@ -102,8 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("source", metavar="MODEL|PLAN.json",
                    help="a model (with the job flags) or a file written by `trainmath plan --json`")
     add_job_arguments(q, model=False, required=False, printing=False)
-    q.add_argument("--top", type=int, default=20, help="layouts the planner ranks (MODEL form; default 20)")
-    q.add_argument("--highlight", type=int, default=5, help="best layouts to highlight (default 5)")
+    q.add_argument("--top", type=count(1, 10_000), default=20,
+                   help="layouts the planner ranks (MODEL form; default 20)")
+    q.add_argument("--highlight", type=count(1, 10_000), default=5, help="best layouts to highlight (default 5)")
     out(q)
 
     from trainmath.cli.latency_plot import add_latency
@@ -112,15 +112,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _read_json(path: str):
-    from trainmath.errors import TrainmathError
+    from trainmath.jsonfile import read_json_file
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise TrainmathError(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TrainmathError(f"{path} is not JSON: {e}") from None
+    return read_json_file(path)
 
 
 def charts(args: argparse.Namespace):

@@ -18,19 +18,20 @@ SHRINK = ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "exp
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
+    from trainmath.cli.args import count, host, number, port
     from trainmath.runtime.train import config as c
 
     p.add_argument("model", help="catalog name, config.json, or a directory holding one")
     for key in SHRINK:
-        p.add_argument(f"--{key.replace('_', '-')}", type=int, dest=key, help=f"set the config's {key} (shrink it)")
-    p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, default=1,
+        p.add_argument(f"--{key.replace('_', '-')}", type=count(), dest=key, help=f"set the config's {key} (shrink it)")
+    p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=count(1, 64), default=1,
                    help="ranks on this node (default 1)")
-    p.add_argument("--nnodes", type=int, default=1, help="launchers (nodes) in the job; default 1")
-    p.add_argument("--node-rank", type=int, default=0, help="this launcher's node index (default 0)")
-    p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
-    p.add_argument("--master-port", type=int, default=0, help="rendezvous port; 0 picks a free one (default 0)")
+    p.add_argument("--nnodes", type=count(1, 1024), default=1, help="launchers (nodes) in the job; default 1")
+    p.add_argument("--node-rank", type=count(0, 1023), default=0, help="this launcher's node index (default 0)")
+    p.add_argument("--master-addr", type=host, default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
+    p.add_argument("--master-port", type=port, default=0, help="rendezvous port; 0 picks a free one (default 0)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (one GPU per rank)")
-    p.add_argument("--timeout", type=float, default=60.0,
+    p.add_argument("--timeout", type=number(0, 86400, exclusive_minimum=True, unit="seconds"), default=60.0,
                    help="seconds a collective may wait before the job fails naming the rank at fault (default 60)")
     p.add_argument("--strategy", choices=c.STRATEGIES, default="ddp", help="data parallelism (default ddp)")
     p.add_argument("--impl", choices=c.IMPLS, default="torch",
@@ -45,22 +46,23 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="activation recompute (default none): selective = torchtitan's op-level policy (mm/SDPA "
                         "outputs cached, every second mm recomputed), full = transformers' checkpointing of every "
                         "layer")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per micro-step (default 1)")
-    p.add_argument("--global-batch", type=int, help="sequences per step; the world size × grad-accum must divide it "
-                                                    "(overrides --micro-batch)")
-    p.add_argument("--seq", type=int, default=32, help="tokens per sequence (default 32)")
-    p.add_argument("--steps", type=int, default=4, help="optimizer steps (default 4)")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (default 1)")
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
-    p.add_argument("--seed", type=int, default=0, metavar="N",
+    p.add_argument("--micro-batch", type=count(), default=1, help="sequences per rank per micro-step (default 1)")
+    p.add_argument("--global-batch", type=count(),
+                   help="sequences per step; the world size × grad-accum must divide it (overrides --micro-batch)")
+    p.add_argument("--seq", type=count(), default=32, help="tokens per sequence (default 32)")
+    p.add_argument("--steps", type=count(), default=4, help="optimizer steps (default 4)")
+    p.add_argument("--grad-accum", type=count(), default=1, help="micro-steps per optimizer step (default 1)")
+    p.add_argument("--lr", type=number(0, 1e3, exclusive_minimum=True), default=1e-3,
+                   help="learning rate (default 1e-3)")
+    p.add_argument("--seed", type=count(0, 2**63 - 1), default=0, metavar="N",
                    help="random seed of the weights and the synthetic data (default 0)")
     p.add_argument("--data", default="synthetic", help="'synthetic' (default) or a text file (bytes are tokens)")
     p.add_argument("--checkpoint-dir", help="save torch.distributed.checkpoint checkpoints here")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (default: after the last)")
+    p.add_argument("--checkpoint-every", type=count(0), default=0, help="save every K steps (default: after the last)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest complete checkpoint in --checkpoint-dir (from step 0 when "
                         "there is none yet, so a job can be restarted with the same command)")
-    p.add_argument("--stop-after", type=int, help="stop after this step, as if interrupted")
+    p.add_argument("--stop-after", type=count(), help="stop after this step, as if interrupted")
     p.add_argument("--gpu", help="GPU preset for MFU on CUDA (trainmath infer --gpu names; default: from the "
                                  "device name). MFU = the calculator's model FLOPs (no recompute) / step time / "
                                  "dense BF16 peak")
@@ -141,7 +143,7 @@ def _check_model(cfg, world_size: int, local_ranks: int, backend: str) -> None:
     """Resolve the config and check that the calculator's peak fits, before any rank starts: a bad model name or
     a model that cannot fit is one line."""
     from trainmath.runtime.train.model import model_spec, shrunk_config
-    from trainmath.runtime.train.verify import predict
+    from trainmath.verify.train import predict
 
     name, conf = shrunk_config(cfg.model, cfg.overrides)
     peak = predict(model_spec(name, conf), cfg, world_size, cuda=backend == "nccl")["peak_bytes"]

@@ -2,13 +2,15 @@
 with the calculator's prediction. Exit 0 only when every field is within its tolerance, 1 otherwise.
 
 Top level imports only the standard library; the tolerances and what they stand for are in
-``trainmath.runtime.train.verify``.
+``trainmath.verify.train``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 
 from trainmath.errors import TrainmathError
 
@@ -28,7 +30,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainmath.cli.train import run_training
     from trainmath.runtime.train.model import model_spec, shrunk_config
-    from trainmath.runtime.train.verify import compare, predict
+    from trainmath.verify.train import compare, predict
 
     if args.steps < 2:
         raise TrainmathError(f"verify measures the second step (the first creates the optimizer states): --steps must "
@@ -36,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if args.resume or args.stop_after is not None:
         raise TrainmathError("verify runs from scratch: --resume and --stop-after are for trainmath train")
     json_steps, args.json = args.json, False
-    results, _ = run_training(args)
+    # With --json, stdout holds the one JSON document: the live step lines are progress, on stderr.
+    with contextlib.redirect_stdout(sys.stderr) if json_steps else contextlib.nullcontext():
+        results, _ = run_training(args)
     first = results[min(results)]
     by_rank = dict(enumerate(first["measured_by_rank"]))
     cfg_world = len(by_rank)

@@ -46,5 +46,5 @@ def subgroup_table(world: list[ProcessRow], ranks: list[int]) -> list[ProcessRow
 
 
 def even_ranks(world_size: int) -> list[int]:
-    """The seed's example subgroup: ranks 0, 2, 4, ..."""
+    """The blog series' example subgroup: ranks 0, 2, 4, ..."""
     return list(range(0, world_size, 2))

@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainmath.errors import TrainmathError
-from trainmath.flops.gemm import _module
+from trainmath.ops.gemm import module_name
 from trainmath.ops.ir import Op
 
 CHECKPOINT_IMPLS = ("megatron", "torch")
 
 
 def not_recomputed(ops: Sequence[Op], impl: str) -> set[str]:
-    """Module names (as ``flops.gemm.Gemm.name``) of the layer's linears that full recompute does not run again
+    """Module names (as ``ops.gemm.Gemm.name``) of the layer's linears that full recompute does not run again
     under ``impl``: none for ``megatron``; for ``torch`` the last saving op's Linear, if it is one."""
     if impl not in CHECKPOINT_IMPLS:
         raise TrainmathError(f"checkpoint implementation must be one of {', '.join(CHECKPOINT_IMPLS)}; got {impl!r}")
@@ -32,4 +32,4 @@ def not_recomputed(ops: Sequence[Op], impl: str) -> set[str]:
     if impl == "megatron" or not saving:
         return set()
     last = saving[-1]
-    return {_module(last.weight.name)} if last.kind == "linear" and last.weight is not None else set()
+    return {module_name(last.weight.name)} if last.kind == "linear" and last.weight is not None else set()

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
-from trainmath.flops.gemm import CAUSAL
 from trainmath.model.spec import MLADims, ModelSpec
+from trainmath.ops.gemm import CAUSAL
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -3,7 +3,7 @@
 A step is one forward and one backward pass over ``batch`` sequences of ``seq`` tokens, plus the forward that
 activation recomputation repeats:
 
-- forward: every GEMM of ``trainmath.flops.gemm`` over every layer, plus the LM head over every token;
+- forward: every GEMM of ``trainmath.ops.gemm`` over every layer, plus the LM head over every token;
 - backward: 2× the forward of every GEMM (input and weight gradients, or both operands for attention);
   the embedding lookup has no GEMM in either direction;
 - recompute (``recompute``): ``none``; ``selective`` is torchtitan's op-level selective checkpointing as
@@ -38,15 +38,14 @@ from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
 from trainmath.flops.checkpoint import CHECKPOINT_IMPLS, not_recomputed
-from trainmath.flops.gemm import CAUSAL, Gemm, _module, core_note
 from trainmath.model.spec import LayerSpec, ModelSpec
-from trainmath.ops import flops as op_flops  # the module, not its names: ops.flops imports flops.gemm
+from trainmath.ops import flops as op_flops
 from trainmath.ops import selective
 from trainmath.ops.emit import head_ops, layer_ops, layer_top_k
+from trainmath.ops.gemm import CAUSAL, Gemm, core_note, module_name
 from trainmath.ops.ir import SINGLE, Degrees
 from trainmath.tree import Node
-
-RECOMPUTE = ("none", "selective", "full")
+from trainmath.vocabulary import RECOMPUTE
 
 # Components in output order: the parameter ledger's, with the attention core between attention and the FFN.
 COMPONENT_ORDER = ("embed_tokens", "pos_embed", "attention", "attention_core", "linear_attention", "mamba",
@@ -157,7 +156,7 @@ def _layer_fold(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, caus
     ops = layer_ops(spec, layer, batch=batch, seq=seq, gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk)
     folded = op_flops.linear_gemms_from_ops(ops, deg, top_k=layer_top_k(layer))
     again = {id(g) for g, run in zip(folded, selective.recomputed_linears(ops, layer)) if run}
-    names = [{_module(t.name) for t in b.tensors if t.kind == "linear"} for b in layer.blocks]
+    names = [{module_name(t.name) for t in b.tensors if t.kind == "linear"} for b in layer.blocks]
     if any(sum(g.name in mine for mine in names) != 1 for g in folded):
         raise TrainmathError(f"{spec.name} {layer.label}: the op list's linears "
                              f"{sorted(g.name for g in folded)} do not match its blocks' {sorted(set().union(*names))}")
@@ -275,3 +274,11 @@ def count_flops(spec: ModelSpec, *, batch: int, seq: int, causal: str = "execute
     return FlopsReport(model=spec.name, batch=batch, seq=seq, causal=causal, recompute=recompute, forward=forward,
                        backward=backward, recomputed=recomputed, training=training, layer_types=tuple(layer_types),
                        head=tuple(head), notes=tuple(report_notes) + spec.notes, conventions=conventions)
+
+
+def selective_recompute_flops(spec, *, batch: int, seq: int) -> int:
+    """Recomputed linear FLOPs of one micro-batch over all layers (``count_flops(recompute="selective")``
+    without its attention-core part; a family without op lists raises)."""
+    selective.check_family(spec)
+    rec = count_flops(spec, batch=batch, seq=seq, recompute="selective").recomputed
+    return rec.value - rec.flat().get("attention_core", 0)

@@ -115,25 +115,36 @@ _EFF_FIELDS = tuple(f.name for f in fields(Efficiency) if f.name != "generation"
 
 
 def _gpus_from(data: dict, where: str) -> tuple[GPU, ...]:
+    from trainmath.hardware.check import GPU_RULES, check_document, check_values
+
+    check_document(data, where)
     out = []
     for i, g in enumerate(data.get("gpus", [])):
+        label = f"GPU {g['name']!r}" if isinstance(g.get("name"), str) else f"GPU entry {i}"
+        check_values(g, GPU_RULES, label, where)
         missing = [f for f in _GPU_FIELDS if f not in g and f != "aliases"]
         unknown = sorted(set(g) - set(_GPU_FIELDS))
         if missing or unknown:
-            label = g.get("name", f"entry {i}")
             parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
                 [f"unknown {', '.join(unknown)}"] if unknown else [])
-            raise TrainmathError(f"{where}: GPU {label!r}: {'; '.join(parts)} (fields: {', '.join(_GPU_FIELDS)})")
+            raise TrainmathError(f"{where}: {label}: {'; '.join(parts)} (fields: {', '.join(_GPU_FIELDS)})")
         out.append(GPU(**{**g, "aliases": tuple(g.get("aliases", ()))}))
     return tuple(out)
 
 
 def _generations_from(data: dict, where: str) -> dict[str, Efficiency]:
+    from trainmath.hardware.check import EFFICIENCY_RULES, check_document, check_values
+
+    check_document(data, where)
     out = {}
     for name, e in data.get("generations", {}).items():
+        check_values(e, EFFICIENCY_RULES, f"generation {name!r}", where)
         missing = [f for f in _EFF_FIELDS if f not in e]
-        if missing:
-            raise TrainmathError(f"{where}: generation {name!r}: missing {', '.join(missing)}")
+        unknown = sorted(set(e) - set(_EFF_FIELDS))
+        if missing or unknown:
+            parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
+                [f"unknown {', '.join(unknown)}"] if unknown else [])
+            raise TrainmathError(f"{where}: generation {name!r}: {'; '.join(parts)}")
         out[name] = Efficiency(generation=name, **{f: e[f] for f in _EFF_FIELDS})
     return out
 
@@ -166,7 +177,10 @@ class Hardware:
 
     def extended(self, data: dict, where: str = "hardware file") -> Hardware:
         """These presets plus a user's ``{"gpus": [...], "generations": {...}}`` (same fields); same names replace."""
-        if not isinstance(data, dict) or not ({"gpus", "generations"} & set(data)):
+        from trainmath.hardware.check import check_document
+
+        check_document(data, where)
+        if not ({"gpus", "generations"} & set(data)):
             raise TrainmathError(f"{where}: expected a JSON object with 'gpus' and/or 'generations'")
         new = _gpus_from(data, where)
         names = {_norm(g.name) for g in new}
@@ -196,14 +210,10 @@ def presets() -> Hardware:
 
 def read_hardware_file(path: str) -> Hardware:
     """The presets extended by the JSON file at ``path`` (the CLI's ``--hardware FILE``)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise TrainmathError(f"cannot read hardware file {path!r}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise TrainmathError(f"hardware file {path!r} is not JSON: {e}") from None
-    return presets().extended(data, where=path)
+    from trainmath.jsonfile import read_json_file
+
+    data = read_json_file(path, "hardware file", max_bytes=1 << 20)
+    return presets().extended(data, where=f"hardware file {path!r}")
 
 
 def all_gpus() -> tuple[GPU, ...]:

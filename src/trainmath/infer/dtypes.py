@@ -187,8 +187,9 @@ def shipped_format(quantization_config: object, *, source: str = "config") -> We
         return WeightFormat(dtype="mxfp4", skip_modules=tuple(skip), source=origin)
     if method in ("gptq", "awq") and q.get("bits") in (4, 8):
         group = q.get("group_size", 128)
-        if not isinstance(group, int) or isinstance(group, bool) or group == 0:
-            raise TrainmathError(f"{source}: quantization_config.group_size must be an integer, got {group!r}")
+        if not isinstance(group, int) or isinstance(group, bool) or not (group == -1 or 1 <= group <= 2**40):
+            raise TrainmathError(f"{source}: quantization_config.group_size must be a positive integer or -1 (one "
+                                 f"group per row), got {group!r}")
         if q["bits"] == 8:
             return WeightFormat(dtype="int8", skip_modules=tuple(skip), source=origin)
         # group_size -1 means one group per row (GPTQ): a group as wide as any layer's input

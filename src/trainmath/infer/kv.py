@@ -117,12 +117,31 @@ def layer_cache(spec: ModelSpec, layer: LayerSpec, *, batch: int, context: int, 
                  for t, n in fold)
 
 
+def validate_tp(spec: ModelSpec, tp: int) -> None:
+    """tp must divide the attention heads; K/V heads must be a multiple or a divisor of tp; GDN and Mamba heads
+    and groups must be divisible. One error quoting the values."""
+    if tp <= 0:
+        raise TrainmathError(f"tensor parallel size must be positive, got {tp}")
+    for layer, _ in spec.layer_groups():
+        for b in layer.blocks:
+            d = b.dims
+            if b.kind == "attention":
+                heads_per_rank(d.heads, tp, "num_attention_heads")
+                kv_heads_per_rank(d.kv_heads, tp)
+            elif b.kind == "mla":
+                heads_per_rank(d.heads, tp, "num_attention_heads")
+            elif b.kind == "linear_attention":
+                heads_per_rank(d.key_heads, tp, "linear_num_key_heads")
+                heads_per_rank(d.value_heads, tp, "linear_num_value_heads")
+            elif b.kind == "mamba":
+                heads_per_rank(d.heads, tp, "mamba_num_heads")
+                heads_per_rank(d.groups, tp, "n_groups")
+
+
 def cache_tree(spec: ModelSpec, *, batch: int, context: int, fmt: CacheFormat, tp: int) -> Node:
     """The whole cache on one TP rank: one child per layer type (its value over all layers of the type), each
     with its tensors (keys, values, latent_kv, rope_keys, conv_state, recurrent_state) summed over those layers.
-    tp must divide the heads as ``infer.weights.validate_tp`` says (K/V heads: or be a multiple of them)."""
-    from trainmath.infer.weights import validate_tp  # weights imports this module's head rules
-
+    tp must divide the heads as ``validate_tp`` says (K/V heads: or be a multiple of them)."""
     validate_tp(spec, tp)
     groups = []
     for layer, idx in spec.layer_groups():
@@ -143,7 +162,7 @@ def grows_with_context(spec: ModelSpec, fmt: CacheFormat) -> bool:
 
 def kv_bytes_per_token(spec: ModelSpec, *, fmt: CacheFormat, tp: int) -> int:
     """Cache bytes one more token of context adds on one TP rank once every sliding window is full: the K/V of
-    the full-attention and MLA layers (the seed's 2·N·h_kv·h_d·bytes for a dense model)."""
+    the full-attention and MLA layers (the blog series' 2·N·h_kv·h_d·bytes for a dense model)."""
     big = 1 << 40  # a context beyond every window: sliding layers are saturated at both points
     a = cache_tree(spec, batch=1, context=big, fmt=fmt, tp=tp).value
     b = cache_tree(spec, batch=1, context=big + 1, fmt=fmt, tp=tp).value

@@ -98,12 +98,21 @@ class Fit:
     def fits(self) -> bool:
         return self.free_bytes >= 0
 
+    @property
+    def usable_context(self) -> int:
+        """The largest context the model can serve at the batch: what the memory holds (``max_context``), capped
+        at ``max_position_embeddings`` (positions past it are outside what the model was configured for)."""
+        if self.max_context is None:
+            return self.max_position_embeddings
+        return min(self.max_context, self.max_position_embeddings)
+
     def to_dict(self) -> dict:
         return {"gpu": self.gpu, "memory_bytes": self.memory_bytes, "mem_util_percent": self.mem_util_percent,
                 "usable_bytes": self.usable_bytes, "free_bytes": self.free_bytes, "fits": self.fits,
                 "max_batch": self.max_batch, "max_context": self.max_context,
                 "max_context_exceeds_max_position_embeddings":
                     None if self.max_context is None else self.max_context > self.max_position_embeddings,
+                "usable_context": self.usable_context, "max_position_embeddings": self.max_position_embeddings,
                 "weights_fit": self.weights_fit, "levers": list(self.levers)}
 
 

@@ -25,7 +25,7 @@ from fnmatch import fnmatchcase
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.infer.dtypes import WeightFormat, quantised_weight_bytes, tensor_bytes
-from trainmath.infer.kv import heads_per_rank, kv_heads_per_rank
+from trainmath.infer.kv import heads_per_rank, kv_heads_per_rank, validate_tp  # noqa: F401  (validate_tp: re-exported)
 from trainmath.model.spec import COMPONENTS, AttentionDims, Block, ModelSpec, TensorSpec
 from trainmath.placement import tp_axis  # the one column/row rule, shared with training placement
 from trainmath.tree import Node
@@ -101,27 +101,6 @@ def tensor_rank_bytes(t: TensorSpec, block: Block | None, fmt: WeightFormat, tp:
     for s in shape:
         numel *= s
     return tensor_bytes(numel, fmt.kept_bits) * copies, 0
-
-
-def validate_tp(spec: ModelSpec, tp: int) -> None:
-    """tp must divide the attention heads; K/V heads must be a multiple or a divisor of tp; GDN and Mamba heads
-    and groups must be divisible. One error quoting the values."""
-    if tp <= 0:
-        raise TrainmathError(f"tensor parallel size must be positive, got {tp}")
-    for layer, _ in spec.layer_groups():
-        for b in layer.blocks:
-            d = b.dims
-            if b.kind == "attention":
-                heads_per_rank(d.heads, tp, "num_attention_heads")
-                kv_heads_per_rank(d.kv_heads, tp)
-            elif b.kind == "mla":
-                heads_per_rank(d.heads, tp, "num_attention_heads")
-            elif b.kind == "linear_attention":
-                heads_per_rank(d.key_heads, tp, "linear_num_key_heads")
-                heads_per_rank(d.value_heads, tp, "linear_num_value_heads")
-            elif b.kind == "mamba":
-                heads_per_rank(d.heads, tp, "mamba_num_heads")
-                heads_per_rank(d.groups, tp, "n_groups")
 
 
 def weights_tree(spec: ModelSpec, *, fmt: WeightFormat, tp: int, ep: int = 1, gpus: int | None = None) -> Node:

@@ -3,5 +3,5 @@
 ``training.training_memory`` is the entry point: it builds the step's timeline (``timeline``) from the ZeRO-sharded
 model states (``states``), the per-element facts of ``optimizers`` and ``precision``, the activation model
 (``activations``) and the loss and wrapper buffers (``terms``). ``fit`` gives the verdict for a GPU preset and its
-levers; ``simulate`` runs the real modeling code on fake tensors (torch imported inside it only).
+levers. The real modeling code on fake tensors, which checks these figures, is ``trainmath.verify.simulate``.
 """

@@ -68,11 +68,11 @@ from trainmath.ops.fold import layer_node, saved_leaves
 from trainmath.ops.ir import Axis, Degrees, Program, Tensor
 from trainmath.ops.selective import mask_arguments, selective_layer
 from trainmath.tree import Node, scaled
+from trainmath.vocabulary import RECOMPUTE
 
 PROFILES = ("hf", "eager", "megatron")
 SCAN_KINDS = {"linear_attention": "Gated DeltaNet", "mamba": "Mamba-2"}
 """Sequence mixers that context parallelism cannot split (block kind: what the refusal calls it)."""
-RECOMPUTE = ("none", "selective", "full")
 HF_FAMILIES = tuple(op_families.STYLES)
 """The families the hf profile models: every row of the family table (each has its layer emitter)."""
 GROUPED_UNMODELLED = op_families.GROUPED_UNMODELLED

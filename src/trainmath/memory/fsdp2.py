@@ -38,6 +38,7 @@ from trainmath.arith import numel
 from trainmath.layout import ParallelLayout
 from trainmath.memory import states as st
 from trainmath.memory.precision import Precision
+from trainmath.memory.step import Event, acts_at
 from trainmath.placement import Placement
 from trainmath.tree import Node
 
@@ -168,9 +169,7 @@ def units(placement: Placement, layout: ParallelLayout, prec: Precision, *, gran
 
 
 def step_timeline(inp) -> tuple:
-    """The events of one FSDP2 step on one rank (``timeline.StepInputs`` with ``fsdp2`` set), in order."""
-    from trainmath.memory.timeline import Event, _acts
-
+    """The events of one FSDP2 step on one rank (``step.StepInputs`` with ``fsdp2`` set), in order."""
     u = inp.fsdp2
     none = Unit(unsharded_bytes=0, all_gather_bytes=0)
     root = u.get("root", none)
@@ -212,29 +211,29 @@ def step_timeline(inp) -> tuple:
     for pos, i in enumerate(inp.layers):
         lay = layers[pos]
         hidden_in = Node(name=f"layer {i} input", value=inp.hidden_grad, unit="bytes", note="the hidden states")
-        ev(f"forward layer {i} all-gather", acts=with_nodes(_acts(inp, kept), hidden_in, *positions),
+        ev(f"forward layer {i} all-gather", acts=with_nodes(acts_at(inp, kept), hidden_in, *positions),
            gather=p_root + kept_unsharded(pos) + prev_ag + lay.all_gather_bytes + lay.unsharded_bytes,
            copies=inp.weight_copies)
         kept.append(i)
         # a router unit's all-gather (inside the layer) frees the layer's buffer and keeps its own
         prev_ag = routers[pos].all_gather_bytes if routers[pos] else lay.all_gather_bytes
-        ev(f"forward layer {i}", acts=with_nodes(_acts(inp, kept), *positions),
+        ev(f"forward layer {i}", acts=with_nodes(acts_at(inp, kept), *positions),
            gather=p_root + kept_unsharded(pos + 1) + (lay.unsharded_bytes if raf else 0) + prev_ag,
            copies=inp.weight_copies)
     last_ag = prev_ag if layers else 0
     top = p_root + kept_unsharded(len(layers))  # what stays unsharded from the loss on
     prefetch = last_ag if raf else 0  # the root's pre-backward all-gathers the last layer (ZeRO-2: unsharded)
     if inp.last:
-        ev("forward: loss", acts=with_nodes(_acts(inp, kept), *positions), gather=top + last_ag,
+        ev("forward: loss", acts=with_nodes(acts_at(inp, kept), *positions), gather=top + last_ag,
            logits=inp.head_saved + inp.logits, up=inp.logits_fp32, copies=inp.weight_copies)
-        ev("backward: loss", acts=_acts(inp, kept), gather=top + prefetch,
+        ev("backward: loss", acts=acts_at(inp, kept), gather=top + prefetch,
            logits=inp.head_saved - inp.loss_freed + inp.output_held, ce=inp.cross_entropy_grads,
            copies=inp.weight_copies)
     held = inp.output_held if inp.last else 0
     root_grads = 0  # the root's unsharded gradients so far: they stay until the root's post-backward
     if inp.last:
         root_grads = root.grad_bytes.get("head", 0) + (root.grad_bytes.get("embed", 0) if inp.tied_head else 0)
-        ev("backward: head", acts=_acts(inp, kept), gather=top + prefetch, reduce=root_grads,
+        ev("backward: head", acts=acts_at(inp, kept), gather=top + prefetch, reduce=root_grads,
            logits=inp.head_saved + held, hidden=inp.hidden_grad, copies=inp.weight_copies)
     sharded = 0
     rs_prev = 0  # the reduce-scatter input of the layer after, kept until this layer's post-backward
@@ -244,18 +243,18 @@ def step_timeline(inp) -> tuple:
         mine = p_root + (lay.unsharded_bytes if raf else kept_unsharded(pos + 1))
         g = lay.grads
         if raf:
-            ev(f"backward layer {i} all-gather", acts=_acts(inp, kept), gather=p_root + lay.all_gather_bytes
+            ev(f"backward layer {i} all-gather", acts=acts_at(inp, kept), gather=p_root + lay.all_gather_bytes
                + lay.unsharded_bytes, reduce=root_grads + rs_prev, sharded=sharded, logits=held,
                hidden=inp.hidden_grad, copies=inp.weight_copies)
         # with a router unit the layer prefetches the router (next in reverse post-forward order), and the
         # router's pre-backward the layer before
-        ev(f"backward layer {i}", acts=_acts(inp, kept, live_layer=i), gather=mine
+        ev(f"backward layer {i}", acts=acts_at(inp, kept, live_layer=i), gather=mine
            + (router.all_gather_bytes if router and raf else before), reduce=root_grads + rs_prev,
            sharded=sharded, logits=held, hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0),
            copies=inp.weight_copies)
         mix = inp.fsdp2_mixer.get(i)
         if mix:
-            ev(f"backward layer {i} attention", acts=_acts(inp, kept, live_layer=i, less=mix.saved_after),
+            ev(f"backward layer {i} attention", acts=acts_at(inp, kept, live_layer=i, less=mix.saved_after),
                gather=mine + (router.all_gather_bytes if router and raf else before),
                reduce=root_grads + rs_prev + mix.grads_after, sharded=sharded, logits=held,
                hidden=inp.hidden_grad + mix.transient, copies=inp.weight_copies)
@@ -265,14 +264,14 @@ def step_timeline(inp) -> tuple:
             mine -= 0 if raf else router.unsharded_bytes
         norm = inp.fsdp2_norm.get(i)
         if norm:  # the layer's input norm, its last op: every gradient of the layer made
-            ev(f"backward layer {i} input norm", acts=_acts(inp, kept, live_layer=i, less=norm.saved_after),
+            ev(f"backward layer {i} input norm", acts=acts_at(inp, kept, live_layer=i, less=norm.saved_after),
                gather=mine + before, reduce=root_grads + rs_prev + g, sharded=sharded, logits=held,
                hidden=inp.hidden_grad + norm.transient, copies=inp.weight_copies)
         kept.pop()
-        ev(f"backward layer {i} done", acts=_acts(inp, kept), gather=mine + before,
+        ev(f"backward layer {i} done", acts=acts_at(inp, kept), gather=mine + before,
            reduce=root_grads + rs_prev + g, sharded=sharded, logits=held, hidden=inp.hidden_grad,
            copies=inp.weight_copies)
-        ev(f"backward layer {i} reduce-scatter", acts=_acts(inp, kept),
+        ev(f"backward layer {i} reduce-scatter", acts=acts_at(inp, kept),
            gather=mine - lay.unsharded_bytes + before, reduce=root_grads + g + lay.reduce_scatter_bytes,
            sharded=sharded, logits=held, hidden=inp.hidden_grad)
         sharded += lay.sharded_grad_bytes
@@ -282,7 +281,7 @@ def step_timeline(inp) -> tuple:
         # vocabulary × hidden tensors at once (as on one device)
         emb = root.grad_bytes.get("embed", 0)
         extra = 2 * emb if inp.tied_head else emb
-        ev("backward: embedding", acts=_acts(inp, kept), gather=p_root, reduce=root_grads + extra + rs_prev,
+        ev("backward: embedding", acts=acts_at(inp, kept), gather=p_root, reduce=root_grads + extra + rs_prev,
            sharded=sharded, logits=held, hidden=inp.hidden_grad)
         root_grads += 0 if inp.tied_head else emb
     if p_root:

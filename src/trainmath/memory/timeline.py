@@ -52,13 +52,12 @@ parameters (measured equal to the byte on the tiny models of ``benchmarks/train_
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from trainmath.arith import ceil_div, numel
 from trainmath.layout import ParallelLayout
 from trainmath.memory import flat_zero as fz
 from trainmath.memory import states as st
 from trainmath.memory.precision import Precision
+from trainmath.memory.step import Event, StepInputs, acts_at
 from trainmath.placement import Placement
 from trainmath.tree import Node
 
@@ -71,107 +70,6 @@ returns; nothing saves them for backward — ``log_softmax`` saves its output, t
 4-byte loss outlives the forward). The HF Trainer's ``compute_loss`` and ``trainmath train`` are ``loss``.
 Measured: on a 2-layer Qwen3 (vocabulary 256, 2 × 64 tokens, fp32) the peak of a ``loss`` step is the logits'
 131,072 bytes below the ``output`` step's (MemTracker)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Event:
-    """One moment of the step and what is live then: term name → bytes, or a ``Node`` whose value is its bytes."""
-
-    name: str
-    parts: dict = field(default_factory=dict)
-
-    @property
-    def bytes(self) -> int:
-        return sum(v.value if isinstance(v, Node) else v for v in self.parts.values())
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepInputs:
-    """Everything the timeline of one stage needs, computed by ``training.stage_memory``."""
-
-    layers: tuple[int, ...]
-    """Layer indices on this stage, in forward order."""
-    first: bool
-    last: bool
-    saved: dict
-    """layer index → bytes that layer keeps for backward (as the run keeps them: checkpoint inputs under
-    recompute)."""
-    recomputed: dict
-    """layer index → bytes its recomputation saves again in backward (0 without recompute)."""
-    resident: list
-    """Nodes kept for the whole forward+backward on this stage (embedding indices, rotary cos/sin)."""
-    other_micro_batches: int
-    """Bytes of the activations of the other micro-batches in flight (1F1B), resident throughout."""
-    head_saved: int
-    loss_freed: int
-    """Bytes of the head's saved tensors that ``nll_loss_backward`` frees before ``log_softmax_backward`` runs
-    (the shifted labels and the total weight), less the loss's own gradient (``ones_like``, 4 bytes)."""
-    logits: int
-    """The logits and the loss: the model output."""
-    output_held: int
-    """What the loop holds of the output from the loss's backward to the end of the step (``LOOP_KEEPS``): the
-    logits and the loss, or the loss alone."""
-    batch: int
-    """The input batch (int64 ids; the labels are the same tensor), held by the loop until the step returns;
-    during forward and backward it is the embedding's saved input (in ``resident``)."""
-    logits_fp32: int
-    cross_entropy_grads: int
-    hidden_grad: int
-    """Bytes of one gradient of the hidden states (r·T·d on this rank)."""
-    ffn_transient: dict
-    """layer index → bytes its first backward op leaves beside the saved tensors (``ffn_backward_transient``)."""
-    weight_copies: int
-    unit_grads: dict
-    """unit (``embed``, ``layer.<i>``, ``head``) → gradient bytes this rank holds for it."""
-    unit_gathered: dict
-    """unit → bytes of its unsharded parameters under ZeRO-3 (0 for units ZeRO does not shard, or below ZeRO-3)."""
-    unit_full_grads: dict
-    """unit → bytes of its unsharded gradients before the reduce-scatter (ZeRO-3), else 0."""
-    tied_head: bool
-    """The LM head is the embedding (tied, one stage): its gradient appears in the head's backward."""
-    tied_grad: int = 0
-    """Gradient bytes of the tied weight alone on this rank (0: the whole embedding unit is taken as the tied
-    weight's, as under ZeRO-3)."""
-    persistent: dict
-    """weights, master weights, optimizer states, framework buffers: live the whole step."""
-    grads_persist: bool
-    """Gradients allocated from the start of the step (``zero``, ``accumulate``, DDP bucket views)."""
-    optimizer_temporaries: int
-    fp32_grad_copies: int
-    flat: dict = field(default_factory=dict)
-    """unit → ``flat_zero.FlatUnit`` under our flat-buffer ZeRO-1/2 (``zero_impl="trainmath"``), else empty."""
-    flat_stage: int = 0
-    """1, 2 or 3 with ``flat``: the ZeRO stage our runtime runs (see ``flat_zero``)."""
-    fsdp2: dict = field(default_factory=dict)
-    """``root`` / ``layer.<i>`` → ``fsdp2.Unit`` under ZeRO-3 as FSDP2 runs it (``fsdp2.step_timeline``), else
-    empty."""
-    fsdp2_reshard: bool = True
-    """FSDP2's ``reshard_after_forward``: True for ZeRO-3, False for its ZeRO-2 (``zero_impl="fsdp2"``)."""
-    positions: int = 0
-    """Bytes of the model's int64 position ids, alive through the forward (FSDP2's forward all-gathers)."""
-    fsdp2_mixer: dict = field(default_factory=dict)
-    """layer index → ``fsdp2.MixerBackward`` (FSDP2 only): the moment inside its backward at its attention."""
-    fsdp2_norm: dict = field(default_factory=dict)
-    """layer index → ``fsdp2.NormBackward`` (FSDP2 only): the moment inside its backward at its input norm."""
-
-
-def _acts(inp: StepInputs, kept: list[int], live_layer: int | None = None, less: int = 0) -> Node:
-    """The activations live now: resident tensors, the saved tensors of ``kept`` layers, and a recomputed one;
-    ``less``: bytes of the live layer's saved tensors its backward has freed so far (from its recomputed ones
-    under recompute, else from its own)."""
-    kids = list(inp.resident)
-    recomputed = inp.recomputed.get(live_layer, 0) if live_layer is not None else 0
-    if kept:
-        kids.append(Node(name=f"layers saved ({len(kept)} of {len(inp.layers)})",
-                         value=sum(inp.saved[i] for i in kept) - (0 if recomputed else less), unit="bytes",
-                         note=f"layers {kept[0]}..{kept[-1]}"))
-    if recomputed:
-        kids.append(Node(name=f"layer {live_layer} recomputed", value=recomputed - less, unit="bytes",
-                         note="its saved tensors again, while its backward runs"))
-    if inp.other_micro_batches:
-        kids.append(Node(name="other micro-batches in flight", value=inp.other_micro_batches, unit="bytes",
-                         note="1F1B: the stage holds more than one micro-batch's activations"))
-    return Node.of("activations_bytes", kids, "bytes")
 
 
 def _flat_reduce(u) -> int:
@@ -223,20 +121,33 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         nxt = inp.unit_gathered.get(layer_units[j], 0) if 0 <= j < len(layer_units) else 0
         return root + mine + nxt
 
+    cache = inp.autocast_cache
+    layer_casts = [cache.get(f"layer.{i}", 0) for i in inp.layers]
+    head_cast = cache.get("head", 0)
+
+    def casts(pos: int | None = None, done: bool = False) -> int:
+        """Cached casts nothing else holds (``StepInputs.autocast_cache``): at the loss (``pos`` None), in the
+        backward of layer position ``pos``, or once it is ``done``."""
+        if pos is None:
+            return 0 if inp.casts_saved else sum(layer_casts)
+        later = layer_casts[pos + (0 if done else 1):] if inp.casts_saved else \
+            layer_casts if done else layer_casts[:pos] + layer_casts[pos + 1:]
+        return head_cast + sum(later)
+
     kept: list[int] = []
     for pos, i in enumerate(inp.layers):
         kept.append(i)
-        ev(f"forward layer {i}", acts=_acts(inp, kept), grads=0, gather=gathered(pos, +1),
+        ev(f"forward layer {i}", acts=acts_at(inp, kept), grads=0, gather=gathered(pos, +1),
            copies=inp.weight_copies)
     # FSDP2's root pre-backward hook all-gathers the last layer before the loss's backward runs
     first_bwd = root + (inp.unit_gathered.get(_layer_units(inp)[-1], 0) if inp.layers and inp.flat_stage != 3
                         else 0)
     if inp.last:
-        ev("forward: loss", acts=_acts(inp, kept), grads=0, gather=root, logits=inp.head_saved + inp.logits,
+        ev("forward: loss", acts=acts_at(inp, kept), grads=0, gather=root, logits=inp.head_saved + inp.logits,
            up=inp.logits_fp32, copies=inp.weight_copies)
-        ev("backward: loss", acts=_acts(inp, kept), grads=0, gather=first_bwd,
+        ev("backward: loss", acts=acts_at(inp, kept), grads=0, gather=first_bwd,
            logits=inp.head_saved - inp.loss_freed + inp.output_held,
-           ce=inp.cross_entropy_grads, copies=inp.weight_copies)
+           ce=inp.cross_entropy_grads, copies=inp.weight_copies + casts())
     grads = 0
     held = inp.output_held if inp.last else 0
     unit_grads = inp.unit_grads
@@ -244,23 +155,23 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         unit_grads = {k: v for u in flat.values() for k, v in u.full_grads.items()}
     if inp.last:
         grads += unit_grads.get("head", 0) + ((inp.tied_grad or unit_grads.get("embed", 0)) if inp.tied_head else 0)
-        ev("backward: head", acts=_acts(inp, kept), grads=grads, gather=first_bwd,
+        ev("backward: head", acts=acts_at(inp, kept), grads=grads, gather=first_bwd,
            reduce=inp.unit_full_grads.get("head", 0), logits=inp.head_saved + held, hidden=inp.hidden_grad,
-           copies=inp.weight_copies)
+           copies=inp.weight_copies + casts())
     for pos in range(len(inp.layers) - 1, -1, -1):
         i = inp.layers[pos]
         unit = f"layer.{i}"
-        ev(f"backward layer {i}", acts=_acts(inp, kept, live_layer=i), grads=grads, gather=gathered(pos, -1),
+        ev(f"backward layer {i}", acts=acts_at(inp, kept, live_layer=i), grads=grads, gather=gathered(pos, -1),
            reduce=inp.unit_full_grads.get(unit, 0), logits=held,  # the MLP's backward transient with the grads
-           hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies)
+           hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies + casts(pos))
         kept.pop()
         grads += unit_grads.get(unit, 0)
         # our ZeRO-2 reduces the layer now: its packed buffer and gradient shard beside its full gradients; its
         # last gradient is the input norm's, whose input gradient then lives beside the residual stream's
         red = _flat_reduce(flat[unit]) if sharded_grads else 0
-        ev(f"backward layer {i} done", acts=_acts(inp, kept), grads=grads, gather=gathered(pos, -1),
+        ev(f"backward layer {i} done", acts=acts_at(inp, kept), grads=grads, gather=gathered(pos, -1),
            reduce=inp.unit_full_grads.get(unit, 0), logits=held, hidden=inp.hidden_grad * (2 if red else 1),
-           copies=inp.weight_copies, buffers=red)
+           copies=inp.weight_copies + casts(pos, done=True), buffers=red)
         if sharded_grads:
             grads -= unit_grads.get(unit, 0)
     batch = Node.of("activations_bytes", [Node(name="input batch", value=inp.batch, unit="bytes",
@@ -274,14 +185,15 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
         # (MemTracker: "Temp" = 3·V·d, no activation but the ids; benchmarks/memory_sim.py --families)
         grads += unit_grads.get("embed", 0) - inp.tied_grad
         ev("backward: embedding", acts=batch, grads=grads + 2 * inp.tied_grad, gather=root,
-           reduce=inp.unit_full_grads.get("embed", 0), logits=held)
+           reduce=inp.unit_full_grads.get("embed", 0), logits=held, copies=head_cast + sum(layer_casts))
     elif inp.first:
         grads += 0 if inp.tied_head else unit_grads.get("embed", 0)
         red = _flat_reduce(flat["root"]) if sharded_grads else 0
         # tied under ZeRO-3: the three V·d tensors counted with the whole root unit, beside the input gradient
         tied = 2 * unit_grads.get("embed", 0) if inp.tied_head and not flat else 0
-        ev("backward: embedding", acts=_acts(inp, kept), grads=grads + tied, gather=root,
-           reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad, buffers=red)
+        ev("backward: embedding", acts=acts_at(inp, kept), grads=grads + tied, gather=root,
+           reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad, buffers=red,
+           copies=head_cast + sum(layer_casts))
     if not flat:
         ev("optimizer step", acts=batch, grads=all_grads, logits=held, temps=inp.optimizer_temporaries,
            fp32g=inp.fp32_grad_copies)

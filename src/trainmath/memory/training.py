@@ -31,10 +31,10 @@ from trainmath.model.spec import MLPDims, ModelSpec, MoEDims
 from trainmath.ops import families as op_families
 from trainmath.ops.families import TP_MEASURED, tp_measured
 from trainmath.ops.kernels.experts import routed_weights
-from trainmath.placement import place
+from trainmath.placement import Placement, place
 from trainmath.tree import Node
+from trainmath.vocabulary import RECOMPUTE
 
-RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("sdpa", "eager")
 PROFILES = ("hf", "megatron")
 PROFILE_TEXT = {
@@ -102,10 +102,15 @@ class TrainingSetup:
     experts: str = "grouped"
     """Routed experts as transformers runs them: ``grouped`` (``grouped_mm``, the default of transformers 5) or
     ``eager`` (the per-expert loop, which saves more)."""
-    loop_keeps: str = "output"
-    """What the training loop keeps of the model's output through backward (``timeline.LOOP_KEEPS``): ``output``
-    (``out = model(...)``: the logits until the step returns) or ``loss`` (``loss = model(...).loss``, as the HF
-    Trainer and ``trainmath train``: the logits are freed when the forward returns)."""
+    loop_keeps: str = "loss"
+    """What the training loop keeps of the model's output through backward (``timeline.LOOP_KEEPS``): ``loss``
+    (``loss = model(...).loss``, what most loops do: the HF Trainer's ``compute_loss``, torchtitan's ``del pred``,
+    Lightning, ``trainmath train``: the logits are freed when the forward returns) or ``output``
+    (``out = model(...)``: the logits until the step returns)."""
+    backward_in_autocast: bool = False
+    """The loop calls ``backward()`` inside the ``torch.autocast`` context (amp-bf16): autocast's cache keeps every
+    bf16 weight cast the forward made until the context exits, through the whole backward
+    (``timeline.StepInputs.autocast_cache``); False: ``backward()`` after the context exits, as HF Trainer does."""
     zero_impl: str = "deepspeed"
     """Whose ZeRO-1/2 buffers (``flat_zero.ZERO_IMPLS``): ``deepspeed`` (one reduce bucket of min(5e8, Ψ)
     elements for the whole step) or ``trainmath`` (``trainmath train --impl trainmath``: flat padded buffers
@@ -159,7 +164,8 @@ class MemoryReport:
                       "optimizer": s.optimizer, "optimizer_impl": s.optimizer_impl, "recompute": s.recompute,
                       "attention": s.attention, "profile": s.profile, "micro_batches": s.micro_batches,
                       "grad_lifetime": s.grad_lifetime, "bucket_view": s.bucket_view, "device": s.device,
-                      "loop_keeps": s.loop_keeps, "zero_impl": s.zero_impl,
+                      "loop_keeps": s.loop_keeps, "backward_in_autocast": s.backward_in_autocast,
+                      "zero_impl": s.zero_impl,
                       "offload": s.offload, "experts": s.experts},
             "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp,
                        "vocab_parallel": lay.vocab_parallel, "zero": lay.zero, "world_size": lay.ranks},
@@ -206,7 +212,20 @@ def check_setup(setup: TrainingSetup) -> list[str]:
                            ("experts", EXPERTS)):
         if getattr(setup, field) not in allowed:
             bad.append(f"{field} must be one of {', '.join(allowed)}, got {getattr(setup, field)!r}")
+    if setup.backward_in_autocast and (setup.precision != "amp-bf16" or (setup.micro_batches or 1) > 1):
+        bad.append("--backward-in-autocast is modelled with --precision amp-bf16 and one micro-batch (the cache of "
+                   "autocast's weight casts)")
     return bad
+
+
+def _autocast_cache(pl: Placement, gran: int) -> dict:
+    """unit → bytes of the bf16 casts autocast's cache holds of its linear weights on this rank (each cast one
+    tensor, rounded to the allocator's blocks); embeddings are looked up in fp32, not cast."""
+    out: dict = {}
+    for t in pl.tensors:
+        if t.spec.kind == "linear":
+            out[t.unit] = out.get(t.unit, 0) + ceil_div(2 * t.params, gran) * gran
+    return out
 
 
 def _activation_model(activation_model):
@@ -214,7 +233,7 @@ def _activation_model(activation_model):
         return activation_model
     try:
         from trainmath.memory import activations
-    except ModuleNotFoundError as e:  # pragma: no cover - until the activation model lands
+    except ModuleNotFoundError as e:  # pragma: no cover
         raise TrainmathError("the activation model (trainmath.memory.activations) is not available") from e
     if not (hasattr(activations, "activation_bytes") and hasattr(activations, "logits_bytes")):
         raise TrainmathError("the activation model (trainmath.memory.activations) has no activation_bytes / "
@@ -467,6 +486,9 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     mixer, norms = _fsdp2_mixer(spec, setup, layout, pl, prec, gran) if fsdp else ({}, {})
     persistent = {"weights_bytes": weights, "master_weights_bytes": master, "optimizer_states_bytes": states,
                   "framework_overhead_bytes": overhead}
+    if setup.backward_in_autocast and (layout.pp > 1 or fsdp or flat):
+        raise TrainmathError("--backward-in-autocast is modelled on one pipeline stage without ZeRO-3 or "
+                             "--zero-impl trainmath (the cache of autocast's weight casts)")
     inp = tl.StepInputs(
         layers=tuple(pl.layers), first=first, last=last, saved=saved, recomputed=recomputed, resident=resident,
         # another micro-batch in flight keeps what this one keeps at the end of its forward (under full recompute
@@ -482,7 +504,9 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         persistent=persistent, grads_persist=persist,
         optimizer_temporaries=temps, fp32_grad_copies=fp32g, flat=flat, flat_stage=layout.zero if flat else 0,
         fsdp2=fsdp, fsdp2_reshard=layout.zero >= 3, fsdp2_mixer=mixer, fsdp2_norm=norms,
-        positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0)
+        positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0,
+        autocast_cache=_autocast_cache(pl, gran) if setup.backward_in_autocast else {},
+        casts_saved=setup.recompute == "none")
     events = tl.step_timeline(inp)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
     return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=peak.name, timeline=events,
@@ -582,9 +606,14 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
            "; trainmath's ZeRO-3: the running unit gathered, no prefetch"),
         f"gradient lifetime {setup.grad_lifetime}: " + GRAD_LIFETIME_TEXT[setup.grad_lifetime]
         + ("; DDP gradient_as_bucket_view: gradients are views of the buckets" if setup.bucket_view else ""),
-        "the loop keeps " + ("the model output (out = model(...)): the logits live until the step returns"
+        "the loop keeps " + ("the model output (out = model(...)): the logits live until the step returns "
+                             "(--loop-keeps loss: the logits freed after the forward, as most loops do)"
                              if setup.loop_keeps == "output" else
-                             "the loss only (loss = model(...).loss): the logits are freed after the forward"),
+                             "the loss only (loss = model(...).loss): the logits are freed after the forward "
+                             "(--loop-keeps output: out = model(...) keeps them through backward)")
+        + ("; backward() inside torch.autocast: its cache holds the forward's bf16 weight casts to the end of "
+           "backward" if setup.backward_in_autocast else
+           "; backward() after torch.autocast exits" if setup.precision == "amp-bf16" else ""),
         layout_text(setup, layout, spec.model_type, spec.options),
         "1F1B pipeline: stage s holds min(pp - s, micro-batches) micro-batches of activations",
         f"peak_bytes is the largest event of the step's timeline (here: {top.phase!r} on stage {top.stage}); "

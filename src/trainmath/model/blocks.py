@@ -1,7 +1,7 @@
 """Constructors for the blocks that decoder layers are made of, shared by every family.
 
 Each returns a ``Block`` whose tensors carry checkpoint names relative to the layer. The parameter formula of
-each block, in the seed's notation (d = hidden size, h = heads, h_kv = KV heads, h_d = head dim,
+each block, in the notation of Jiang Yi's blog series (d = hidden size, h = heads, h_kv = KV heads, h_d = head dim,
 d_ff = MLP width), is in its docstring; the counts themselves are always the sum of the tensors' shapes.
 """
 
@@ -34,7 +34,8 @@ def linear(name: str, out_features: int, in_features: int, component: str, shard
 
 def norm(name: str, dim: int, component: str = "norms", *, bias: bool = False, shard: str = "replicated"
          ) -> tuple[TensorSpec, ...]:
-    """RMSNorm (d: a scale) or LayerNorm (2d: scale and shift), as the seed's first article counts them."""
+    """RMSNorm (d: a scale) or LayerNorm (2d: scale and shift), as the first article of Jiang Yi's blog series
+    counts them."""
     ts = [TensorSpec(name=f"{name}.weight", shape=(dim,), component=component, kind="norm", shard=shard)]
     if bias:
         ts.append(TensorSpec(name=f"{name}.bias", shape=(dim,), component=component, kind="norm", shard=shard))
@@ -122,7 +123,8 @@ def gated_mlp(*, d: int, d_ff: int, prefix: str = "mlp", bias: bool = False, com
 
 def plain_mlp(*, d: int, d_ff: int, prefix: str = "mlp", bias: bool = True,
               names: tuple[str, str] = ("c_fc", "c_proj"), component: str = "mlp_dense") -> tuple[TensorSpec, ...]:
-    """The original transformer's MLP y = W2 act(W1 x + b1) + b2: 2·d·d_ff + d_ff + d (seed, first article)."""
+    """The original transformer's MLP y = W2 act(W1 x + b1) + b2: 2·d·d_ff + d_ff + d (Jiang Yi's blog series,
+    first article)."""
     up, down = names
     return (linear(f"{prefix}.{up}", d_ff, d, component, "column", bias=bias)
             + linear(f"{prefix}.{down}", d, d_ff, component, "row", bias=bias))
@@ -135,7 +137,8 @@ def dense_mlp_block(tensors: tuple[TensorSpec, ...], *, d: int, d_ff: int, gated
 def moe_block(*, d: int, dims: MoEDims, expert_tensors: tuple[TensorSpec, ...],
               router: tuple[TensorSpec, ...], shared: tuple[TensorSpec, ...] = ()) -> Block:
     """A mixture-of-experts layer: router d·n (+ n bias), n routed experts of 3·d·d_ff_e each, shared experts.
-    Activated per token: router + k routed experts + shared experts (seed, first article, corrected)."""
+    Activated per token: router + k routed experts + shared experts (Jiang Yi's blog series, first article,
+    corrected)."""
     return Block(kind="moe", tensors=router + expert_tensors + shared, dims=dims)
 
 

@@ -221,7 +221,8 @@ class ModelSpec:
     notes: tuple[str, ...] = ()
     """Facts about how the config was read that a user should see (e.g. 'vision tower not counted')."""
     symbols: dict = field(default_factory=dict, compare=False, hash=False)
-    """The seed's symbols (N, |V|, d, d_ff, h_d, h, h_kv, n, k) with their values, for ``--explain``."""
+    """The symbols of Jiang Yi's blog series (N, |V|, d, d_ff, h_d, h, h_kv, n, k) with their values, for
+    ``--explain``."""
     options: dict = field(default_factory=dict, compare=False, hash=False)
     """Config switches that change computation and saved tensors but no parameter: ``partial_rotary_factor``,
     ``final_logit_softcapping``, ``attn_logit_softcapping``, ``logit_scale``, ``norm_topk_prob``,

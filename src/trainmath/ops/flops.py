@@ -1,12 +1,12 @@
 """GEMM FLOPs as a fold over an op list, on one rank of a layout: the linears, the attention cores, the depthwise
 convs and the chunked scans.
 
-Each ``linear`` op with a weight is one GEMM (``flops.gemm.Gemm``): m = the rows of its input (the product of the
+Each ``linear`` op with a weight is one GEMM (``ops.gemm.Gemm``): m = the rows of its input (the product of the
 input's axes but the last, on the rank: the tokens, or the routed rows of an expert op, whole under expert
 parallelism, whose ranks each bring their own micro-batch, see ``ir.SHARDS``), and k, n = the weight's in and out
-features (``flops.gemm._in_out``), each divided as the op's tensors are: n by the rule of the output's last axis
+features (``ops.gemm.in_out``), each divided as the op's tensors are: n by the rule of the output's last axis
 (``tp``: a column-parallel Linear), k by the input's (``tp``: a row-parallel one). Names and components are the
-weight's, as ``flops.gemm.linear_gemms`` gives them, so the FLOPs trees keep their names. A fused expert projection
+weight's, as ``ops.gemm.linear_gemms`` gives them, so the FLOPs trees keep their names. A fused expert projection
 whose gate and up are stored apart is one op per weight, the later ones without an output of their own: they produce
 the other columns of the first one's output, under its rule.
 
@@ -29,8 +29,8 @@ from collections.abc import Iterable
 
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
-from trainmath.flops.gemm import Gemm, _in_out, _module, attended_pairs
 from trainmath.ops.emit import layer_ops, layer_top_k  # noqa: F401  (the op lists these folds read)
+from trainmath.ops.gemm import Gemm, attended_pairs, in_out, module_name
 from trainmath.ops.ir import SINGLE, Degrees, Op
 from trainmath.ops.kernels.scans import UNREACHED
 
@@ -67,8 +67,8 @@ def linear_gemms_from_ops(ops: Iterable[Op], deg: Degrees = SINGLE, *, experts: 
             rule = op.outputs[0].axes[-1].shard
         elif rule is None:
             raise TrainmathError(f"linear op {op.name} has no output and follows no fused projection")
-        k, n = _in_out(op.weight)
-        out.append(Gemm(name=_module(op.weight.name), component=op.weight.component,
+        k, n = in_out(op.weight)
+        out.append(Gemm(name=module_name(op.weight.name), component=op.weight.component,
                         m=_rows(op, deg, experts, top_k), k=ceil_div(k, deg.split(op.inputs[0].axes[-1].shard)),
                         n=ceil_div(n, deg.split(rule))))
     return out
@@ -83,7 +83,7 @@ def _core_rank(op: Op, deg: Degrees) -> None:
 def attention_gemms(op: Op, deg: Degrees = SINGLE, *, causal: str = "executed") -> list[Gemm]:
     """Q·Kᵀ and P·V of an ``attention`` op over its per-head (b, s, h, ·) query, key and value, ``count`` = b·h on
     the rank (K/V heads are repeated to the query heads first, so GQA runs h products): m = s, k = the q/k head
-    dim, n = the keys; ``causal="half"`` counts the attended pairs (``flops.gemm.attended_pairs``, with the op's
+    dim, n = the keys; ``causal="half"`` counts the attended pairs (``ops.gemm.attended_pairs``, with the op's
     window) as m = pairs, n = 1."""
     _core_rank(op, deg)
     q, k, v = op.inputs[:3]

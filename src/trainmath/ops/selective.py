@@ -192,13 +192,3 @@ def core_recomputed(ops: Sequence[Op]) -> bool:
     attention's and SDPA's math fallback's ``bmm``s are recomputed (a layer without attention: its scans and
     convolutions are recomputed, none being in the policy's list)."""
     return not any(op.kind == "attention" and op.kernel in FUSED_ATTENTION for op in ops)
-
-
-def selective_recompute_flops(spec, *, batch: int, seq: int) -> int:
-    """Recomputed linear FLOPs of one micro-batch over all layers (``count_flops(recompute="selective")``
-    without its attention-core part; a family without op lists raises)."""
-    from trainmath.flops.model import count_flops
-
-    check_family(spec)
-    rec = count_flops(spec, batch=batch, seq=seq, recompute="selective").recomputed
-    return rec.value - rec.flat().get("attention_core", 0)

@@ -44,21 +44,41 @@ probabilities (2 + 2), dropout reads those and writes its output and 1-byte mask
 
 ATTENTION = ("flash", "eager")
 
+FP8_GEMMS = ("none", "linears", "linears+head")
+"""Which GEMMs run in FP8 under Transformer Engine's recipe: ``linears`` the decoder layers' weighted GEMMs
+(fprop, dgrad, wgrad), ``linears+head`` those and the LM head; attention cores and norms stay in BF16."""
+
+FP8_SHARED_INPUTS = (frozenset({"q_proj", "k_proj", "v_proj"}), frozenset({"gate_proj", "up_proj", "w1", "w3"}))
+"""Linears that read one input, cast once (Megatron-Core fuses them: ``linear_qkv``, ``linear_fc1``), when they
+follow each other in the ledger; any other linear casts its own input."""
+
+FP8_CAST_TRANSPOSE_BYTES = 4
+"""HBM bytes per element of one FP8 cast as Transformer Engine runs it on Hopper (its fused cast-transpose,
+which also takes the tensor's amax in the same pass): read the 16-bit tensor (2), write the FP8 copy (1) and
+its FP8 transpose (1) — the FP8 GEMM takes only the TN layout, so wgrad and dgrad read the transposes. Cast
+once per micro-batch: each FP8 linear's input (forward; one for q, k, v and one for gate, up, Megatron's fused
+linear_qkv / linear_fc1) and its output gradient (backward); once per step: each weight (TE caches the FP8
+weights after the first micro-batch, ``is_first_microbatch``). The amax-history and scale update (a few
+values per tensor) is not timed."""
+
 
 def gemm_time_s(m: float, k: float, n: float, count: int, flops: float, gpu: GPU, eff: Efficiency,
-                dtype: str = "bf16", element_bytes: int = 2) -> float:
+                dtype: str = "bf16", element_bytes: int = 2, out_bytes: int | None = None) -> float:
     """Seconds for ``count`` GEMMs (m, k) @ (k, n) doing ``flops`` in total.
 
     Roofline (Williams, Waterman & Patterson, CACM 52(4), 2009): the slower of compute at the shape's efficiency
-    ``gemm_peak_fraction · Π u(d)``, u(d) = d / (d + gemm_half_dim), and streaming the operands and result
-    through HBM at ``hbm_fraction`` of its bandwidth.
+    ``gemm_peak_fraction · Π u(d)``, u(d) = d / (d + gemm_half_dim), and streaming the operands
+    (``element_bytes`` each) and result (``out_bytes``, default ``element_bytes``) through HBM at
+    ``hbm_fraction`` of its bandwidth. An FP8 GEMM is the same curve at the FP8 peak with 1-byte operands and a
+    16-bit result: its ridge point doubles, so a GEMM near it gains less than the datasheet's 2×.
     """
     if flops <= 0:
         return 0.0
     h = eff.gemm_half_dim
     shape = (m / (m + h)) * (k / (k + h)) * (n / (n + h))
     compute = flops / (gpu.peak_flops_per_s(dtype) * eff.gemm_peak_fraction * shape)
-    memory = count * (m * k + k * n + m * n) * element_bytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
+    out = element_bytes if out_bytes is None else out_bytes
+    memory = count * ((m * k + k * n) * element_bytes + m * n * out) / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
     return max(compute, memory)
 
 
@@ -71,6 +91,14 @@ class LayerTime:
     recompute_s: float
     attention_forward_s: float
     """The attention core's share of ``forward_s`` (what context-parallel exchange can hide behind)."""
+    fp8_cast_bytes: float = 0.0
+    """HBM bytes of the FP8 casts of one micro-batch (forward, backward and recompute; ``fp8_cast_bytes``)."""
+    fp8_cast_s: float = 0.0
+    """Those bytes at ``hbm_fraction`` of the bandwidth (not in forward_s/backward_s)."""
+    fp8_weight_cast_bytes: float = 0.0
+    """HBM bytes of casting this layer's linear weights to FP8 once per step (``FP8_WEIGHT_CAST_BYTES``)."""
+    fp8_gemm_s: float = 0.0
+    """Forward seconds of the GEMMs run in FP8 (their share of ``forward_s``)."""
 
 
 _CACHES: dict[int, tuple[ModelSpec, dict]] = {}
@@ -99,11 +127,34 @@ def _ledger(spec: ModelSpec, micro_batch: int, seq: int, causal: str):
                 lambda: count_flops(spec, batch=micro_batch, seq=seq, causal=causal))
 
 
+@dataclass(frozen=True)
+class GemmParts:
+    """Forward seconds of a GEMM list on one rank, and the HBM bytes of its FP8 casts."""
+
+    dense: float
+    attention: float
+    fp8_s: float = 0.0
+    cast_forward_bytes: float = 0.0
+    cast_backward_bytes: float = 0.0
+    weight_cast_bytes: float = 0.0
+
+
+def fp8_speedup(m: float, k: float, n: float, gpu: GPU, eff: Efficiency, out_bytes: int = 2) -> float:
+    """BF16 time / FP8 time of one (m, k) @ (k, n) GEMM on ``gpu``: 2× (the datasheet ratio) where both are
+    compute-bound, less where the FP8 GEMM meets the HBM roofline."""
+    flops = 2 * m * k * n
+    return (gemm_time_s(m, k, n, 1, flops, gpu, eff, "bf16", 2)
+            / gemm_time_s(m, k, n, 1, flops, gpu, eff, "fp8", 1, out_bytes))
+
+
 def _gemm_parts(gemms, layout: ParallelLayout, experts: int, gpu: GPU, eff: Efficiency, dtype: str, c: int,
-                attention: str = "flash"):
+                attention: str = "flash", fp8: bool = False) -> GemmParts:
     tp, cp, ep = layout.tp, layout.cp, layout.ep
-    dense = attn = 0.0
+    dense = attn = fp8_s = cast_f = cast_b = cast_w = 0.0
+    last_input = None
     for g in gemms:
+        if g.component == "attention_core":
+            last_input = None
         if g.component == "attention_core" and attention == "flash":
             attn += g.flops / (tp * cp) / (gpu.peak_flops_per_s(dtype) * eff.attention_peak_fraction)
             continue
@@ -118,49 +169,82 @@ def _gemm_parts(gemms, layout: ParallelLayout, experts: int, gpu: GPU, eff: Effi
         if g.component == "experts" and experts:
             m = g.m * ep / experts / cp
         k, n = (g.k / split_tp, g.n) if g.k >= g.n else (g.k, g.n / split_tp)
-        dense += gemm_time_s(m, k, n, g.count if g.component != "experts" else max(1, experts // ep),
-                             g.flops / (split_tp * cp), gpu, eff, dtype, c)
-    return dense, attn
+        count = g.count if g.component != "experts" else max(1, experts // ep)
+        flops = g.flops / (split_tp * cp)
+        if fp8 and g.weighted:
+            t = gemm_time_s(m, k, n, count, flops, gpu, eff, "fp8", 1, c)
+            fp8_s += t
+            dense += t
+            leaf = g.name.rsplit(".", 1)[-1]
+            group = next((i for i, names in enumerate(FP8_SHARED_INPUTS) if leaf in names), None)
+            key = None if group is None else (group, g.component, m, k, count)
+            if key is None or key != last_input:
+                cast_f += FP8_CAST_TRANSPOSE_BYTES * count * m * k
+            last_input = key
+            cast_b += FP8_CAST_TRANSPOSE_BYTES * count * m * n
+            cast_w += FP8_CAST_TRANSPOSE_BYTES * count * k * n
+            continue
+        last_input = None
+        dense += gemm_time_s(m, k, n, count, flops, gpu, eff, dtype, c)
+    return GemmParts(dense, attn, fp8_s, cast_f, cast_b, cast_w)
 
 
 def layer_times(spec: ModelSpec, *, micro_batch: int, seq: int, layout: ParallelLayout, gpu: GPU,
                 eff: Efficiency, recompute: str, dtype: str = "bf16", compute_bytes: int = 2,
-                attention: str = "flash", profile: str = "megatron") -> tuple[dict[int, LayerTime], LayerTime]:
+                attention: str = "flash", profile: str = "megatron",
+                fp8: str = "none") -> tuple[dict[int, LayerTime], LayerTime]:
     """(layer index → its time, the LM head's time) for one micro-batch of ``micro_batch`` × ``seq`` tokens.
     ``profile`` names whose selective recompute is timed: ``megatron`` Korthikanti et al.'s (the attention core),
     ``hf`` torchtitan's op-level policy (the GEMMs it recomputes, ``LayerGemms.selective``, and every
-    memory-bound op, none being in its save list)."""
+    memory-bound op, none being in its save list). ``fp8`` (``FP8_GEMMS``) names the GEMMs run in FP8 at the
+    FP8 peak, with their casts (``FP8_CAST_TRANSPOSE_BYTES``)."""
+    if fp8 not in FP8_GEMMS:
+        raise TrainmathError(f"fp8 GEMMs must be one of {', '.join(FP8_GEMMS)}, got {fp8!r}")
     key = ("layers", micro_batch, seq, layout.tp, layout.cp, layout.ep, layout.sp, gpu, eff, recompute, dtype,
-           compute_bytes, attention, profile)
+           compute_bytes, attention, profile, fp8)
     return memo(spec, key, lambda: _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype,
-                                                compute_bytes, attention, profile))
+                                                compute_bytes, attention, profile, fp8))
+
+
+def _cast_s(nbytes: float, gpu: GPU, eff: Efficiency) -> float:
+    return nbytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
 
 
 def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, compute_bytes, attention,
-                 profile="megatron"):
+                 profile="megatron", fp8="none"):
     ledger = _ledger(spec, micro_batch, seq, "half" if attention == "flash" else "executed")
     tokens = micro_batch * seq / layout.cp
     elem_split = layout.tp if layout.sp else 1
     elem_fwd = (eff.elementwise_bytes_per_token_per_hidden * tokens * spec.hidden_size / elem_split
                 / (gpu.hbm_bytes_per_s * eff.hbm_fraction))
+    lin8 = fp8 != "none"
     per_layer: dict[int, LayerTime] = {}
     for lt in ledger.layer_types:
         experts = next((b.dims.experts for b in spec.layers[lt.layers[0]].blocks if b.kind == "moe"), 0)
-        dense, attn = _gemm_parts(lt.gemms, layout, experts, gpu, eff, dtype, compute_bytes, attention)
+        p = _gemm_parts(lt.gemms, layout, experts, gpu, eff, dtype, compute_bytes, attention, lin8)
+        dense, attn = p.dense, p.attention
         fwd = dense + attn + elem_fwd
         bwd = 2 * dense + (FLASH_BACKWARD_FACTOR if attention == "flash" else 2) * attn + 2 * elem_fwd
         rec = {"none": 0.0, "selective": attn, "full": fwd}[recompute]
+        rec_cast = p.cast_forward_bytes if recompute == "full" else 0.0
         if recompute == "selective" and profile == "hf":
             if not lt.selective:
                 raise TrainmathError(f"--recompute selective with the hf profile times torchtitan's op-level "
                                      f"policy over the op lists; {spec.name} ({spec.model_type}) has none: use "
                                      f"--profile megatron")
             again = [g for g, run in zip(lt.gemms, lt.selective) if run]
-            d_sel, a_sel = _gemm_parts(again, layout, experts, gpu, eff, dtype, compute_bytes, attention)
-            rec = d_sel + a_sel + elem_fwd
-        t = LayerTime(forward_s=fwd, backward_s=bwd, recompute_s=rec, attention_forward_s=attn)
+            sel = _gemm_parts(again, layout, experts, gpu, eff, dtype, compute_bytes, attention, lin8)
+            rec = sel.dense + sel.attention + elem_fwd
+            rec_cast = sel.cast_forward_bytes
+        cast = p.cast_forward_bytes + p.cast_backward_bytes + rec_cast
+        t = LayerTime(forward_s=fwd, backward_s=bwd, recompute_s=rec, attention_forward_s=attn,
+                      fp8_cast_bytes=cast, fp8_cast_s=_cast_s(cast, gpu, eff),
+                      fp8_weight_cast_bytes=p.weight_cast_bytes, fp8_gemm_s=p.fp8_s)
         for i in lt.layers:
             per_layer[i] = t
-    dense, _ = _gemm_parts(ledger.head, layout, 0, gpu, eff, dtype, compute_bytes)
-    head = LayerTime(forward_s=dense, backward_s=2 * dense, recompute_s=0.0, attention_forward_s=0.0)
+    h = _gemm_parts(ledger.head, layout, 0, gpu, eff, dtype, compute_bytes, fp8=fp8 == "linears+head")
+    cast = h.cast_forward_bytes + h.cast_backward_bytes
+    head = LayerTime(forward_s=h.dense, backward_s=2 * h.dense, recompute_s=0.0, attention_forward_s=0.0,
+                     fp8_cast_bytes=cast, fp8_cast_s=_cast_s(cast, gpu, eff),
+                     fp8_weight_cast_bytes=h.weight_cast_bytes, fp8_gemm_s=h.fp8_s)
     return per_layer, head

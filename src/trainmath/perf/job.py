@@ -35,9 +35,25 @@ class Job:
     """Activation profile of the memory model."""
     uneven_stages: bool = False
     """Allow pp · virtual_stages not dividing the layers (stages differ by one layer, like Llama 3's)."""
+    fp8_head: bool = False
+    """With ``precision="fp8"``: run the LM head's GEMMs in FP8 too (Transformer Engine's recipe keeps it BF16)."""
     mem_util_percent: int = MEM_UTIL_PERCENT
     """The fit rule's usable share (``trainmath.usable``: peak_bytes + the CUDA context under this share of the
     GPU's memory)."""
+
+    @property
+    def fp8_gemms(self) -> str:
+        """Which GEMMs run in FP8 (``trainmath.perf.compute.FP8_GEMMS``): with ``precision="fp8"``, Transformer
+        Engine's recipe (the decoder's linear layers; the LM head too with ``fp8_head``); otherwise none."""
+        if self.precision != "fp8":
+            return "none"
+        return "linears+head" if self.fp8_head else "linears"
+
+    @property
+    def gemm_dtype(self) -> str:
+        """The format of the GEMMs not named by ``fp8_gemms``: BF16 under ``precision="fp8"`` (attention cores,
+        and the head unless ``fp8_head``), else ``dtype``."""
+        return "bf16" if self.precision == "fp8" else self.dtype
 
     def micro_batches(self, dp: int) -> int:
         """Micro-batches per optimizer step on each data-parallel rank: global_batch / (dp · micro_batch)."""
@@ -69,6 +85,11 @@ class Estimate:
     memory_bytes: int
     fits: bool | None
     conventions: tuple = field(default=())
+    stage_times_s: tuple = field(default=())
+    """Per pipeline stage: seconds of one micro-batch's compute (forward + backward + recompute + FP8 casts);
+    the slowest sets the pace and the bubble."""
+    stage_layers: tuple = field(default=())
+    """Per pipeline stage: its decoder layers (count)."""
 
     def budget(self, tokens: float, price_per_gpu_hour: float | None = None) -> dict:
         """Wall time, GPU-hours and cost of training on ``tokens`` tokens at this step's rate."""
@@ -98,7 +119,9 @@ class Estimate:
                 "fit_rule": rule_text(self.memory_bytes, self.job.mem_util_percent),
                 "activation_profile": self.job.profile, "fits": self.fits, "breakdown": dict(self.breakdown),
                 "comm": [c.to_dict() for c in self.comm], "groups": self.groups.to_dict(),
-                "conventions": list(self.conventions)}
+                "conventions": list(self.conventions), "stage_times_s": list(self.stage_times_s),
+                "stage_layers": list(self.stage_layers),
+                "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers}
 
 
 def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | None = None) -> list[str]:
@@ -125,7 +148,10 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
         bad.append(f"global batch ({job.global_batch}) must be divisible by dp × micro-batch ({layout.dp} × "
                    f"{job.micro_batch} = {layout.dp * job.micro_batch})")
     chunks = layout.pp * job.virtual_stages
-    if chunks > spec.num_layers:
+    split = split_problems(spec.num_layers, layout, job.virtual_stages)
+    if split or layout.stage_split != (None, None):
+        bad += split
+    elif chunks > spec.num_layers:
         bad.append(f"pp × virtual stages ({layout.pp} × {job.virtual_stages}) must not exceed the layers "
                    f"({spec.num_layers})")
     elif spec.num_layers % chunks and not job.uneven_stages:
@@ -139,4 +165,33 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
                        f"of pp ({layout.pp})")
     if job.seq % layout.cp:
         bad.append(f"cp ({layout.cp}) must divide the sequence length ({job.seq})")
+    return bad
+
+
+def split_problems(num_layers: int, layout: ParallelLayout, virtual_stages: int = 1) -> list[str]:
+    """Why ``layout``'s first/last stage layers (Megatron-LM's ``--decoder-first-pipeline-num-layers`` /
+    ``--decoder-last-pipeline-num-layers``) cannot split ``num_layers``: Megatron-Core gives the stages between
+    an equal share of the rest, so it must divide; interleaving is not modelled with them."""
+    first, last = layout.stage_split
+    if first is None and last is None:
+        return []
+    bad = [f"{name} stage layers must be a positive integer, got {v!r}"
+           for name, v in (("first", first), ("last", last)) if v is not None and (not isinstance(v, int) or v < 1)]
+    if bad:
+        return bad
+    if layout.pp < 2:
+        return [f"first/last stage layers need pp >= 2, got pp {layout.pp}"]
+    if virtual_stages > 1:
+        return ["first/last stage layers with virtual stages > 1 are not modelled; pass --virtual-stages 1"]
+    ends = [n for n in (first, last) if n is not None]
+    inner = layout.pp - len(ends)
+    rest = num_layers - sum(ends)
+    if inner == 0:
+        if rest:
+            bad.append(f"first + last stage layers ({' + '.join(map(str, ends))}) must equal the layers "
+                       f"({num_layers}) with pp 2")
+    elif rest < inner or rest % inner:
+        bad.append(f"the {rest} layers left after the first/last stage(s) must split evenly over the other "
+                   f"{inner} stage(s) (Megatron-Core's rule): {num_layers} - {' - '.join(map(str, ends))} = {rest} "
+                   f"is not a positive multiple of {inner}")
     return bad

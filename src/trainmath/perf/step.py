@@ -25,14 +25,15 @@ from trainmath.layout import ParallelLayout
 from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
-from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, layer_times, memo
+from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, FP8_CAST_TRANSPOSE_BYTES, layer_times, memo
+from trainmath.perf.fsdp import fsdp_text, overhead_s, zero3_item
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.placement import place, stage_layers
 from trainmath.usable import rule_text, usable_bytes
 
-BREAKDOWN = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm", "zero3_comm", "pipeline_bubble",
-             "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step")
+BREAKDOWN = ("forward", "backward", "recompute", "fp8_cast", "tp_comm", "cp_comm", "ep_comm", "zero3_comm",
+             "pipeline_bubble", "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step", "fsdp_overhead")
 """Every key of an estimate's ``breakdown`` (seconds), in order; their sum is ``step_time_s``."""
 
 _TP_BLOCKS = ("attention", "mla", "linear_attention", "mamba", "mlp", "moe")
@@ -57,21 +58,45 @@ def _flops_per_sequence(spec: ModelSpec, seq: int, causal: str, recompute: str, 
     return memo(spec, ("flops", seq, causal, recompute, profile), make)
 
 
-def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> tuple[int, int, tuple[int, ...]]:
-    """(dense, expert) parameters of one rank of ``stage`` before ZeRO, and each layer's (ZeRO-3 gathers)."""
+def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int,
+                 split: tuple[int | None, int | None] = (None, None)) -> tuple[int, int, tuple[int, ...]]:
+    """(dense, expert) parameters of one rank of ``stage`` before ZeRO, and each layer's (ZeRO-3 gathers).
+    ``split``: the layout's (first, last) stage layers (``ParallelLayout.stage_split``)."""
     if len(_layer_types(spec)) == 1 and 0 < stage < pp - 1:
         # one layer type: an inner stage is known by its length alone (no embeddings, no head)
-        stages = memo(spec, ("stages", pp), lambda: stage_layers(spec.num_layers, pp))
-        twin = 1 if len(stages[1]) == len(stages[stage]) else len(stages) - 2  # array_split: two lengths at most
+        stages = memo(spec, ("stages", pp, split), lambda: stage_layers(spec.num_layers, pp, *split))
+        twin = next(i for i in range(1, pp - 1) if len(stages[i]) == len(stages[stage]))
         if twin != stage:
-            return stage_params(spec, tp, pp, ep, twin)
+            return stage_params(spec, tp, pp, ep, twin, split)
 
     def make():
-        p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep), stage)
+        p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep, first_stage_layers=split[0],
+                                       last_stage_layers=split[1]), stage)
         units = p.unit_params()
         return p.dense_params, p.expert_params, tuple(units.get(f"layer.{i}", 0) for i in p.layers)
 
-    return memo(spec, ("params", tp, pp, ep, stage), make)
+    return memo(spec, ("params", tp, pp, ep, stage, split), make)
+
+
+def _split_text(stages, layout: ParallelLayout) -> str:
+    sizes = [len(r) for r in stages]
+    if len(set(sizes)) == 1:
+        return f"{sizes[0]} each"
+    if layout.stage_split == (None, None):
+        return "/".join(map(str, sizes)) + " (uneven: the first L mod pp stages one layer longer)"
+    return "/".join(map(str, sizes)) + " (first/last as Megatron-LM's --decoder-first/last-pipeline-num-layers)"
+
+
+def _fp8_conventions(job: Job) -> tuple[str, ...]:
+    if job.fp8_gemms == "none":
+        return ()
+    head = "the LM head too" if job.fp8_head else "attention cores, norms and the LM head in BF16"
+    return (f"precision fp8 (Transformer Engine's recipe): fprop, dgrad and wgrad of the decoder's linear layers "
+            f"in FP8 at the FP8 peak on the same efficiency curve (1-byte operands in the roofline); {head}; "
+            f"casts memory-bound, {FP8_CAST_TRANSPOSE_BYTES} bytes per element (fused cast-transpose with amax: "
+            f"read 16-bit, write FP8 and its transpose) per linear input and output gradient each micro-batch, "
+            f"per weight once per step (fp8_cast); memory counted as mixed-bf16 plus the FP8 weight copies "
+            f"(TE's FP8 saved activations not modelled)",)
 
 
 def memory_recompute(job: Job) -> str:
@@ -113,19 +138,23 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     groups = place_groups(layout, gpu.gpus_per_node)
     M = job.micro_batches(layout.dp)
     per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
-                                  recompute=job.recompute, dtype=job.dtype, compute_bytes=c,
-                                  attention=job.attention, profile=job.profile)
-    stages = stage_layers(spec.num_layers, layout.pp)
+                                  recompute=job.recompute, dtype=job.gemm_dtype, compute_bytes=c,
+                                  attention=job.attention, profile=job.profile, fp8=job.fp8_gemms)
+    stages = stage_layers(spec.num_layers, layout.pp, *layout.stage_split)
 
-    def stage_time(s: int) -> tuple[float, float, float]:
+    def stage_time(s: int) -> tuple[float, float, float, float]:
         ts = [per_layer[i] for i in stages[s]] + ([head] if s == layout.pp - 1 else [])
-        return (sum(t.forward_s for t in ts), sum(t.backward_s for t in ts), sum(t.recompute_s for t in ts))
+        return (sum(t.forward_s for t in ts), sum(t.backward_s for t in ts), sum(t.recompute_s for t in ts),
+                sum(t.fp8_cast_s for t in ts))
 
     times = [stage_time(s) for s in range(layout.pp)]
     busiest = max(range(layout.pp), key=lambda s: sum(times[s]))
-    f, b, r = times[busiest]
+    f, b, r, cast = times[busiest]
+    weight_cast_bytes = sum(t.fp8_weight_cast_bytes for t in [per_layer[i] for i in stages[busiest]]
+                            + ([head] if busiest == layout.pp - 1 else []))
+    weight_cast_s = weight_cast_bytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
     layers = stages[busiest]
-    dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest)
+    dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest, layout.stage_split)
 
     # ---- per micro-batch communication on the busiest stage --------------------------------------------
     tokens = job.micro_batch * job.seq // layout.cp
@@ -188,21 +217,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                                  hidden_behind_s=f,
                                  floor_s=cm.bucket_floor_s("all_gather", params * w, group, topo)))
         else:
-            share = params / max(1, dense_p + expert_p)
-            exposed = 0.0
-            total = 0.0
-            coll = cm.time_s
-            for i, lp in zip(layers, layer_p):
-                lt = per_layer[i]
-                ag = coll("all_gather", lp * share * w, group, topo)
-                rs = coll("reduce_scatter", lp * share * g, group, topo)
-                total += M * (2 * ag + rs)
-                exposed += M * (max(0.0, ag - lt.forward_s) + max(0.0, ag + rs - lt.backward_s - lt.recompute_s))
-            first = coll("all_gather", (layer_p[0] if layer_p else 0) * share * w, group, topo)
-            exposed = min(total, exposed + first)
-            items.append(cm.CommItem(name="zero3_comm", op="all_gather+reduce_scatter", group=gname,
-                                     group_size=group.size, link=cm.link_of(group),
-                                     size_bytes=params * w, count=M * 3, time_s=total, exposed_s=exposed))
+            items.append(zero3_item(gname, group, topo, params / max(1, dense_p + expert_p), layers, layer_p,
+                                    dense_p + expert_p, per_layer, head if busiest == layout.pp - 1 else None,
+                                    w, g, M))
 
     # ---- optimizer step (memory-bound) ------------------------------------------------------------------
     states = _OPTIMIZER_STATES.get(job.optimizer, 2)
@@ -216,10 +233,13 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     once = {k: 0.0 for k in ("pp_p2p", "dp_grad_sync", "zero_param_gather")}
     for it in items:
         (per_mb_comm if it.name in per_mb_comm else once)[it.name] += it.exposed_s
-    per_mb = f + b + r + sum(per_mb_comm.values()) / M
+    per_mb = f + b + r + cast + sum(per_mb_comm.values()) / M
     bubble = (layout.pp - 1) / job.virtual_stages * per_mb
-    breakdown = {"forward": M * f, "backward": M * b, "recompute": M * r, **per_mb_comm,
-                 "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s}
+    breakdown = {"forward": M * f, "backward": M * b, "recompute": M * r, "fp8_cast": M * cast + weight_cast_s,
+                 **per_mb_comm,
+                 "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
+                 "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
+                 if layout.zero == 3 and layout.zero_degree > 1 else 0.0}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
 
@@ -236,10 +256,16 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"HFU: executed FLOPs (recompute={job.recompute} included, same attention convention) / the same",
         f"compute at the {gpu.generation} efficiency curve (gpus.json 'generations'); flash attention skips "
         f"causally masked blocks",
-        f"1F1B pipeline, {job.virtual_stages} virtual stage(s): bubble (pp - 1)/v micro-batch times",
+        *_fp8_conventions(job),
+        f"1F1B pipeline, {job.virtual_stages} virtual stage(s): bubble (pp - 1)/v micro-batch times of the slowest "
+        f"stage; layers per stage {_split_text(stages, layout)}",
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
+        f"ZeRO-3/FSDP: per-unit (each layer, plus the root) all-gather before forward and backward and "
+        f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
+        f"optimizer step memory-bound over the rank's shard: {per_param} bytes per parameter (grad read, master "
+        f"read+write, {states} state(s) read+write, weight write) at {eff.hbm_fraction:.0%} of HBM bandwidth",
         f"memory: the {job.profile} activation profile ({_profile_text(job.profile)}) with recompute={job.recompute}, "
         f"{job.attention} attention"
         + f"; {rule_text(gpu.memory_bytes, job.mem_util_percent)}",
@@ -250,4 +276,5 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                     hardware_flops=hw_flops, tflops_per_gpu=model_flops / step / n / 1e12,
                     hardware_tflops_per_gpu=hw_flops / step / n / 1e12, mfu=model_flops / (step * n * peak),
                     hfu=hw_flops / (step * n * peak), peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
-                    fits=fits, conventions=conventions)
+                    fits=fits, conventions=conventions, stage_times_s=tuple(sum(t) for t in times),
+                    stage_layers=tuple(len(r) for r in stages))

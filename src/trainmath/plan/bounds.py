@@ -27,13 +27,14 @@ def states(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int) -> int
 def _states_key(layout: ParallelLayout) -> tuple:
     """What model states read of a layout: every dp × cp split of the same tp, pp (dp·cp = N / (tp·pp)) holds the
     same states, so they are computed once."""
-    return (layout.tp, layout.pp, layout.ep, layout.zero, layout.zero_degree, layout.expert_zero_degree)
+    return (layout.tp, layout.pp, layout.ep, layout.zero, layout.zero_degree, layout.expert_zero_degree,
+            layout.stage_split)
 
 
 def _states_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int) -> int:
     prec = get_precision(job.precision)
     states = {"sgd": 0, "sgd-momentum": 1, "lion": 1, "adafactor": 0}.get(job.optimizer, 2)
-    dense, expert, _ = stage_params(spec, layout.tp, layout.pp, layout.ep, stage)
+    dense, expert, _ = stage_params(spec, layout.tp, layout.pp, layout.ep, stage, layout.stage_split)
     total = 0
     for params, degree in ((dense, layout.zero_degree), (expert, layout.expert_zero_degree)):
         z = layout.zero
@@ -116,7 +117,7 @@ def memory_lb(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, rc: st
 
     def first_stage() -> int:
         jb = replace(job, micro_batch=mb, recompute=rc)
-        first = stage_layers(spec.num_layers, layout.pp)[0]
+        first = stage_layers(spec.num_layers, layout.pp, *layout.stage_split)[0]
         total = 0
         for lt in _ledger1(spec, job.seq).layer_types:  # layers of one type save the same
             n = sum(1 for i in lt.layers if i in first)
@@ -124,7 +125,8 @@ def memory_lb(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, rc: st
                 total += n * _saved_inputs_bytes(spec, layout, jb, lt.layers[0], micro_batches > 1)
         return total
 
-    act = memo(spec, ("saved", layout.tp, layout.cp, layout.sp, layout.pp, mb, job.seq, rc, job.precision,
+    act = memo(spec, ("saved", layout.tp, layout.cp, layout.sp, layout.pp, layout.stage_split, mb, job.seq, rc,
+                      job.precision,
                 job.profile, job.attention, micro_batches > 1),
                first_stage) * in_flight
     return max(worst, states(spec, layout, job, 0) + act)
@@ -140,9 +142,9 @@ def time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> f
 
         c = get_precision(job.precision).compute_bytes
         per_layer, head = layer_times(spec, micro_batch=mb, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
-                                      recompute=rc, dtype=job.dtype, compute_bytes=c, attention=job.attention,
-                                      profile=job.profile)
-        stages = stage_layers(spec.num_layers, layout.pp)
+                                      recompute=rc, dtype=job.gemm_dtype, compute_bytes=c, attention=job.attention,
+                                      profile=job.profile, fp8=job.fp8_gemms)
+        stages = stage_layers(spec.num_layers, layout.pp, *layout.stage_split)
         topo = Topology.of_gpu(gpu, eff.link_fraction)
         tp_group = placed_group(layout.tp, 1, gpu.gpus_per_node)
         act = mb * job.seq // layout.cp * spec.hidden_size * c
@@ -161,7 +163,7 @@ def time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> f
                 one_ep = 2 * cm.item("ep_comm", "all_to_all", "ep", ep_group, size, 1, topo).time_s
         def compute(s: int) -> float:
             ts = [per_layer[i] for i in stages[s]] + ([head] if s == layout.pp - 1 else [])
-            return sum(t.forward_s + t.backward_s + t.recompute_s for t in ts)
+            return sum(t.forward_s + t.backward_s + t.recompute_s + t.fp8_cast_s for t in ts)
 
         busiest = max(range(layout.pp), key=compute)  # the stage the estimate charges, chosen the same way
         layers = stages[busiest]
@@ -169,8 +171,9 @@ def time_lower_bound(spec, layout, job, gpu, eff, mb: int, rc: str, v: int) -> f
         n_moe = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe")
         return compute(busiest) + passes * (n_tp * one_tp + n_moe * one_ep)
 
-    key = ("bound", layout.tp, layout.cp, layout.ep, layout.sp, layout.pp, mb, job.seq, rc, job.dtype,
-           job.attention, job.precision, gpu, eff, job.profile)
+    key = ("bound", layout.tp, layout.cp, layout.ep, layout.sp, layout.pp, layout.stage_split, mb, job.seq, rc,
+           job.dtype,
+           job.attention, job.precision, job.fp8_head, gpu, eff, job.profile)
     per_mb = memo(spec, key, make)
     m = job.global_batch // (layout.dp * mb)
     return (m + (layout.pp - 1) / v) * per_mb

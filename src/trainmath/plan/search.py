@@ -37,12 +37,12 @@ from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.step import estimate, memory_peak_bytes, memory_recompute
 from trainmath.plan.bounds import memory_lb, states_max, time_lower_bound
 from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
+from trainmath.vocabulary import RECOMPUTE as RECOMPUTES
 
 MAX_GPUS = 1 << 20
 """Largest job searched (1,048,576 GPUs, a few seconds on one core). The enumeration of degrees grows with the
 divisors of the GPU count (720,720 GPUs: ~9 s; 2**40: over a minute), and the web page runs the planner on a typed
 count, so a larger one is refused rather than left running."""
-RECOMPUTES = ("none", "selective", "full")
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL_STAGES = (1, 2, 4)
 ZERO_STAGES = (0, 1, 2, 3)
@@ -115,7 +115,8 @@ class PlanResult:
 def _describe(r: Rejected) -> dict:
     lay = r.layout
     return {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "sp": lay.sp, "zero": lay.zero,
-            "micro_batch": r.micro_batch, "recompute": r.recompute, "virtual_stages": r.virtual_stages}
+            "micro_batch": r.micro_batch, "recompute": r.recompute, "virtual_stages": r.virtual_stages,
+            "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers}
 
 
 def reason_category(message: str) -> str:
@@ -139,6 +140,8 @@ def _option_problem(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, 
     if job.global_batch % (layout.dp * mb):
         return (f"global batch ({job.global_batch}) must be divisible by dp × micro-batch ({layout.dp} × {mb} = "
                 f"{layout.dp * mb})")
+    if v > 1 and layout.stage_split != (None, None):
+        return "first/last stage layers with virtual stages > 1 are not modelled"
     if v > 1:
         chunks = layout.pp * v
         if chunks > spec.num_layers:
@@ -151,8 +154,23 @@ def _option_problem(spec: ModelSpec, layout: ParallelLayout, job: Job, mb: int, 
     return None
 
 
-def _structures(spec: ModelSpec, gpus: int, gpus_per_node: int, seq: int):
-    """Every layout (degrees and ZeRO stage) of ``gpus`` GPUs the planner considers, tp within a node."""
+def megatron_split(num_layers: int, pp: int) -> tuple[int, int] | None:
+    """(first, last) stage layers that balance ``num_layers`` over ``pp`` stages when pp does not divide them:
+    the inner stages take ⌈L/pp⌉ each and the first and last share the rest, the first the lighter
+    (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``: 126 on pp 16 → 7 + 8·14 + 7). None when pp
+    divides the layers or no such split exists."""
+    if pp < 2 or num_layers % pp == 0:
+        return None
+    per = -(-num_layers // pp)
+    rest = num_layers - (pp - 2) * per
+    if rest < 2 or rest > 2 * per:
+        return None
+    return rest // 2, rest - rest // 2
+
+
+def _structures(spec: ModelSpec, gpus: int, gpus_per_node: int, seq: int, uneven: bool = False):
+    """Every layout (degrees and ZeRO stage) of ``gpus`` GPUs the planner considers, tp within a node; with
+    ``uneven``, a pp not dividing the layers is tried with the even split and with ``megatron_split``."""
     experts = _experts(spec)
     for tp in _divisors(gpus):
         if tp > gpus_per_node:
@@ -163,8 +181,12 @@ def _structures(spec: ModelSpec, gpus: int, gpus_per_node: int, seq: int):
                     continue
                 dp = gpus // (tp * pp * cp)
                 for ep in [e for e in _divisors(dp * cp) if experts and experts % e == 0] or [1]:
+                    split = megatron_split(spec.num_layers, pp) if uneven else None
                     for zero in ZERO_STAGES:
                         yield ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sp=tp > 1, zero=zero)
+                        if split:
+                            yield ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sp=tp > 1, zero=zero,
+                                                 first_stage_layers=split[0], last_stage_layers=split[1])
 
 
 def _options(layout: ParallelLayout, job: Job):
@@ -186,7 +208,7 @@ class _FitFailures:
 
     @staticmethod
     def _key(lay: ParallelLayout) -> tuple:
-        return (lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.sp)
+        return (lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.sp, lay.stage_split)
 
     def add(self, lay: ParallelLayout, job: Job, peak: int) -> None:
         self.by_degrees.setdefault(self._key(lay), []).append((lay.zero, job.micro_batch, _HEAVIER[job.recompute],
@@ -244,7 +266,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     live: list[tuple] = []
     n = 0
     per_structure = len(MICRO_BATCHES) * len(RECOMPUTES)
-    for lay in _structures(spec, gpus, gpn, job.seq):
+    for lay in _structures(spec, gpus, gpn, job.seq, job.uneven_stages):
         vs = VIRTUAL_STAGES if lay.pp > 1 else (1,)
         n += per_structure * len(vs)
         bad = job_problems(spec, lay, replace(job, micro_batch=1, virtual_stages=1), gpus)

@@ -14,6 +14,8 @@ Shapes read:
 
 from __future__ import annotations
 
+import math
+
 from trainmath.comm.busbw import busbw_factor
 from trainmath.errors import TrainmathError
 from trainmath.plot.charts import BarChart, Line, LineChart, Points, ScatterChart, Stack, gib
@@ -23,12 +25,51 @@ PHASES = ("forward", "loss", "backward", "optimizer", "zero_grad")
 DEGREES = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "virtual_stages")
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 2**80
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**80
+
+
+def _text(v) -> bool:
+    return isinstance(v, str) and len(v) <= 1000
+
+
+def _numbers(v) -> bool:
+    return isinstance(v, dict) and all(_text(k) and _number(x) for k, x in v.items())
+
+
+RULES = {"event": (_text, "a string"), "bytes": (_count, "an integer of bytes >= 0"),
+         "op": (_text, "a string"), "impl": (_text, "a string"), "backend": (_text, "a string"),
+         "nproc": (lambda v: _count(v) and v >= 1, "an integer >= 1"),
+         "size_bytes": (lambda v: _count(v) and v >= 1, "an integer of bytes >= 1"),
+         "busbw_bytes_per_s": (_number, "a finite number >= 0"), "predicted_time_s": (_number, "a finite number >= 0"),
+         "step_time_s": (lambda v: _number(v) and v > 0, "a finite number > 0"),
+         "peak_bytes": (_count, "an integer of bytes >= 0"), "fits": (lambda v: isinstance(v, bool), "true or false"),
+         "mfu": (_number, "a finite number >= 0"), "breakdown": (_numbers, "an object of name → seconds"),
+         "degrees": (lambda v: isinstance(v, dict), "an object"), "margin_bytes": (
+             lambda v: isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2**80, "an integer of bytes"),
+         "peak_event": (_text, "a string"), "model": (lambda v: v is None or _text(v), "a string")}
+"""Each field these charts read → (rule, what is allowed): a file of the right shape with a number where a name
+belongs, or text where bytes belong, is one error naming the entry and the field."""
+
+
+def _show(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _need(row: dict, keys: tuple[str, ...], what: str) -> None:
     if not isinstance(row, dict):
         raise TrainmathError(f"{what}: expected an object, got {type(row).__name__}")
     missing = [k for k in keys if k not in row]
     if missing:
         raise TrainmathError(f"{what} lacks {', '.join(missing)}")
+    for k, (ok, allowed) in RULES.items():
+        if k in row and not ok(row[k]):
+            raise TrainmathError(f"{what}: {k} must be {allowed}, got {_show(row[k])}")
 
 
 # -------------------------------------------------------------------------------------------------- comm
@@ -90,6 +131,8 @@ def timeline_chart(doc) -> LineChart:
             bands.append((start - 0.5, i - 0.5, phase_of(events[start]["event"])))
             start = i
     meta = doc if isinstance(doc, dict) else {}
+    if meta:
+        _need(meta, (), "timeline")
     peak_i = max(range(len(events)), key=lambda i: events[i]["bytes"])
     name = meta.get("peak_event", events[peak_i]["event"])
     marks = ((float(peak_i), ys[peak_i], f"peak {ys[peak_i]:.2f} GiB at {name}"),)
@@ -133,13 +176,15 @@ def plan_charts(doc, *, top: int = 5) -> tuple[ScatterChart, BarChart]:
                      xs=tuple(r["step_time_s"] for r in win), ys=tuple(gib(r["peak_bytes"]) for r in win),
                      labels=tuple(f"#{i + 1}" for i in range(len(win))))]
     over = [r for r in doc.get("rejected_list") or () if isinstance(r, dict)
-            and isinstance(r.get("step_time_s"), (int, float)) and isinstance(r.get("peak_bytes"), int)]
+            and RULES["step_time_s"][0](r.get("step_time_s")) and _count(r.get("peak_bytes"))]
     for name, keep in (("fits", True), ("does not fit", False)):
         sel = [r for r in rest if bool(r["fits"]) is keep] + ([] if keep else over)
         if sel:
             groups.append(Points(name=f"other candidates: {name}", colour=colour(name),
                                  xs=tuple(r["step_time_s"] for r in sel), ys=tuple(gib(r["peak_bytes"]) for r in sel)))
     rejected = doc.get("rejected") or {}
+    if not isinstance(rejected, dict) or not all(_text(k) and _count(n) for k, n in rejected.items()):
+        raise TrainmathError("plan: 'rejected' must be an object of reason → count")
     notes = tuple(f"rejected: {n} × {why}" for why, n in rejected.items())
     scatter = ScatterChart(title="Planner: candidate layouts", xlabel="step time (s)",
                            ylabel="peak memory per GPU (GiB, 2**30 bytes)", groups=tuple(groups), notes=notes)

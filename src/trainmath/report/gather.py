@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from trainmath.errors import TrainmathError
 from trainmath.plot.charts import peak_phase
 from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
+from trainmath.vocabulary import RECOMPUTE
 
 COMPARE = ("recompute", "zero", "none")
 
@@ -59,8 +60,8 @@ def parse_layout(text: str, base):
     changes = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         key, eq, value = item.partition("=")
-        if key not in LAYOUT_KEYS or not eq or not value.strip().isdigit():
-            raise TrainmathError(f"layout {text!r}: {item!r} is not KEY=INTEGER with KEY one of "
+        if key not in LAYOUT_KEYS or not eq or not value.strip().isdigit() or int(value[:41]) > 2**40:
+            raise TrainmathError(f"layout {text!r}: {item!r} is not KEY=INTEGER (at most 2**40) with KEY one of "
                                  f"{', '.join(LAYOUT_KEYS)} (e.g. dp=8,tp=2,zero=3)")
         changes[key] = bool(int(value)) if key == "sp" else int(value)
     if not changes:
@@ -87,7 +88,7 @@ def memory_variants(spec, setup, layout, compare: str = "recompute", layouts: tu
             cases.append((text, setup, lay))
     elif compare == "recompute":
         cases = [(f"recompute {r}", setup if r == setup.recompute else replace(setup, recompute=r), layout)
-                 for r in ("none", "selective", "full")]
+                 for r in RECOMPUTE]
     elif compare == "zero":
         cases = [(f"ZeRO-{z}", setup, replace(layout, zero=z)) for z in range(4)]
     else:
@@ -122,14 +123,34 @@ def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, to
     return plan(spec, gpus=gpus, gpu=gpu, job=job, top=top)
 
 
+def planned_setup(setup, top):
+    """(setup, layout) of the planner's top layout ``top`` (an ``Estimate``): its layout, micro-batch, micro-batches,
+    recompute and activation profile, as ``perf.step.memory_peak_bytes`` builds them; the rest of ``setup`` kept."""
+    from dataclasses import replace
+
+    from trainmath.perf.step import memory_recompute
+
+    job = top.job
+    return replace(setup, micro_batch=job.micro_batch, recompute=memory_recompute(job), profile=job.profile,
+                   attention="eager" if job.attention == "eager" else "sdpa",
+                   micro_batches=top.micro_batches), top.layout
+
+
 def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
            mem_util_percent: int = MEM_UTIL_PERCENT, serve_output: int = 128) -> ReportData:
     """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
+    from dataclasses import replace
+
     from trainmath.flops import closed_form_flops, count_flops
     from trainmath.infer import InferenceSetup, infer_memory
     from trainmath.memory.training import training_memory
     from trainmath.params import count_params
 
+    if plan is not None and plan.layouts:  # the page shows the layout the planner chose, under the profile whose
+        # peak it fitted (the largest of its fit profiles)
+        setup, layout = planned_setup(setup, plan.layouts[0])
+        setup = max((replace(setup, profile=p) for p in plan.fit_profiles),
+                    key=lambda s: training_memory(spec, s, layout).peak_bytes)
     memory = training_memory(spec, setup, layout)  # the chosen setup must work: its error is the answer
     serving = serving or InferenceSetup(batch=1, context=setup.seq, tp=layout.tp)
     return ReportData(

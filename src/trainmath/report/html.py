@@ -128,7 +128,9 @@ def serving_section(d: ReportData, svg: str) -> str:
     fit = ""
     if r.fit is not None:
         f = r.fit
-        ctx = "unbounded" if f.max_context is None else f"{f.max_context:,}"
+        from trainmath.cli.infer import context_text
+
+        ctx = escape(context_text(f))
         fit = (f'<p><span class="verdict {"fits" if f.fits else "nofit"}">'
                f'{"fits" if f.fits else "does not fit"}</span> on {escape(f.gpu)} at {f.mem_util_percent}% '
                f'({human_bytes(f.usable_bytes)} usable); largest batch at context {s.context:,}: {f.max_batch:,}; '

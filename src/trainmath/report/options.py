@@ -13,6 +13,7 @@ from trainmath.errors import TrainmathError
 from trainmath.infer.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from trainmath.memory.optimizers import OPTIMIZERS
 from trainmath.memory.precision import RECIPES
+from trainmath.vocabulary import RECOMPUTE
 
 # The choices are the calculator's own tables (pure Python, no heavy import); the serving formats are
 # `trainmath infer`'s (WEIGHT_DTYPES, KV_DTYPES from trainmath.infer.dtypes).
@@ -37,7 +38,7 @@ def add_training_flags(p: argparse.ArgumentParser, *, required: bool = True) -> 
     g.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     g.add_argument("--optimizer-impl", choices=("foreach", "fused"), default="foreach")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    g.add_argument("--recompute", choices=RECOMPUTE, default="none")
     g.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     g.add_argument("--profile", choices=("hf", "megatron"), default="hf")
     g.add_argument("--micro-batches", type=integer, default=None, help="micro-batches per step (default: at least pp)")

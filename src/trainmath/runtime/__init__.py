@@ -1,4 +1,5 @@
-"""torch.distributed runtime: launcher, the seed's primitives, ring algorithms, benchmark, correctness check.
+"""torch.distributed runtime: launcher, the primitives of Jiang Yi's blog series, ring algorithms, benchmark,
+correctness check.
 
 Imports torch (the ``runtime`` extra). The cost model these measurements are compared with is the pure
 :mod:`trainmath.comm`.

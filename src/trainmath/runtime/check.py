@@ -1,8 +1,8 @@
 """The correctness matrix behind ``trainmath comm check``: every primitive and every ring algorithm, checked.
 
-Oracles: the seed's demos against values computed by hand (``expected_demo``); ring and naive algorithms
-against torch's native collectives (the trusted reference), bitwise for integers and within the tolerance of a
-different summation order for floats (``torch.testing.assert_close`` defaults scaled by the rank count).
+Oracles: the demos of Jiang Yi's blog series against values computed by hand (``expected_demo``); ring and naive
+algorithms against torch's native collectives (the trusted reference), bitwise for integers and within the
+tolerance of a different summation order for floats (``torch.testing.assert_close`` defaults scaled by the rank count).
 Uneven lengths use the tensor_split chunking of :mod:`trainmath.runtime.ring`; their reference is the native
 all-reduce followed by ``tensor_split`` (reduce-scatter) or a padded native all-gather (all-gather).
 Every rank checks its own result; ranks agree through an all-reduce MIN of the pass flags.
@@ -46,7 +46,7 @@ def padded_all_gather(local: torch.Tensor, group: dist.ProcessGroup) -> list[tor
 
 
 def expected_demo(name: str, rank: int, n: int, reduce_op: str = "sum") -> tuple[Any, Any]:
-    """(before, after) that rank ``rank`` of ``n`` must show for demo ``name``: the seed's values, by hand."""
+    """(before, after) that rank ``rank`` of ``n`` must show for demo ``name``: the blog series' values, by hand."""
     seed = [float(rank + 1)] * 5
     ranks = [float(r + 1) for r in range(n)]
     red = {"sum": sum(ranks), "avg": sum(ranks) / n, "max": max(ranks), "min": min(ranks),
@@ -179,7 +179,7 @@ def _ring_cases(ctx: RankContext) -> list[dict]:
 
 
 def _native_cases(ctx: RankContext) -> list[dict]:
-    """The seed's demos against hand-computed values, plus gloo's gaps and their workarounds."""
+    """The demos of Jiang Yi's blog series against hand-computed values, plus gloo's gaps and their workarounds."""
     n, rows = ctx.world_size, []
     for name, (fn, min_n, _) in demo.DEMOS.items():
         if n < min_n or name == "barrier":

@@ -1,9 +1,10 @@
-"""The seed's torch.distributed examples, one function per primitive, with the tensors each rank holds.
+"""The torch.distributed examples of Jiang Yi's blog series, one function per primitive, with the tensors each rank
+holds.
 
 Each demo runs on every rank with an explicit :class:`RankContext` and returns one record per rank:
 ``{"rank", "before", "after", ...}`` with tensors as plain lists (so they print, serialise to JSON and
 compare in tests). The records are all-gathered at the end so any launcher (any node) can show every rank
-in rank order. Tensors follow the seed: rank r holds ``[r+1]*5``; rank 0 sends ``[1, 2, 3, 4, 5]``.
+in rank order. Tensors follow the blog series: rank r holds ``[r+1]*5``; rank 0 sends ``[1, 2, 3, 4, 5]``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from trainmath.comm.layout import even_ranks
 from trainmath.errors import TrainmathError
-from trainmath.runtime.launch import RankContext, run_under_torchrun
+from trainmath.runtime.launch import RankContext
 
 REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -32,7 +33,7 @@ def _v(t: torch.Tensor) -> list:
 
 
 def _seed(ctx: RankContext) -> torch.Tensor:
-    # The seed's per-rank tensor: [rank+1] * 5.
+    # The blog series' per-rank tensor: [rank+1] * 5.
     return torch.full((5,), float(ctx.rank + 1), dtype=torch.float32, device=ctx.device)
 
 
@@ -204,13 +205,6 @@ DEMOS: dict[str, tuple[Callable[[RankContext, dict], dict], int, str]] = {
 }
 
 
-def normalize(op: str) -> str:
-    """``all-reduce`` / ``allreduce`` / ``all_reduce`` -> ``all_reduce``; unknown names raise."""
-    from trainmath.cli.comm import normalize_demo
-
-    return normalize_demo(op)
-
-
 def run_demo(ctx: RankContext, name: str, opts: dict) -> list[dict[str, Any]]:
     """Worker entry: run demo ``name`` on this rank; return every rank's record (all-gathered), in rank order."""
     fn, min_ranks, _ = DEMOS[name]
@@ -220,38 +214,3 @@ def run_demo(ctx: RankContext, name: str, opts: dict) -> list[dict[str, Any]]:
     records: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(records, record, group=ctx.group)
     return records
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m torch.distributed.run --nproc_per_node N -m trainmath.runtime.demo OP``: the demo as the ranks
-    of a real torchrun job; rank 0 prints what ``trainmath comm demo OP`` prints."""
-    import sys
-
-    from trainmath.cli.args import Parser, number
-    from trainmath.cli.comm import _REDUCE_OPS, DEMO_INFO, MAX_SLEEP_S, MAX_TIMEOUT_S, render_demo
-
-    p = Parser(prog="python -m trainmath.runtime.demo",
-               description="Run a demo of `trainmath comm demo` as the ranks of a torchrun job.")
-    p.add_argument("op", help=f"one of: {', '.join(DEMO_INFO)}")
-    p.add_argument("--reduce-op", choices=_REDUCE_OPS, default="sum")
-    p.add_argument("--sleep", type=number(0, MAX_SLEEP_S, unit="of seconds"), default=1.0)
-    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    p.add_argument("--timeout", type=number(0, MAX_TIMEOUT_S, exclusive_minimum=True, unit="of seconds"),
-                   default=30.0)
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        name = normalize(args.op)
-        ctx, records = run_under_torchrun(run_demo, name, {"reduce_op": args.reduce_op, "sleep_s": args.sleep},
-                                          backend=args.backend, timeout_s=args.timeout)
-    except TrainmathError as e:
-        print(f"trainmath: error: {e}", file=sys.stderr)
-        return 2
-    if ctx.rank == 0:
-        print(render_demo(name, records, nnodes=ctx.world_size // ctx.local_world_size, nproc=ctx.local_world_size,
-                          backend=args.backend, reduce_op=args.reduce_op, as_json=args.json), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

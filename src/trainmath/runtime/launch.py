@@ -42,6 +42,7 @@ try:
 except ImportError:  # the calculator installs without torch; every runtime command comes through here
     raise TrainmathError('this command needs torch: pip install "trainmath[runtime]"') from None
 
+from trainmath.runtime.job import BACKENDS, JobSpec  # noqa: E402, F401  (the launcher's vocabulary, re-exported)
 from trainmath.runtime.liveness import (  # noqa: E402 - after the torch check
     FORWARDED,
     Heartbeats,
@@ -50,8 +51,6 @@ from trainmath.runtime.liveness import (  # noqa: E402 - after the torch check
     install_handlers,
     vanished_message,
 )
-
-BACKENDS = ("gloo", "nccl")
 
 # How long the launcher waits for the other ranks' reports once one rank has failed, before calling the
 # ranks still running "stalled".
@@ -86,47 +85,6 @@ class RankContext:
     def group(self) -> dist.ProcessGroup:
         """The default (world) process group."""
         return dist.group.WORLD
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobSpec:
-    """A launch, validated before any worker starts."""
-
-    nproc_per_node: int
-    nnodes: int = 1
-    node_rank: int = 0
-    backend: str = "gloo"
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
-    """0 picks a free port (single node only: other nodes must know it)."""
-    timeout_s: float = 30.0
-    deadline_s: float | None = None
-    """Wall-clock limit for the whole job; None for none beyond the per-collective timeout."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1:
-            raise TrainmathError(f"--nproc must be an integer >= 1, got {self.nproc_per_node!r}")
-        if self.nnodes < 1:
-            raise TrainmathError(f"--nnodes must be >= 1, got {self.nnodes}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise TrainmathError(f"--node-rank must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes}, "
-                                 f"got {self.node_rank}")
-        if self.backend not in BACKENDS:
-            raise TrainmathError(f"unknown backend {self.backend!r}; choose gloo or nccl")
-        if not 0 <= self.master_port <= 65535:
-            raise TrainmathError(f"--master-port must be in 0..65535, got {self.master_port}")
-        if self.master_port == 0 and self.nnodes > 1:
-            raise TrainmathError("--master-port is required with --nnodes > 1: every launcher must use the same port")
-        if not 0 < self.timeout_s <= 86_400:  # NaN fails too; timedelta overflows near 1e14 s
-            raise TrainmathError(f"--timeout must be a finite number of seconds in (0, 86400], got {self.timeout_s}")
-        if self.deadline_s is not None and not 0 < self.deadline_s <= 10 * 86_400:
-            raise TrainmathError(f"deadline must be a finite number of seconds in (0, 864000], got {self.deadline_s}")
-        if not self.master_addr or any(c.isspace() for c in self.master_addr):
-            raise TrainmathError(f"--master-addr must be a host name or address, got {self.master_addr!r}")
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
 
 
 def _is_collateral(exc: BaseException) -> bool:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from trainmath.errors import TrainmathError
 
 if TYPE_CHECKING:
-    from trainmath.runtime.launch import JobSpec
+    from trainmath.runtime.job import JobSpec
 
 
 class Interrupted(TrainmathError):

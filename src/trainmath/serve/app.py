@@ -14,20 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from trainmath.errors import TrainmathError
+from trainmath.serve.flags import parser
 
 MAX_BODY_BYTES = 1 << 20
 """Largest request body accepted (a config.json is a few KiB; the largest in the catalog is under 64 KiB)."""
-
-
-def parser():
-    """The flags of ``trainmath report`` (without MODEL and -o), raising instead of exiting."""
-    from trainmath.report.options import RaisingParser, add_plan_flags, add_serving_flags, add_training_flags
-
-    p = RaisingParser(prog="trainmath serve", add_help=False)
-    add_training_flags(p)
-    add_serving_flags(p)
-    add_plan_flags(p)
-    return p
 
 
 def _argv(fields: dict[str, str]) -> list[str]:
@@ -67,6 +57,7 @@ def _spec(fields: dict[str, str]):
 
 def compute(fields: dict[str, str]):
     """ReportData for the form's fields: the same parsing and checks as ``trainmath report``."""
+    from trainmath.cli.args import positions_warning
     from trainmath.report.gather import gather
     from trainmath.report.options import plan_from_args, serving_from_args, training_from_args
 
@@ -74,6 +65,7 @@ def compute(fields: dict[str, str]):
     setup, layout, gpu = training_from_args(args)
     serving = serving_from_args(args)
     spec = _spec(fields)
+    positions_warning(spec, setup.seq, "seq")  # learned positions (GPT-2): no row beyond them
     return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
                   mem_util_percent=args.mem_util, serve_output=args.serve_output)
 
@@ -111,9 +103,16 @@ def report(fields: dict[str, str]) -> tuple[int, str]:
         return 400, f"<!DOCTYPE html><meta charset=utf-8><title>error</title><p>trainmath: error: {escape(str(e))}</p>"
 
 
+MAX_FIELDS = 200
+"""Most form fields in one request (the form has about 40)."""
+
+
 def _fields(query: str) -> dict[str, str]:
     """Form-encoded text → field → value (the last value of a repeated field)."""
-    return {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True, max_num_fields=200).items()}
+    try:
+        return {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True, max_num_fields=MAX_FIELDS).items()}
+    except ValueError:  # parse_qs' own refusal of too many fields
+        raise TrainmathError(f"a request may hold at most {MAX_FIELDS} form fields") from None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -121,19 +120,49 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 15  # seconds a client may take to send its request: a stalled client does not hold a thread
 
     def log_message(self, fmt, *args) -> None:  # one quiet line per request on stderr
-        status = args[1] if len(args) > 1 else ""
-        sys.stderr.write(f"trainmath serve: {self.command} {urlsplit(self.path).path} {status}\n")
+        # A request line that could not be parsed leaves command and path unset (or path 70 KB long).
+        command = getattr(self, "command", None) or "-"
+        path = urlsplit(getattr(self, "path", "") or "").path
+        path = path if len(path) <= 200 else path[:200] + "..."
+        status = args[1] if len(args) > 1 and fmt.startswith('"%s"') else (fmt % args if args else fmt)
+        sys.stderr.write(f"trainmath serve: {command} {path} {status}\n")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's errors (400 bad request line, 414 URI too long, 431 headers, 501 method, 505 version)
+        as one line: ``trainmath: error: ...`` text, or JSON ``{"ok": false, "error": ...}`` under /api/."""
+        text = message or self.responses.get(code, ("error",))[0]
+        self.close_connection = True
+        if getattr(self, "request_version", None) not in ("HTTP/1.0", "HTTP/1.1"):
+            self.request_version = "HTTP/1.0"  # a bad request line: still answer with a status line
+        try:
+            self._error(code, f"{code} {text}")
+        except OSError:
+            pass
+
+    def _error(self, status: int, text: str) -> None:
+        """One line ``trainmath: error: TEXT``: JSON ``{"ok": false, "error": ...}`` under /api/, else text."""
+        line = f"trainmath: error: {text}"
+        if (getattr(self, "path", "") or "").startswith("/api/"):
+            return self._send(status, "application/json", json.dumps({"ok": False, "error": line}))
+        return self._send(status, "text/plain", line + "\n")
 
     def _send(self, status: int, ctype: str, body: str) -> None:
         data = body.encode("utf-8")
+        if not hasattr(self, "command"):  # an unparsed request line: answer in HTTP/1.0
+            self.command, self.request_version = None, "HTTP/1.0"
         self.send_response(status)
         self.send_header("Content-Type", f"{ctype}; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
                          "style-src 'unsafe-inline'; img-src data:; connect-src 'self'; form-action 'self'")
+        if status >= 400:
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client left before its answer: nothing to tell
+            self.close_connection = True
 
     def _body(self) -> str | None:
         try:
@@ -141,12 +170,21 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             n = -1
         if not 0 <= n <= MAX_BODY_BYTES:
-            self._send(413, "text/plain", f"trainmath: error: request body must be at most {MAX_BODY_BYTES} bytes")
+            self._error(413, f"request body must be a Content-Length of at most {MAX_BODY_BYTES} bytes")
             return None
         try:
-            return self.rfile.read(n).decode("utf-8")
+            raw = self.rfile.read(n)
+        except (OSError, TimeoutError):
+            raw = b""
+        if len(raw) < n:  # the client hung up (or stalled) mid-body: never compute on a truncated request
+            self.close_connection = True
+            sys.stderr.write(f"trainmath serve: POST {urlsplit(self.path).path}: client sent {len(raw)} of {n} "
+                             f"body bytes and stopped; not processed\n")
+            return None
+        try:
+            return raw.decode("utf-8")
         except UnicodeDecodeError:
-            self._send(400, "text/plain", "trainmath: error: request body is not UTF-8")
+            self._error(400, "request body is not UTF-8")
             return None
 
     def _route(self, fields: dict[str, str] | None) -> None:
@@ -160,28 +198,45 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/report":
             status, html = report(fields or {})
             return self._send(status, "text/html", html)
-        return self._send(404, "text/plain", f"trainmath: error: no page {path}")
+        return self._error(404, f"no page {path[:200]}")
 
-    def _safely(self, fields) -> None:
+    def _safely(self, query: str) -> None:
+        try:
+            fields = _fields(query)
+        except TrainmathError as e:
+            return self._error(400, str(e))
         try:
             self._route(fields)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
         except Exception as e:  # a bug must not show a stack trace in the page: one line, here and on stderr
             sys.stderr.write(f"trainmath serve: internal error: {type(e).__name__}: {e}\n")
             self._send(500, "text/plain", f"trainmath: internal error ({type(e).__name__}); see the server log")
 
     def do_GET(self) -> None:
-        self._safely(_fields(urlsplit(self.path).query))
+        self._safely(urlsplit(self.path).query)
 
     def do_POST(self) -> None:
         body = self._body()
         if body is not None:
-            self._safely(_fields(body))
+            self._safely(body)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """One line for a connection that failed outside a handler (socketserver prints a traceback)."""
+        e = sys.exc_info()[1]
+        if not isinstance(e, (BrokenPipeError, ConnectionResetError, TimeoutError)):
+            sys.stderr.write(f"trainmath serve: connection from {client_address[0]} failed: "
+                             f"{type(e).__name__}: {e}\n")
 
 
 def make_server(host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
     """A server bound to ``host:port`` (port 0: a free one; read ``server.server_address``)."""
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = Server((host, port), Handler)
     except OSError as e:
         raise TrainmathError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     server.daemon_threads = True

@@ -116,7 +116,7 @@ def _control(action) -> str:
 
 
 def page(default_model: str = "Qwen/Qwen3-8B") -> str:
-    from trainmath.serve.app import parser
+    from trainmath.serve.flags import parser
     from trainmath.sources import catalog_index
 
     models = "".join(f'<option{" selected" if m == default_model else ""}>{escape(m)}</option>'

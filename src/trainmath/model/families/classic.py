@@ -1,4 +1,5 @@
-"""The classic architectures of the seed's first article: LayerNorm (2d) and a plain GELU MLP with biases.
+"""The classic architectures of the first article of Jiang Yi's blog series: LayerNorm (2d) and a plain GELU MLP
+with biases.
 
 - gpt2: learned position embeddings (n_positions·d), Conv1D layers stored (in, out), fused c_attn of width 3d,
   MLP d_ff = n_inner or 4d, everything biased, tied lm_head.

@@ -1,8 +1,8 @@
 """Dense decoder families built like Llama: llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3,
 cohere, starcoder2. They differ in biases, q/k norms, which norms a layer has, fused projections and the MLP.
 
-Parameters per layer (seed, first article, generalised): attention 2·h·h_d·d + 2·h_kv·h_d·d (+ biases, q/k norms)
-+ MLP 3·d·d_ff (gated) or 2·d·d_ff + d_ff + d (plain, with biases) + the layer's norms.
+Parameters per layer (Jiang Yi's blog series, first article, generalised): attention 2·h·h_d·d + 2·h_kv·h_d·d
+(+ biases, q/k norms) + MLP 3·d·d_ff (gated) or 2·d·d_ff + d_ff + d (plain, with biases) + the layer's norms.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Hybrid families whose layers are not all attention: qwen3_next (Gated DeltaNet + gated full attention, MoE)
 and nemotron_h (Mamba-2, attention, MLP and MoE layers in a pattern).
 
-The seed (first article, "Extension"): for a hybrid model, count each layer type separately and add them up.
+Jiang Yi's blog series (first article, "Extension"): for a hybrid model, count each layer type separately and add
+them up.
 The layer pattern is read as transformers reads it: Qwen3-Next's ``layer_types`` (default: full attention every
 ``full_attention_interval``-th layer), Nemotron-H's ``layers_block_type`` or ``hybrid_override_pattern``
 (M = Mamba-2, * = attention, - = MLP, E = MoE).

@@ -1,6 +1,6 @@
 """Mixture-of-experts families built like Llama: mixtral, qwen2_moe, qwen3_moe, llama4 (text model).
 
-MoE layer (seed, first article): router d·n + n routed experts of 3·d·d_ff_e each (+ shared experts);
+MoE layer (Jiang Yi's blog series, first article): router d·n + n routed experts of 3·d·d_ff_e each (+ shared experts);
 activated per token: router + k routed experts + shared experts. Which layers are sparse is read from the
 config exactly as transformers decides it: ``decoder_sparse_step`` and ``mlp_only_layers`` (Qwen),
 ``moe_layers`` / ``interleave_moe_layer_step`` (Llama 4), every layer (Mixtral).

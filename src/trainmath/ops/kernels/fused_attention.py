@@ -9,7 +9,9 @@ Splits (``SPLITS``):
 - ``index``: k and v are ``fused[..., [-2], :]``/``[..., [-1], :]`` advanced-index copies of h_kv heads; each
   index node keeps its one-element int64 index (8 bytes).
 - ``broadcast``: as ``index``, then broadcast to h heads and flattened: a copy of h heads when 1 < h_kv, a
-  stride-0 view of the index copy when h_kv = 1 (rotary then makes the key h heads wide either way).
+  stride-0 view of the index copy when h_kv = 1 (rotary then makes the key h heads wide either way). The KV cache
+  then holds h heads, not h_kv (``FalconAttention.forward`` caches ``num_heads`` heads under
+  ``new_decoder_architecture``).
 
 Kernels: ``sdpa`` as in ``attention.gqa_attention`` (query, key, value, output, logsumexp) plus, with ``mask``, the
 additive (b, 1, s, s) mask SDPA was given, in the compute dtype, one storage per layer. SDPA without
@@ -86,7 +88,10 @@ def fused_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, qkv: st
     key_heads = k.axes[2].size
     o_axes = heads_axes(ctx, h, hd)
     scores = (Axis(b), Axis(h, "tp"), Axis(s, "seq"), Axis(s))
-    at = dict(window=dims.sliding_window, cache=kv_cache(ctx, hkv, hd, dims.v_head_dim))
+    # the cache holds the key and value as attention reads them: broadcast to h heads under ``broadcast``
+    # (transformers' FalconAttention caches num_heads heads with new_decoder_architecture)
+    cache_heads = h if split == "broadcast" else hkv
+    at = dict(window=dims.sliding_window, cache=kv_cache(ctx, cache_heads, hd, dims.v_head_dim))
     if ctx.eager:
         sm = FP32 if softmax_fp32 or ctx.p.autocast else c
         saved = [tensor("eager.query", o_axes, c, "contiguous copy for bmm"),

@@ -61,7 +61,8 @@ def gated_deltanet(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: 
     some fp32 products). Output: the gated RMSNorm (``x.float()``, rsqrt per (token, head), ``w * y.to(c)``, then ``·
     silu(z.float())``) and out_proj's input."""
     dims = block.dims
-    assert isinstance(dims, LinearAttentionDims)
+    if not isinstance(dims, LinearAttentionDims):
+        raise TypeError(f"a linear_attention block carries LinearAttentionDims, got {type(dims).__name__}")
     c, b = ctx.p.compute, ctx.b
     hv, dk, dv = dims.value_heads, dims.key_head_dim, dims.value_head_dim
     kd, vd = dims.key_heads * dk, hv * dv
@@ -146,7 +147,8 @@ def mamba2(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: str = "m
     every einsum runs in c on casts of its fp32 operands. Gated RMSNorm (``norm_before_gate= False``): silu of the fp32
     gate, the product, rsqrt per group, the fp32 normalised y; out_proj's input."""
     dims = block.dims
-    assert isinstance(dims, MambaDims)
+    if not isinstance(dims, MambaDims):
+        raise TypeError(f"a mamba block carries MambaDims, got {type(dims).__name__}")
     c, b, ac = ctx.p.compute, ctx.b, ctx.p.autocast
     hm, P, g, N, K = dims.heads, dims.head_dim, dims.groups, dims.state_size, dims.conv_kernel
     Q = ctx.mamba_chunk or dims.chunk_size

@@ -9,7 +9,8 @@
 - ``strategies``  DDP / ZeroRedundancyOptimizer / FSDP2, and ours, behind one interface
 - ``checkpoint``  torch.distributed.checkpoint save (temporary name, then rename) and resume
 - ``measure``     bytes of parameters, gradients and optimizer states, the step's peak and FLOPs
-- ``loop``        one rank's training loop; what the CLI's ``train`` and ``verify`` run
+- ``loop``        one rank's training loop; what the CLI's ``train`` and ``verify`` run (the comparison with the
+  calculator is ``trainmath.verify.train``)
 
 Only ``config`` is importable without torch.
 """

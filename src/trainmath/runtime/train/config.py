@@ -12,13 +12,13 @@ import os
 from dataclasses import dataclass, field
 
 from trainmath.errors import TrainmathError
+from trainmath.vocabulary import RECOMPUTE
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 IMPLS = ("torch", "trainmath")
 PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 OPTIMIZER_IMPLS = ("torch", "trainmath")
-RECOMPUTE = ("none", "selective", "full")
 COMMS = ("ring", "torch")
 
 CALCULATOR_OPTIMIZER = {"sgd": "sgd", "momentum": "sgd-momentum", "adam": "adam", "adamw": "adamw"}
@@ -87,17 +87,21 @@ def problems(cfg: TrainConfig, world_size: int) -> list[str]:
            + _choice("recompute", cfg.recompute, RECOMPUTE))
     for name in ("seq", "steps", "grad_accum", "micro_batch"):
         v = getattr(cfg, name)
-        if not isinstance(v, int) or v < 1:
+        if not isinstance(v, int) or not 1 <= v <= 2**40:
             bad.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
     if cfg.global_batch is not None:
         per = world_size * cfg.grad_accum
         if cfg.global_batch < 1 or cfg.global_batch % per:
             bad.append(f"--global-batch {cfg.global_batch} is not divisible by world size × grad-accum = "
                        f"{world_size} × {cfg.grad_accum} = {per}")
-    if cfg.lr <= 0:
-        bad.append(f"--lr must be > 0, got {cfg.lr}")
+    if not (isinstance(cfg.lr, (int, float)) and 0 < cfg.lr <= 1e3):  # NaN and infinity fail too
+        bad.append(f"--lr must be a finite number in (0, 1000], got {cfg.lr}")
+    if cfg.stop_after is not None and (not isinstance(cfg.stop_after, int) or cfg.stop_after < 1):
+        bad.append(f"--stop-after must be an integer >= 1, got {cfg.stop_after!r}")
     if cfg.checkpoint_every < 0:
         bad.append(f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}")
+    if cfg.checkpoint_dir:
+        bad += _writable_problems(cfg.checkpoint_dir)
     if (cfg.resume or cfg.checkpoint_every) and not cfg.checkpoint_dir:
         bad.append("--resume and --checkpoint-every need --checkpoint-dir")
     if cfg.strategy == "ddp" and cfg.impl == "trainmath":
@@ -121,6 +125,24 @@ def problems(cfg: TrainConfig, world_size: int) -> list[str]:
         except TrainmathError as e:
             bad.append(f"--gpu: {e}")
     return bad
+
+
+def _writable_problems(directory: str) -> list[str]:
+    """Whether checkpoints can be written under ``directory``, found before step 1 (not after training): the path
+    or its nearest existing ancestor must be a folder where a folder can be made (a probe folder is made there
+    and removed at once)."""
+    import tempfile
+
+    where = os.path.abspath(directory)
+    while not os.path.lexists(where):
+        where = os.path.dirname(where)
+    if not os.path.isdir(where):
+        return [f"--checkpoint-dir {directory!r}: {where} is not a folder"]
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".trainmath-probe-", dir=where))
+    except OSError as e:
+        return [f"--checkpoint-dir {directory!r}: cannot write in {where}: {e.strerror or e}"]
+    return []
 
 
 def validate(cfg: TrainConfig, world_size: int) -> TrainConfig:

@@ -26,7 +26,7 @@ global-shape transients (86,016 bytes more at the optimizer step of the tiny tp 
 does in a real run.
 
 Routed experts run transformers' own code: the eager loop under a routing the result states (``routing``), an
-amp-bf16 ``grouped_mm`` in fp32 as the CUDA and CPU kernels run it (``trainmath.memory.fake_experts`` says what is
+amp-bf16 ``grouped_mm`` in fp32 as the CUDA and CPU kernels run it (``trainmath.verify.fake_experts`` says what is
 added to the fake mode and why).
 
 torch and transformers are imported inside the functions: the calculator never needs them.
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout
-from trainmath.memory.fake_experts import grouped_mm_rule, routing_standin
 from trainmath.memory.training import TrainingSetup
+from trainmath.verify.fake_experts import grouped_mm_rule, routing_standin
 
 DROP = ("quantization_config", "auto_map", "torch_dtype", "dtype", "architectures", "transformers_version")
 """Config keys that describe a checkpoint's files, not the model's shapes."""
@@ -219,12 +219,20 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
                 ids = torch.randint(0, cfg.vocab_size, (setup.micro_batch, setup.seq))
                 hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if count else \
                     contextlib.nullcontext()
+                inside = setup.backward_in_autocast
                 with loss_ctx():
-                    with hooks, torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
-                        out = model(input_ids=ids, labels=ids, use_cache=False)
-                    if count:
-                        held.append(saved_total())
-                    out.loss.backward()
+                    with torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
+                        with hooks:
+                            out = model(input_ids=ids, labels=ids, use_cache=False)
+                        if count:
+                            held.append(saved_total())
+                        loss = out.loss
+                        if setup.loop_keeps == "loss":  # loss = model(...).loss: the output dies here
+                            del out
+                        if inside:  # backward() inside the autocast context: its cache lives on
+                            loss.backward()
+                    if not inside:
+                        loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=setup.grad_lifetime == "set_to_none")
 

@@ -139,7 +139,7 @@ def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> d
     if _sdpa_math(spec, batch, cfg.seq, cuda):  # plain matmuls, which FlopCounterMode counts as GEMMs
         gemm, core = gemm + core, 0
     if cfg.recompute == "selective":
-        from trainmath.ops.selective import selective_recompute_flops
+        from trainmath.flops.model import selective_recompute_flops
 
         gemm += selective_recompute_flops(spec, batch=batch * cfg.grad_accum, seq=cfg.seq)
     return {**{k: flat[k] for k in STATE_FIELDS}, "peak_bytes": report.peak_bytes,

@@ -72,14 +72,14 @@ class Gemm:
         return 2 * self.flops
 
 
-def _in_out(t: TensorSpec) -> tuple[int, int]:
+def in_out(t: TensorSpec) -> tuple[int, int]:
     """(in_features, out_features) of a linear weight: stored (out, in), GPT-2 Conv1D and fused experts (in, out)."""
     if len(t.shape) != 2:
         raise TrainmathError(f"linear tensor {t.name} has shape {t.shape}; expected 2 dimensions")
     return (t.shape[0], t.shape[1]) if t.transposed else (t.shape[1], t.shape[0])
 
 
-def _module(name: str) -> str:
+def module_name(name: str) -> str:
     parts = name.split(".")
     if parts[-1] == "weight":
         parts = parts[:-1]
@@ -93,9 +93,9 @@ def linear_gemms(block: Block, tokens: int) -> list[Gemm]:
     for t in block.tensors:
         if t.kind != "linear":
             continue
-        k, n = _in_out(t)
+        k, n = in_out(t)
         m = tokens * top_k if t.experts else tokens
-        out.append(Gemm(name=_module(t.name), component=t.component, m=m, k=k, n=n))
+        out.append(Gemm(name=module_name(t.name), component=t.component, m=m, k=k, n=n))
     return out
 
 

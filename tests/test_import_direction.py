@@ -1,0 +1,165 @@
+"""The house's import directions, read from the source with ``ast`` (every import, lazy and type-only included).
+
+Rooms stand on floors: a module may import its own room or a room on a lower floor, never a higher one. The
+calculator wing (floors 0-8) imports no torch; the runtime imports the calculator only; ``verify`` compares the two
+from above both; ``plot``, ``report``, ``serve`` and ``cli`` sit on top. Between modules there is no import cycle.
+``KNOWN`` names the edges and cycles still to remove: a new one fails, and a removed one must leave the list.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "trainmath"
+
+FLOORS = {
+    "trainmath": 0, "arith": 0, "errors": 0, "tree": 0, "catalog": 0, "vocabulary": 0, "jsonfile": 0,
+    "model": 1, "hardware": 1,
+    "layout": 2, "placement": 2, "params": 2, "sources": 2, "explain": 2, "checkpoint": 2, "usable": 2,
+    "adapters": 2, "qlora": 2,
+    "ops": 3, "flops": 4, "comm": 4, "memory": 5, "infer": 5, "perf": 7, "plan": 8,
+    "runtime": 9, "verify": 10,
+    "render": 11, "plot": 11, "report": 12, "serve": 13, "cli": 14, "__main__": 15,
+}
+"""Room (the first name under ``trainmath``) → floor."""
+CALCULATOR_TOP = FLOORS["plan"]
+"""Rooms on this floor or below are the calculator wing."""
+
+KNOWN_UPWARD = {
+    ("trainmath.comm.volume", "trainmath.memory.flat_zero"),
+    ("trainmath.comm.volume", "trainmath.memory.precision"),
+    ("trainmath.report.options", "trainmath.cli.args"),
+    ("trainmath.report.html", "trainmath.cli.infer"),
+    ("trainmath.serve.app", "trainmath.cli.args"),
+}
+"""Imports from a lower floor to a higher one not yet removed."""
+KNOWN_CYCLES = {
+    frozenset({"trainmath.memory.terms", "trainmath.memory.training"}),
+}
+"""Module cycles not yet removed (the loop inside ``ops/`` through ``ops.context.config_defaults`` is reported by
+its size; it goes with the family definitions)."""
+KNOWN_OPS_LOOP = 21
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(SRC.rglob("*.py")):
+        parts = list(p.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module ``name`` imports: ``from pkg import sub`` is ``pkg.sub`` when that is a module, else ``pkg``
+    (a package's ``__init__`` runs before any of its modules, so that alone is no edge)."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            subs = {f"{base}.{a.name}" for a in node.names}
+            found |= {t if t in MODULES else base for t in subs}
+    return found
+
+
+EDGES = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _internal(module: str) -> set[str]:
+    return {t for t in EDGES[module] if t in MODULES and t != module}
+
+
+def _cycles() -> list[frozenset[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    for root in MODULES:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(_internal(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(_internal(w)))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = set()
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.add(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(frozenset(comp))
+    return out
+
+
+def test_every_room_has_a_floor():
+    assert sorted({_room(m) for m in MODULES} - set(FLOORS)) == []
+
+
+def test_no_import_runs_upward():
+    assert sorted({_room(m) for m in MODULES} - set(FLOORS)) == [], "give the new room a floor"
+    upward = {(m, t) for m in MODULES for t in _internal(m) if FLOORS[_room(t)] > FLOORS[_room(m)]}
+    assert upward - KNOWN_UPWARD == set()
+    assert KNOWN_UPWARD - upward == set(), "removed: take it off KNOWN_UPWARD"
+
+
+def test_no_import_cycles():
+    cycles = _cycles()
+    ops_loop = [c for c in cycles if all(_room(m) == "ops" for m in c)]
+    assert set(cycles) - set(ops_loop) == KNOWN_CYCLES
+    assert [len(c) for c in ops_loop] in ([KNOWN_OPS_LOOP], [])
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if FLOORS.get(_room(m), 0) <= CALCULATOR_TOP])
+def test_calculator_wing_imports_no_torch_and_nothing_above_it(module):
+    bad = {t for t in EDGES[module] if t.split(".")[0] in ("torch", "transformers")
+           or (t in MODULES and FLOORS[_room(t)] > CALCULATOR_TOP)}
+    assert bad == set()
+
+
+def test_the_checker_sees_what_it_checks():
+    """Pinned edges the checks rely on: a lazy import, a relative-free ``from x import module``, a torch import."""
+    assert "trainmath.verify.train" in EDGES["trainmath.cli.verify"]
+    assert "trainmath.ops.flops" in EDGES["trainmath.flops.model"]
+    assert "torch" in EDGES["trainmath.runtime.demo"]
+    assert FLOORS[_room("trainmath.verify.simulate")] > FLOORS[_room("trainmath.runtime.fsdp")]
+
+
+def test_recompute_is_defined_once():
+    """One vocabulary: the recompute choices are ``trainmath.vocabulary.RECOMPUTE``, imported everywhere else."""
+    from trainmath import vocabulary
+
+    spelled = [p for p in MODULES.values() if '("none", "selective", "full")' in p.read_text()]
+    assert spelled == [Path(vocabulary.__file__).resolve()]
