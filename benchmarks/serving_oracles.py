@@ -4,13 +4,14 @@ with its exact source location), predicted by `trainmath.infer.speed` / `trainma
     python benchmarks/serving_oracles.py [--file PATH] [--json OUT]
 
 Prints, per source and metric (ttft_s, tpot_s, output_tokens_per_s, e2e_s), the count, the median |error| and
-the share within 15%, three ways:
+the share within 15%, three ways (below).
 
 Concurrency records run the continuous-batching steady state within vLLM's KV capacity (requests past it
-queue: their TTFT includes the wait). Records in a weight format the calculator has no byte rule for (nvfp4)
-are listed as skipped.
+queue; below it a prompt waits for the prompts ahead in the prefill budget: their TTFT includes both). A record
+with ``attention_dp`` (TensorRT-LLM's enable_attention_dp) is laid out as one attention replica per GPU (tp 1)
+with its expert parallelism. Records the calculator cannot price are listed as skipped.
 
-- ``default``: the GPU generation's constants as stored in hardware/serving.json (written by
+- ``stored``: the GPU generation's constants as stored in hardware/serving.json (written by
   benchmarks/serving_calibrate.py from these records: in-sample);
 - ``fitted``: a compute (prefill) and a memory (decode) efficiency, a per-step and a per-layer overhead per GPU
   generation, fitted on every record (minimising the median |log(predicted / published)| by coordinate descent
