@@ -4,20 +4,24 @@ with its exact source location), predicted by `trainmath.infer.speed` / `trainma
     python benchmarks/serving_oracles.py [--file PATH] [--json OUT]
 
 Prints, per source and metric (ttft_s, tpot_s, output_tokens_per_s, e2e_s), the count, the median |error| and
-the share within 15%, three ways:
+the share within 15%, three ways (below).
 
 Concurrency records run the continuous-batching steady state within vLLM's KV capacity (requests past it
-queue: their TTFT includes the wait). Records in a weight format the calculator has no byte rule for (nvfp4)
-are listed as skipped.
+queue; below it a prompt waits for the prompts ahead in the prefill budget: their TTFT includes both). A record
+with ``attention_dp`` (TensorRT-LLM's enable_attention_dp) is laid out as one attention replica per GPU (tp 1)
+with its expert parallelism. Records the calculator cannot price are listed as skipped.
 
-- ``default``: the GPU generation's efficiencies from hardware/gpus.json, nothing fitted;
-- ``fitted``: a compute (prefill) and a memory (decode) efficiency per GPU generation, fitted on every record
-  (minimising the median |log(predicted / published)| over a grid), never per run;
+- ``stored``: the GPU generation's constants as stored in hardware/serving.json (written by
+  benchmarks/serving_calibrate.py from these records: in-sample);
+- ``fitted``: a compute (prefill) and a memory (decode) efficiency, a per-step and a per-layer overhead per GPU
+  generation, fitted on every record (minimising the median |log(predicted / published)| by coordinate descent
+  over grids), never per run or per source;
 - ``leave-one-source-out``: for each source, the per-generation constants fitted on the other sources only,
   then that source predicted — the honest out-of-sample figure.
 
-The step components are computed once per record at efficiency 1 (compute and memory times scale as 1 / the
-efficiency; the link efficiency stays the generation's), so the fits are cheap.
+The step components are computed once per record at efficiency 1 and without overhead (compute and memory
+times scale as 1 / the efficiency, the overhead adds step_s + layers · layer_s to every step; the link
+efficiency stays the generation's), so the fits are cheap.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT = os.path.relpath(os.path.join(HERE, "..", "tests", "infer", "published_serving.json"))
 COMPUTE_GRID = [round(0.20 + 0.05 * i, 2) for i in range(17)]  # 0.20 .. 1.00
 MEMORY_GRID = [round(0.40 + 0.05 * i, 2) for i in range(13)]  # 0.40 .. 1.00
+STEP_GRID = [0.0, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3]  # s per forward step
+LAYER_GRID = [0.0, 10e-6, 20e-6, 30e-6, 40e-6, 60e-6, 80e-6, 100e-6]  # s per layer per step
+GRIDS = (COMPUTE_GRID, MEMORY_GRID, STEP_GRID, LAYER_GRID)
+NEUTRAL = (0.5, 0.7, 0.0, 0.0)
+"""Where every fit starts, and what a generation without training records gets (no stored constant leaks in)."""
 
 
 def _setup(r: dict):
@@ -42,13 +51,16 @@ def _setup(r: dict):
     from trainmath.infer.dtypes import dtype_name
 
     n = r.get("batch") or r.get("concurrency") or 1
-    return InferenceSetup(batch=n, context=r["input"] + r["output"], tp=r.get("tp") or 1, ep=r.get("ep") or 1,
+    # attention data parallel: the engine's --tp splits no attention weight; every rank is an attention replica
+    tp = 1 if r.get("attention_dp") else r.get("tp") or 1
+    return InferenceSetup(batch=n, context=r["input"] + r["output"], tp=tp, ep=r.get("ep") or 1,
                           gpus=r.get("gpus"), weights=WeightFormat(dtype=dtype_name(r.get("weights_dtype") or "bf16")),
                           cache=CacheFormat(kv_dtype=dtype_name(r.get("kv_dtype") or "bf16", what="kv dtype")))
 
 
 def raw(r: dict) -> dict:
-    """The record's steps at compute and memory efficiency 1: (compute_s, memory_s, comm_s) triples."""
+    """The record's steps at compute and memory efficiency 1, without overhead: (GEMM compute, weight memory,
+    communication, attention compute, cache memory) of each."""
     from dataclasses import replace
 
     from trainmath.hardware import gpu as find_gpu
@@ -57,10 +69,11 @@ def raw(r: dict) -> dict:
     from trainmath.sources import load_spec
 
     spec, gpu, setup = load_spec(r["model"]), find_gpu(r["gpu"]), _setup(r)
-    unit = replace(Efficiency.of(gpu), compute=1.0, memory=1.0)
+    unit = replace(Efficiency.of(gpu), compute=1.0, memory=1.0, step_s=0.0, layer_s=0.0)
 
-    def trip(s) -> tuple[float, float, float]:
-        return (s.compute_s, s.memory_s, s.comm_s)
+    def trip(s) -> tuple[float, float, float, float, float]:
+        return (s.compute_s - s.attention_compute_s, s.memory_s - s.cache_memory_s, s.comm_s,
+                s.attention_compute_s, s.cache_memory_s)
 
     inp, out = r["input"], r["output"]
     if r.get("batch"):
@@ -68,19 +81,30 @@ def raw(r: dict) -> dict:
         pre = trip(step(spec, setup, gpu, (Part(n=b, t=inp, c=0),), unit))
         dec = [trip(step(spec, setup, gpu, (Part(n=b, t=1, c=c),), unit))
                for c in decode_samples(inp, max(out - 1, 1))]
-        return {"generation": gpu.generation, "kind": "batch", "n": b, "I": inp, "O": out, "prefill": pre,
+        return {"generation": gpu.generation, "layers": spec.num_layers, "kind": "batch", "n": b,
+                "I": inp, "O": out, "prefill": pre,
                 "decode": dec}
     cap = vllm_capacity(spec, setup, gpu, request_tokens=inp + out, engine=EngineMemory())
     st = steady_state(spec, setup, gpu, concurrency=r["concurrency"], input=inp, output=out, eff=unit,
                       capacity=cap.max_concurrency)
-    return {"generation": gpu.generation, "kind": "concurrency", "n": r["concurrency"], "I": inp, "O": out,
-            "step": trip(st.step), "chunk": trip(st.chunk_step), "p": st.prefill_steps, "queue": st.queue_factor}
+    return {"generation": gpu.generation, "layers": spec.num_layers, "kind": "concurrency",
+            "n": r["concurrency"], "I": inp, "O": out,
+            "step": trip(st.step), "chunk": trip(st.chunk_step), "p": st.prefill_steps, "queue": st.queue_factor,
+            "running": st.running, "per_step": max(1, st.chunk_tokens // inp)}
 
 
-def predict(x: dict, compute: float, memory: float) -> dict:
+def prefill_wait(prompt_s: float, per_step: int, running: int, e2e_s: float) -> float:
+    from trainmath.infer.batching import prefill_wait as wait
+
+    return wait(prompt_s, per_step, running, e2e_s)
+
+
+def predict(x: dict, compute: float, memory: float, step_s: float = 0.0, layer_s: float = 0.0) -> dict:
+    over = step_s + x["layers"] * layer_s
+
     def t(trip) -> float:
-        c, m, k = trip
-        return max(c / compute, m / memory) + k
+        c, m, k, ac, cm = trip
+        return max(c / compute, m / memory) + max(ac / compute, cm / memory) + k + over
 
     if x["kind"] == "batch":
         ttft = t(x["prefill"])
@@ -88,6 +112,7 @@ def predict(x: dict, compute: float, memory: float) -> dict:
     else:
         tpot = t(x["step"])
         first = 0.5 * tpot + x["p"] * t(x["chunk"])
+        first += prefill_wait(x["p"] * t(x["chunk"]), x["per_step"], x["running"], first + (x["O"] - 1) * tpot)
         ttft = first + (x["queue"] - 1) * (first + (x["O"] - 1) * tpot)  # past the KV capacity requests queue
     e2e = ttft + (x["O"] - 1) * tpot
     return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "output_tokens_per_s": x["n"] * x["O"] / e2e}
@@ -98,32 +123,40 @@ def errors(records, raws, consts) -> list[tuple[str, str, float]]:
     out = []
     for r in records:
         x = raws[r["id"]]
-        c, m = consts[x["generation"]]
-        p = predict(x, c, m)
+        p = predict(x, *consts[x["generation"]])
         for k in METRICS:
             if r.get(k):
                 out.append((r["source"], k, p[k] / r[k] - 1))
     return out
 
 
-def fit(records, raws, defaults) -> dict:
-    """Per generation, the (compute, memory) pair minimising the median |log(pred / published)|."""
+def score(rs, raws, const) -> float:
+    """Median |log(predicted / published)| over every published metric of ``rs``."""
+    logs = []
+    for r in rs:
+        p = predict(raws[r["id"]], *const)
+        logs += [abs(math.log(p[k] / r[k])) for k in METRICS if r.get(k)]
+    return statistics.median(logs) if logs else 0.0
+
+
+def fit(records, raws, passes: int = 3) -> dict:
+    """Per generation, the (compute, memory, step_s, layer_s) minimising the median |log(pred / published)|:
+    coordinate descent over the grids from ``NEUTRAL``; generations without records get ``NEUTRAL``."""
     by_gen = defaultdict(list)
     for r in records:
         by_gen[raws[r["id"]]["generation"]].append(r)
-    consts = dict(defaults)
+    consts = defaultdict(lambda: NEUTRAL)
     for gen, rs in by_gen.items():
-        best = None
-        for c in COMPUTE_GRID:
-            for m in MEMORY_GRID:
-                logs = []
-                for r in rs:
-                    p = predict(raws[r["id"]], c, m)
-                    logs += [abs(math.log(p[k] / r[k])) for k in METRICS if r.get(k)]
-                score = statistics.median(logs) if logs else 0
-                if best is None or score < best[0]:
-                    best = (score, c, m)
-        consts[gen] = best[1:]
+        best = list(NEUTRAL)
+        best_score = score(rs, raws, best)
+        for _ in range(passes):
+            for i, grid in enumerate(GRIDS):
+                for v in grid:
+                    trial = best[:i] + [v] + best[i + 1:]
+                    sc = score(rs, raws, trial)
+                    if sc < best_score - 1e-12:
+                        best, best_score = trial, sc
+        consts[gen] = tuple(best)
     return consts
 
 
@@ -149,9 +182,47 @@ def main() -> int:
         return 1
     with open(a.file) as f:
         data = json.load(f)
+    records, raws, skipped, defaults = load(data)
+    gens = {raws[r["id"]]["generation"] for r in records}
+    print(f"{len(records)} records from {len({r['source'] for r in records})} sources ({a.file}); "
+          f"{len(skipped)} skipped")
+    for s in skipped:
+        print(f"  skipped {s}")
+    lines = table("stored constants (hardware/serving.json, fitted in-sample by serving_calibrate.py):",
+                  errors(records, raws, defaults))
+    consts = fit(records, raws)
+    lines += table("fitted on all sources (compute, memory, step_s, layer_s per generation: "
+                   + ", ".join(f"{g} {fmt(consts[g])}" for g in sorted(gens)) + "):", errors(records, raws, consts))
+    lines += table("leave-one-source-out (constants fitted on the other sources):", loso(records, raws))
+    print("\n".join(lines))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([{"id": r["id"], "published": {k: r.get(k) for k in METRICS},
+                        "predicted": predict(raws[r["id"]], *consts[raws[r["id"]]["generation"]])} for r in records],
+                      f, indent=1)
+    return 0
+
+
+def fmt(const) -> str:
+    c, m, s, layer = const
+    return f"({c:.2f}, {m:.2f}, {s * 1e3:.1f} ms, {layer * 1e6:.0f} us)"
+
+
+def loso(records, raws) -> list:
+    """Errors of each source predicted by constants fitted on the other sources only."""
+    out = []
+    for src in sorted({r["source"] for r in records}):
+        train = [r for r in records if r["source"] != src]
+        held = [r for r in records if r["source"] == src]
+        out += errors(held, raws, fit(train, raws))
+    return out
+
+
+def load(data: dict):
+    """(records priced, their raw steps by id, skipped lines, stored constants by generation)."""
     from trainmath.errors import TrainmathError
     from trainmath.hardware import gpu as find_gpu
-    from trainmath.hardware import presets
+    from trainmath.infer.speed import Efficiency
 
     records, raws, skipped = [], {}, []
     for r in data["records"]:
@@ -160,32 +231,12 @@ def main() -> int:
             records.append(r)
         except (TrainmathError, KeyError) as e:
             skipped.append(f"{r.get('id')}: {e}")
-    gens = {raws[r["id"]]["generation"] for r in records}
     defaults = {}
     for r in records:
-        e = presets().efficiency(find_gpu(r["gpu"]))
-        defaults[e.generation] = (e.gemm_peak_fraction, e.hbm_fraction)
-    print(f"{len(records)} records from {len({r['source'] for r in records})} sources ({a.file}); "
-          f"{len(skipped)} skipped")
-    for s in skipped:
-        print(f"  skipped {s}")
-    lines = table("default efficiencies (hardware/gpus.json, nothing fitted):", errors(records, raws, defaults))
-    consts = fit(records, raws, defaults)
-    lines += table("fitted on all sources (compute, memory per generation: "
-                   + ", ".join(f"{g} {consts[g]}" for g in sorted(gens)) + "):", errors(records, raws, consts))
-    loso = []
-    for src in sorted({r["source"] for r in records}):
-        train = [r for r in records if r["source"] != src]
-        held = [r for r in records if r["source"] == src]
-        loso += errors(held, raws, fit(train, raws, defaults))
-    lines += table("leave-one-source-out (constants fitted on the other sources):", loso)
-    print("\n".join(lines))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump([{"id": r["id"], "published": {k: r.get(k) for k in METRICS},
-                        "predicted": predict(raws[r["id"]], *consts[raws[r["id"]]["generation"]])} for r in records],
-                      f, indent=1)
-    return 0
+        g = find_gpu(r["gpu"])
+        e = Efficiency.of(g)
+        defaults[g.generation] = (e.compute, e.memory, e.step_s, e.layer_s)
+    return records, raws, skipped, defaults
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ def test_ids_are_unique():
 @pytest.mark.parametrize("rec", RECORDS, ids=[r["id"] for r in RECORDS])
 def test_record(rec):
     assert RECORD_KEYS <= set(rec), RECORD_KEYS - set(rec)
-    assert set(rec) <= RECORD_KEYS | set(METRICS) | {"assumptions"}, set(rec) - RECORD_KEYS - set(METRICS)
+    extra = {"assumptions", "attention_dp"}
+    assert set(rec) <= RECORD_KEYS | set(METRICS) | extra, set(rec) - RECORD_KEYS - set(METRICS)
+    assert rec.get("attention_dp", True) is True  # present only where the source enables attention data parallel
     assert rec["source"] in DATA["sources"]
     assert isinstance(rec["where"], str) and rec["where"].strip()
     presets().gpu(rec["gpu"])  # raises when the GPU is not a preset

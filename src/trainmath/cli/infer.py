@@ -20,7 +20,7 @@ from trainmath.cli.infer_speed import add_speed_arguments, run_speed, speed_requ
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "infer",
-        help="inference memory: weights (bf16/fp8/int8/int4/mxfp4), KV cache after a prefill, and what fits a GPU",
+        help="inference memory: weights (bf16/fp8/int8/int4/mxfp4/nvfp4), KV cache after a prefill, what fits a GPU",
         description="Memory to serve a model, per GPU: weights in a serving format (by default the one the "
                     "checkpoint ships in, from its quantization_config), the cache after a prefill of CONTEXT "
                     "tokens for BATCH sequences (K/V, MLA latent, sliding windows, linear-attention and Mamba "
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tokens per sequence held (prompt + generated); not needed with --input/--output")
     p.add_argument("--dtype", default="auto",
                    help="weights: auto (default: the format the checkpoint ships in, read from its "
-                        "quantization_config; bf16 without one), fp32, bf16, fp16, fp8, int8, int4, mxfp4")
+                        "quantization_config; bf16 without one), fp32, bf16, fp16, fp8, int8, int4, mxfp4, nvfp4")
     p.add_argument("--kv-dtype", default="bf16", help="K/V cache: fp32, bf16, fp16, fp8, int8 (default bf16)")
     p.add_argument("--tp", type=integer, default=None,
                    help="tensor-parallel degree of attention and dense weights (default: --gpus); figures are per rank")

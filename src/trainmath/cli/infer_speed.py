@@ -77,9 +77,11 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         *([f"cpu measured: fp32 matmul {gpu.bf16_flops_per_s / 1e9:,.1f} GFLOP/s (reported as its peak), read "
            f"bandwidth {gpu.hbm_bytes_per_s / 1e9:,.2f} GB/s"] if args.device == "cpu" else []),
         f"{gpu.name}: peak bf16 {gpu.bf16_flops_per_s / 1e12:.1f} TFLOP/s, HBM {gpu.hbm_bytes_per_s / 1e12:.2f} TB/s; "
-        f"efficiency compute {eff.compute}, memory {eff.memory}, link {eff.link}",
+        f"efficiency compute {eff.compute}, memory {eff.memory}, link {eff.link}; overhead "
+        f"{eff.step_s * 1e3:g} ms per step + {eff.layer_s * 1e6:g} us per layer (hardware/serving.json)",
         "FLOPs: the op lists' forward fold of the new tokens (causal half), logits only where sampled, divided "
-        "evenly over the ranks (balanced routing); step = max(compute, memory) + communication",
+        "evenly over the ranks (balanced routing); step = max(GEMM compute, weight bytes) + max(attention "
+        "compute, cache bytes) + communication + overhead",
         "memory: weights touched (routed experts E*[1-(1-k/E)^T]) + cache read + cache written, per rank",
     ]
     if args.concurrency is not None:
@@ -109,8 +111,8 @@ def _ms(s: float) -> str:
 
 
 def _bounds(st) -> str:
-    return (f"compute {_ms(st.compute_s)}, memory {_ms(st.memory_s)}, communication {_ms(st.comm_s)} "
-            f"-> {st.bound}-bound")
+    return (f"compute {_ms(st.compute_s)}, memory {_ms(st.memory_s)}, communication {_ms(st.comm_s)}, "
+            f"overhead {_ms(st.overhead_s)} -> {st.bound}-bound")
 
 
 def render(spec, setup, gpu, r, cap, args) -> str:

@@ -15,6 +15,12 @@ two elements per byte). Quantised weights also carry scales; which ones, and how
   (E8M0) per block of 32 consecutive input features of each output row; gpt-oss ships its experts so
   (``gate_up_proj_blocks`` (E, 2f, d/32, 16) uint8 holding two FP4 values per byte, ``gate_up_proj_scales``
   (E, 2f, d/32) uint8). The block size is fixed by the format (``group_size`` is ignored).
+- ``nvfp4``: NVIDIA's NVFP4 (E2M1 elements, two per byte): one FP8 E4M3 scale per block of 16 consecutive input
+  features of each output row, plus one fp32 scale per tensor (Intel Neural Compressor, "NVFP4 Quantization",
+  https://intel.github.io/neural-compressor/latest/docs/source/3x/PT_NVFP4Quant.html, format table: E2M1, 4 bits,
+  block 16, UE4M3 8-bit scale, FP32 32-bit global tensor-wise scale; the ModelOpt checkpoint layout, NVIDIA NeMo
+  AutoModel docs ``nemo_automodel.components.quantization.nvfp4``: ``weight_scale`` float8_e4m3fn per 16 columns,
+  ``weight_scale_2`` float32 per tensor). So 4.5 bits per value + 4 bytes per tensor; the block is fixed.
 
 Only ``linear`` weights of the decoder layers are quantised. Embeddings, the LM head, MoE routers, norms, biases,
 convolution weights and per-head parameters stay at ``keep_dtype`` (default bf16) — the convention of GPTQ/AWQ
@@ -29,13 +35,17 @@ from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 
 # Bits per element of each storage format.
-DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "mxfp4": 4, "e8m0": 8}
-WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4")
+DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "mxfp4": 4, "nvfp4": 4, "e8m0": 8}
+WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4")
 MX_BLOCK = 32
 """Elements sharing one E8M0 scale in the OCP MX formats (MX spec v1.0, Table 1: k = 32)."""
+NV_BLOCK = 16
+"""Elements sharing one E4M3 scale in NVFP4 (module docstring)."""
+NV_TENSOR_SCALE_BYTES = 4
+"""NVFP4's per-tensor fp32 scale (ModelOpt ``weight_scale_2``)."""
 ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float": "fp32",
-           "float8": "fp8", "fp8_e4m3": "fp8", "e4m3": "fp8", "mx_fp4": "mxfp4", "fp4": "mxfp4"}
-QUANTISED = ("fp8", "int8", "int4", "mxfp4")
+           "float8": "fp8", "fp8_e4m3": "fp8", "e4m3": "fp8", "mx_fp4": "mxfp4", "fp4": "mxfp4", "nv_fp4": "nvfp4"}
+QUANTISED = ("fp8", "int8", "int4", "mxfp4", "nvfp4")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 
 
@@ -61,7 +71,7 @@ class WeightFormat:
     """How weights are stored for serving. See the module docstring for the scale conventions."""
 
     dtype: str = "bf16"
-    """Format of the quantised (decoder ``linear``) weights: fp32, bf16, fp16, fp8, int8, int4 or mxfp4."""
+    """Format of the quantised (decoder ``linear``) weights: fp32, bf16, fp16, fp8, int8, int4, mxfp4 or nvfp4."""
     keep_dtype: str = "bf16"
     """Format of every tensor that is not quantised (embeddings, lm_head, routers, norms, biases, conv, params).
     Ignored (set equal to ``dtype``) when ``dtype`` is itself a 16/32-bit float."""
@@ -90,7 +100,8 @@ class WeightFormat:
         """The scales' format: ``scale_dtype`` or the dtype's default (int8 fp32, int4 fp16, fp8 fp32)."""
         if not self.quantised:
             return None
-        return self.scale_dtype or {"int8": "fp32", "int4": "fp16", "fp8": "fp32", "mxfp4": "e8m0"}[self.dtype]
+        defaults = {"int8": "fp32", "int4": "fp16", "fp8": "fp32", "mxfp4": "e8m0", "nvfp4": "fp8"}
+        return self.scale_dtype or defaults[self.dtype]
 
     @property
     def scale_bits(self) -> int:
@@ -112,6 +123,8 @@ class WeightFormat:
                     f"input features per output row",
             "fp8": f"one {scale} scale per {g}x{g} block",
             "mxfp4": f"one {scale} scale per block of {MX_BLOCK} input features per output row (OCP MX)",
+            "nvfp4": f"one {scale} (e4m3) scale per block of {NV_BLOCK} input features per output row and one fp32 "
+                     "scale per tensor (NVFP4)",
         }[self.dtype]
         skipped = f"; also kept: {', '.join(self.skip_modules)}" if self.skip_modules else ""
         origin = "" if self.source == "given" else f" ({self.source})"
@@ -129,18 +142,22 @@ def scale_count(out_features: int, in_features: int, fmt: WeightFormat) -> int:
         return ceil_div(out_features, fmt.group_size) * ceil_div(in_features, fmt.group_size)
     if fmt.dtype == "mxfp4":
         return out_features * ceil_div(in_features, MX_BLOCK)
+    if fmt.dtype == "nvfp4":
+        return out_features * ceil_div(in_features, NV_BLOCK)
     return 0
 
 
 def quantised_weight_bytes(out_features: int, in_features: int, fmt: WeightFormat) -> tuple[int, int]:
     """(data bytes, scale bytes) of one (out, in) linear weight stored in the quantised format ``fmt``.
     Data: ⌈out·in·bits / 8⌉; scales: ``scale_count`` × scale bytes, plus packed 4-bit zero points for int4 with
-    ``zero_point`` (⌈groups·4 / 8⌉)."""
+    ``zero_point`` (⌈groups·4 / 8⌉), and NVFP4's per-tensor fp32 scale."""
     data = tensor_bytes(out_features * in_features, DTYPE_BITS[fmt.dtype])
     n_scales = scale_count(out_features, in_features, fmt)
     scales = tensor_bytes(n_scales, fmt.scale_bits)
     if fmt.dtype == "int4" and fmt.zero_point:
         scales += tensor_bytes(n_scales, 4)
+    if fmt.dtype == "nvfp4":
+        scales += NV_TENSOR_SCALE_BYTES
     return data, scales
 
 

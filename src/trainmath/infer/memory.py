@@ -216,7 +216,7 @@ def _levers(spec: ModelSpec, setup: InferenceSetup, usable: int) -> tuple[str, .
         return t is not None and t <= usable
 
     out = []
-    if setup.weights.dtype not in ("int4", "mxfp4"):
+    if setup.weights.dtype not in ("int4", "mxfp4", "nvfp4"):
         for dtype in ("fp8", "mxfp4", "int4") if has_routed_experts(spec) else ("fp8", "int4"):
             t = total(weights=replace(setup.weights, dtype=dtype, skip_modules=(), source="given"))
             if dtype != setup.weights.dtype and fitting(t):

@@ -10,9 +10,10 @@ t = I, c = 0; a decode step t = 1, c = the context so far). On one rank of the i
   token of each sequence (engines compute logits only where a token is sampled); divided evenly over the ranks
   (tensor parallel splits every GEMM, attention data parallel the batch, expert parallel the experts: balanced
   routing assumed); MLA decode in the absorbed form (``absorbed_extra``). The peak is the dense tensor-core
-  peak of the kernel format: fp8 weights run fp8 GEMMs on a GPU with an fp8 peak (W8A8), every other format
-  the bf16 peak (4-bit weights are dequantised inside W4A16 kernels, Marlin-style: their gain is in bytes, not
-  FLOPs);
+  peak of the kernel format, from the preset's native formats (``hardware/serving.json``): fp8 weights run fp8
+  GEMMs where fp8 is native (W8A8), nvfp4/mxfp4 weights fp4 GEMMs where fp4 is native (Blackwell), every other
+  case the bf16 peak (4-bit weights are dequantised inside W4A16 kernels, Marlin-style: their gain is in bytes,
+  not FLOPs);
 - **memory**: bytes read and written / (HBM bandwidth · memory efficiency): the rank's weights in their serving
   format (``infer.weights``) — routed experts only for the share the step's tokens touch, E·[1 − (1 − k/E)^T]
   of E experts for T tokens routing to k each (uniform routing), the input embedding table not at all (one row
@@ -22,16 +23,28 @@ t = I, c = 0; a decode step t = 1, c = the context so far). On one rank of the i
   of p ranks taking 2(p − 1)/p · bytes / link + 2(p − 1)·α; under expert parallelism 2 all-to-alls per MoE layer
   (dispatch and combine) of each rank's tokens × k × hidden, (ep − 1)/ep of it leaving the rank.
 
-step = max(compute, memory) + communication (decode kernels and collectives run one after the other). The floor
-is the same at efficiency 1. Efficiencies default to the GPU generation's ``gemm_peak_fraction``,
-``hbm_fraction`` and ``link_fraction`` (``hardware.gpus.json``); ``benchmarks/serving_oracles.py`` fits them per
-generation to published serving runs.
+- **overhead**: a fixed time per forward step (kernel launches or CUDA-graph replay, scheduling, sampling) plus
+  one per decoder layer per step, constants of the GPU generation (``hardware/serving.json``); it dominates
+  batch-1 decode of small models.
+
+The compute and memory bounds are taken per kernel class, because the kernels of a step run one after the other:
+the GEMMs (linear FLOPs against the weights they stream) and the attention cores (score and value FLOPs, at the
+bf16 peak unless the cache is fp8 on a GPU that runs fp8, against the cache they stream). An MLA decode at a
+large batch is compute-bound in attention (the absorbed form shares the latent across heads) while its MoE
+GEMMs are memory-bound; one max over the whole step would overlap the two.
+
+step = max(gemm compute, weight bytes) + max(attention compute, cache bytes) + communication + overhead.
+The floor is the same at efficiency 1 and without overhead. The compute and memory efficiencies and the two
+overheads are per GPU generation, fitted by ``benchmarks/serving_calibrate.py`` to published serving runs and
+stored in ``hardware/serving.json``; the link efficiency is the generation's ``link_fraction`` (``gpus.json``).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from importlib import resources
 
 from trainmath.errors import TrainmathError
 from trainmath.hardware import GPU, presets
@@ -42,18 +55,36 @@ ACT_BYTES = 2
 """Hidden states on the wire and in activations: bf16."""
 
 
+@lru_cache(maxsize=1)
+def serving_data() -> dict:
+    """``hardware/serving.json``: per-generation serving constants and per-preset native formats."""
+    return json.loads(resources.files("trainmath.hardware").joinpath("serving.json").read_text(encoding="utf-8"))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Efficiency:
-    """Achieved fractions of peak the prediction uses (1 everywhere: the physical floor)."""
+    """Achieved fractions of peak and fixed overheads the prediction uses (1 and 0: the physical floor)."""
 
     compute: float
     memory: float
     link: float
+    step_s: float = 0.0
+    """Fixed time of every forward step (launches, scheduler, sampling)."""
+    layer_s: float = 0.0
+    """Fixed time per decoder layer per step."""
 
     @classmethod
     def of(cls, gpu: GPU) -> Efficiency:
         e = presets().efficiency(gpu)
-        return cls(compute=e.gemm_peak_fraction, memory=e.hbm_fraction, link=e.link_fraction)
+        g = serving_data()["generations"].get(gpu.generation)
+        if g is None:
+            return cls(compute=e.gemm_peak_fraction, memory=e.hbm_fraction, link=e.link_fraction)
+        return cls(compute=g["prefill_compute_fraction"], memory=g["decode_memory_fraction"], link=e.link_fraction,
+                   step_s=g["step_overhead_s"], layer_s=g["layer_overhead_s"])
+
+    def overhead_s(self, layers: int) -> float:
+        """Fixed time of one forward step of a model of ``layers`` decoder layers: step_s + layers · layer_s."""
+        return self.step_s + layers * self.layer_s
 
 
 FLOOR = Efficiency(compute=1.0, memory=1.0, link=1.0)
@@ -80,22 +111,36 @@ class Step:
     cache_bytes: float
     comm_bytes: float
     compute_s: float
+    """GEMM and attention compute together."""
     memory_s: float
+    """Weight and cache streaming together."""
     comm_s: float
+    overhead_s: float = 0.0
+    """Fixed per-step and per-layer time (``Efficiency.overhead_s``)."""
+    attention_compute_s: float = 0.0
+    """The attention cores' share of ``compute_s``."""
+    cache_memory_s: float = 0.0
+    """The cache's share of ``memory_s``."""
 
     @property
     def time_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.comm_s
+        gemm = max(self.compute_s - self.attention_compute_s, self.memory_s - self.cache_memory_s)
+        return gemm + max(self.attention_compute_s, self.cache_memory_s) + self.comm_s + self.overhead_s
 
     @property
     def bound(self) -> str:
+        if self.overhead_s > max(self.compute_s, self.memory_s, self.comm_s):
+            return "overhead"
         if self.comm_s > max(self.compute_s, self.memory_s):
             return "communication"
         return "compute" if self.compute_s >= self.memory_s else "memory"
 
     def to_dict(self) -> dict:
         return {"time_s": self.time_s, "bound": self.bound, "compute_s": self.compute_s, "memory_s": self.memory_s,
-                "communication_s": self.comm_s, "flops_per_rank": self.flops, "bytes_per_rank": self.bytes,
+                "communication_s": self.comm_s, "overhead_s": self.overhead_s,
+                "attention_compute_s": self.attention_compute_s, "cache_memory_s": self.cache_memory_s,
+                "flops_per_rank": self.flops,
+                "bytes_per_rank": self.bytes,
                 "weight_bytes_per_rank": self.weight_bytes, "cache_bytes_per_rank": self.cache_bytes,
                 "comm_bytes_per_rank": self.comm_bytes}
 
@@ -116,6 +161,15 @@ def new_token_flops(spec: ModelSpec, part: Part) -> int:
     before = _forward(spec, part.c)[0] if part.c else 0
     extra = absorbed_extra(spec, part.c + 1) if part.t == 1 else 0
     return part.n * (total - before - head * (part.t - 1) + extra)
+
+
+def attention_flops(spec: ModelSpec, part: Part) -> int:
+    """The attention cores' share of ``new_token_flops``: the total less the linear FLOPs, which do not depend on
+    the context: n · [t · (L − head) + head], L = 2·F(c=0) − F(c=1) the linear FLOPs of one token (F(c) a decode
+    token's FLOPs after c cached ones: its attention grows by one pair per cached token)."""
+    one = 2 * new_token_flops(spec, Part(n=1, t=1, c=0)) - new_token_flops(spec, Part(n=1, t=1, c=1))
+    head = _forward(spec, 1)[1]
+    return max(new_token_flops(spec, part) - part.n * (part.t * (one - head) + head), 0)
 
 
 @lru_cache(maxsize=256)
@@ -173,11 +227,23 @@ def _cache(spec: ModelSpec, setup: InferenceSetup, n: int, c: int) -> int:
     return cache_tree(spec, batch=n, context=c, fmt=setup.cache, tp=setup.tp).value
 
 
+def native_formats(gpu: GPU) -> tuple[tuple[str, ...], float | None]:
+    """(GEMM formats ``gpu``'s tensor cores run natively, its dense fp4 peak or None): ``hardware/serving.json``,
+    else bf16 and, where the preset has an fp8 peak, fp8."""
+    n = serving_data()["native_formats"].get(gpu.name)
+    if n is None:
+        return ("bf16", "fp16") + (("fp8",) if gpu.fp8_flops_per_s else ()), None
+    return tuple(n["formats"]), n["fp4_flops_per_s"]
+
+
 def compute_peak(gpu: GPU, weights_dtype: str) -> tuple[float, str]:
     """Dense peak of the GEMMs for ``weights_dtype`` on ``gpu`` and the kernel format that runs them."""
-    if weights_dtype == "fp8" and gpu.fp8_flops_per_s:
+    native, fp4_peak = native_formats(gpu)
+    if weights_dtype == "fp8" and gpu.fp8_flops_per_s and "fp8" in native:
         return float(gpu.fp8_flops_per_s), "fp8 (W8A8)"
-    if weights_dtype in ("int4", "mxfp4"):
+    if weights_dtype in ("nvfp4", "mxfp4") and weights_dtype in native and fp4_peak:
+        return float(fp4_peak), f"fp4 ({weights_dtype} W4A4, native)"
+    if weights_dtype in ("int4", "mxfp4", "nvfp4"):
         return float(gpu.bf16_flops_per_s), f"bf16 ({weights_dtype} dequantised in a W4A16 kernel)"
     return float(gpu.bf16_flops_per_s), "bf16"
 
@@ -194,7 +260,9 @@ def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ..
     ranks, replicas = setup.ranks, setup.replicas
     tokens = sum(p.n * p.t for p in parts)
     flops = sum(new_token_flops(spec, p) for p in parts) / ranks
+    attn = sum(attention_flops(spec, p) for p in parts) / ranks
     peak, _ = compute_peak(gpu, setup.weights.dtype)
+    attn_peak = compute_peak(gpu, "fp8" if setup.cache.kv_dtype == "fp8" else "bf16")[0]
     dense, expert_bytes = _weights(spec, setup)
     experts, k, moe_layers = _moe(spec)
     weight_bytes = dense + expert_bytes * touched_fraction(experts, k, tokens)
@@ -215,8 +283,10 @@ def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ..
                                     + (setup.ep - 1) * gpu.intra_node_latency_s)
     total = weight_bytes + cache_bytes
     return Step(flops=flops, bytes=total, weight_bytes=weight_bytes, cache_bytes=cache_bytes, comm_bytes=comm_bytes,
-                compute_s=flops / (peak * eff.compute), memory_s=total / (gpu.hbm_bytes_per_s * eff.memory),
-                comm_s=comm_s)
+                compute_s=((flops - attn) / peak + attn / attn_peak) / eff.compute,
+                memory_s=total / (gpu.hbm_bytes_per_s * eff.memory), comm_s=comm_s,
+                overhead_s=eff.overhead_s(spec.num_layers), attention_compute_s=attn / (attn_peak * eff.compute),
+                cache_memory_s=cache_bytes / (gpu.hbm_bytes_per_s * eff.memory))
 
 
 def decode_samples(start: int, steps: int, most: int = 17) -> list[int]:
