@@ -267,7 +267,7 @@ def ffn_backward_transient(*, tokens: int, hidden: int, intermediate: int, gated
 
 def eager_experts_backward_transient(*, first_bytes: int, down_bytes: int, granularity: int) -> int:
     """Bytes the eager expert loop's backward holds at its peak for its weight gradients (derived from the loop,
-    measured with MemTracker: ``docs/benchmarks.md``, issue 9 eagersim). Each routed weight is one stacked
+    measured with MemTracker: ``docs/benchmarks.md``, the eager-loop MoE section). Each routed weight is one stacked
     Parameter read per expert as ``W[e]``, so each expert's weight gradient is ``select_backward``'s full-size
     zeros with one slice written, summed with the others in autograd's input buffer out of place: while the loop's
     backward runs, one full-size buffer per routed weight (gate_up: ``first_bytes``, down: ``down_bytes``, in the
