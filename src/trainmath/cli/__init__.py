@@ -23,8 +23,8 @@ COMMANDS = {
                      "(needs matplotlib)"),
     "flops": ("flops", "training FLOPs per GEMM: forward, backward, recompute; per token, sequence and step"),
     "memory": ("memory", "training memory per GPU: weights, grads, optimizer states, activations, transients"),
-    "infer": ("infer", "inference memory: weights (bf16/fp8/int8/int4/mxfp4/nvfp4), KV cache after a prefill, and what "
-                       "fits a GPU"),
+    "infer": ("infer", "inference memory and speed: weights (bf16/fp8/int8/int4/mxfp4/nvfp4), KV cache, what fits a "
+                       "GPU, TTFT and TPOT"),
     "infer-plan": ("infer_plan", "serving SLO sizing: TP x EP x replicas x concurrency meeting TTFT and TPOT at a "
                                  "request rate"),
     "check-checkpoint": ("check_checkpoint", "compare a safetensors checkpoint with the ledger, tensor by tensor "

@@ -20,7 +20,8 @@ from trainmath.cli.infer_speed import add_speed_arguments, run_speed, speed_requ
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "infer",
-        help="inference memory: weights (bf16/fp8/int8/int4/mxfp4/nvfp4), KV cache after a prefill, what fits a GPU",
+        help="inference memory and speed: weights (bf16/fp8/int8/int4/mxfp4/nvfp4), KV cache, what fits a GPU, TTFT "
+             "and TPOT",
         description="Memory to serve a model, per GPU: weights in a serving format (by default the one the "
                     "checkpoint ships in, from its quantization_config), the cache after a prefill of CONTEXT "
                     "tokens for BATCH sequences (K/V, MLA latent, sliding windows, linear-attention and Mamba "
