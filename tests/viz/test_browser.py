@@ -4,11 +4,10 @@ change the batch, read the new peak, compare it with `trainmath memory --json`."
 
 import json
 import os
-import threading
 
 import pytest
 
-from headless import CHROMIUM, Browser
+from headless import CHROMIUM
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"needs {CHROMIUM} (Debian package chromium)", allow_module_level=True)
@@ -16,26 +15,6 @@ if not os.path.exists(CHROMIUM):
 from PIL import Image  # noqa: E402  (pillow comes with matplotlib in the test extra)
 
 from trainmath.cli import main  # noqa: E402
-from trainmath.serve.app import make_server  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    # the profile lives under pytest's temporary folder: nothing is left in $TMPDIR even if this process is killed
-    b = Browser(profile=tmp_path_factory.mktemp("chromium-profile"))
-    try:
-        yield b
-    finally:
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def url():
-    server = make_server("127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
 
 
 def _peak(browser) -> int:

@@ -3,35 +3,15 @@ ones `trainmath infer --input --output --json` prints for the same setup."""
 
 import json
 import os
-import threading
 
 import pytest
 
-from headless import CHROMIUM, Browser
+from headless import CHROMIUM
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"needs {CHROMIUM} (Debian package chromium)", allow_module_level=True)
 
 from trainmath.cli import main  # noqa: E402
-from trainmath.serve.app import make_server  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    b = Browser(profile=tmp_path_factory.mktemp("chromium-profile"))
-    try:
-        yield b
-    finally:
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def url():
-    server = make_server("127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
 
 
 def _cli(capsys, model, batch, context, output):
