@@ -142,14 +142,16 @@ def _first_meeting(counts: list[int], meets) -> int | None:
         i = len(counts) - 1
         if miss == i or not meets(counts[i]):
             return None
-    lo, hi = miss, i  # lo misses (or is before the start), hi meets
+    return counts[_first_true(miss, i, lambda j: meets(counts[j]))]  # miss misses (or is before the start)
+
+
+def _first_true(lo: int, hi: int, test) -> int:
+    """Bisection: the first index in (lo, hi] where ``test`` holds, given it fails at lo and holds at hi (hi is
+    never evaluated, so it may stand one past the end)."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if meets(counts[mid]):
-            hi = mid
-        else:
-            lo = mid
-    return counts[hi]
+        lo, hi = (lo, mid) if test(mid) else (mid, hi)
+    return hi
 
 
 def _last_within(counts: list[int], within, unfit) -> int | None:
@@ -163,14 +165,7 @@ def _last_within(counts: list[int], within, unfit) -> int | None:
     ok, step = i, 1
     while ok + step < len(counts) and within(counts[ok + step]):
         ok, step = ok + step, step * 2
-    lo, hi = ok, min(ok + step, len(counts))
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if within(counts[mid]):
-            lo = mid
-        else:
-            hi = mid
-    return counts[lo]
+    return counts[_first_true(ok, min(ok + step, len(counts)), lambda j: not within(counts[j])) - 1]
 
 
 def check_goal(tokens, deadline_s, budget, price) -> None:
