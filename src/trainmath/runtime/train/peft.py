@@ -79,7 +79,30 @@ def peft_counts(model: torch.nn.Module) -> dict[str, int]:
     (trainable, all — peft counts a 4-bit weight's packed uint8 elements twice) and the adapters' elements."""
     trainable, total = model.get_nb_trainable_parameters()
     adapters = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
-    return {"trainable_params": int(trainable), "total_params": int(total), "adapter_params": int(adapters)}
+    return {"trainable_params": int(trainable), "total_params": int(total), "adapter_params": int(adapters),
+            "quant_state_bytes": quant_state_bytes(model)}
+
+
+def quant_state_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the tensors bitsandbytes keeps beside each packed 4-bit weight (its ``QuantState``: absmax, code
+    table, and with double quantization the nested state's absmax, code table and the offset), each storage
+    once."""
+    seen: dict[int, int] = {}
+
+    def add(t):
+        if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+
+    for p in model.parameters():
+        qs = getattr(p, "quant_state", None)
+        if qs is None:
+            continue
+        for t in (qs.absmax, qs.code, getattr(qs, "offset", None)):
+            add(t)
+        if getattr(qs, "state2", None) is not None:
+            add(qs.state2.absmax)
+            add(qs.state2.code)
+    return sum(seen.values())
 
 
 def frozen_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:

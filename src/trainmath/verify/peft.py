@@ -1,0 +1,114 @@
+"""A LoRA / QLoRA run's prediction and its comparison with what the ranks measured (``trainmath verify --peft``).
+
+The calculator's side is the adapter ledger (``trainmath.adapters``, equal to peft's counts), the optimizer's
+state formulas (``memory.optimizers``), the per-tensor dim-0 sharding of FSDP2 (``memory.states``) and, for QLoRA,
+bitsandbytes' 4-bit storage (``trainmath.qlora``). Pure Python: no torch here.
+
+Fields (tolerance 0: exact integers), every rank:
+
+- ``trainable_params``, ``adapter_params``, ``total_params``: peft's ``get_nb_trainable_parameters()`` on the
+  rank's ``PeftModel`` (and the numel of its ``lora_`` parameters) against ``trainmath params --peft``.
+- ``weights_bytes`` (the adapters), ``gradients_bytes``, ``optimizer_states_bytes``: the adapters only, at
+  ``--lora-dtype``; under FSDP2 each adapter's shard, ``ceil_div(rows, world)`` rows (padded storage), and, as
+  for full training, FSDP2's optimizer states follow the unpadded local shard (exact on rank 0, an upper bound on
+  the others); ZeroRedundancyOptimizer's states summed over ranks equal the unsharded ones.
+- ``collective_bytes all_reduce`` (DDP, and DDP under ZeroRedundancyOptimizer): the adapters' gradient bytes,
+  once a step.
+- ``frozen_weights_bytes``: the base, as full training's weights of the same layout (LoRA), or with every
+  ``nn.Linear`` but the output layer as NF4's packed uint8 (QLoRA); ``quant_state_bytes``: their absmax (uint8,
+  double-quantized), nested absmax, offsets and code tables (``qlora.nf4_storage``).
+
+Not compared yet, printed as measured: the step's peak and FLOPs (the calculator's fine-tune timeline and FLOPs are
+not part of this version).
+"""
+
+from __future__ import annotations
+
+from trainmath.adapters import adapter_report, linear_modules, select
+from trainmath.arith import ceil_div
+from trainmath.memory.optimizers import optimizer_state_bytes
+from trainmath.qlora import nf4_storage
+from trainmath.runtime.train.config import CALCULATOR_OPTIMIZER, TrainConfig
+
+ADAPTER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+MEASURED_ONLY = ("peak_bytes", "training_flops", "attention_core_flops")
+"""What the run measures of a fine-tune and this version does not predict."""
+
+
+def adapter_shapes(spec, cfg: TrainConfig) -> list[tuple[int, int]]:
+    """Every adapter weight's shape, (rows, cols) as torch stores it: lora_A (r, in), lora_B (out, r)."""
+    job = cfg.peft
+    out = []
+    for m in select(spec, job):
+        r = job.rank * m.rank_mult
+        out += [(r, m.in_features), (m.out_features, r)] * m.count
+    return out
+
+
+def sharded(cfg: TrainConfig) -> bool:
+    """FSDP2 (``--strategy zero2|zero3 --impl torch``) shards every parameter on dim 0."""
+    return cfg.zero >= 2
+
+
+def predict_peft(spec, cfg: TrainConfig, world_size: int, full: dict) -> dict:
+    """The calculator's figures for one rank of the fine-tune; ``full`` is ``verify.train.predict`` of the same
+    run as full training (its frozen base is full training's weights)."""
+    from trainmath.params import count_params
+
+    job = cfg.peft
+    report = adapter_report(spec, job, count_params(spec).total_params)
+    elt = ADAPTER_BYTES[job.dtype]
+    shapes = adapter_shapes(spec, cfg)
+    local = [(ceil_div(r, world_size), c) for r, c in shapes] if sharded(cfg) else shapes
+    adapter_bytes = sum(r * c for r, c in local) * elt
+    opt = CALCULATOR_OPTIMIZER[cfg.optimizer]
+    frozen, quant = full["weights_bytes"], 0
+    if job.method == "qlora":  # QLoRA runs on DDP / ZeroRedundancyOptimizer only: nothing sharded
+        wbytes = 2 if cfg.precision == "bf16" else 4
+        for m in linear_modules(spec).values():
+            n = m.in_features * m.out_features
+            parts = nf4_storage(n)
+            frozen += (parts["packed"] - n * wbytes) * m.count
+            quant += (parts["total"] - parts["packed"]) * m.count
+    return {"trainable_params": report.trainable_params, "adapter_params": report.adapter_params,
+            "total_params": report.total_params, "weights_bytes": adapter_bytes, "gradients_bytes": adapter_bytes,
+            "optimizer_states_bytes": optimizer_state_bytes(opt, local, state_bytes=elt, device_only=True),
+            "optimizer_states_bytes_unsharded": optimizer_state_bytes(opt, shapes, state_bytes=elt,
+                                                                      device_only=True),
+            "frozen_weights_bytes": frozen, "quant_state_bytes": quant, "conventions": list(full["conventions"]),
+            # DDP's buckets (also under ZeroRedundancyOptimizer) all-reduce the adapters' gradients once a step
+            "collective_bytes": {"all_reduce": adapter_bytes} if cfg.zero < 2 else None}
+
+
+def compare_peft(predicted: dict, measured: dict[int, dict], cfg: TrainConfig) -> list:
+    """Fields of every rank against the prediction (``verify.train.Field``)."""
+    from trainmath.verify.train import Field
+
+    fields = []
+    ranks = sorted(measured)
+    names = ["trainable_params", "adapter_params", "total_params", "weights_bytes", "gradients_bytes",
+             "optimizer_states_bytes", "frozen_weights_bytes"]
+    if cfg.peft.method == "qlora":
+        names.append("quant_state_bytes")
+    for name in names:
+        if name == "optimizer_states_bytes" and cfg.strategy == "zero1":
+            fields.append(Field(name=f"{name} (sum over ranks)", predicted=predicted[f"{name}_unsharded"],
+                                measured=sum(measured[r].get(name, 0) for r in ranks), tolerance=0.0,
+                                note="ZeroRedundancyOptimizer gives whole parameters to ranks: their states sum to "
+                                     "the unsharded states"))
+            continue
+        for r in ranks:
+            bound = name == "optimizer_states_bytes" and sharded(cfg) and r > 0
+            fields.append(Field(name=f"{name} (rank {r})", predicted=predicted[name],
+                                measured=measured[r].get(name, 0), tolerance=0.0, upper_bound=bound,
+                                note="FSDP2's optimizer states follow the unpadded local shard" if bound else
+                                "peft's get_nb_trainable_parameters()" if name in ("trainable_params", "total_params")
+                                else ""))
+    comm = predicted.get("collective_bytes")
+    for r in ranks if comm else ():
+        got = measured[r].get("collective_bytes", {})
+        for op in sorted(set(comm) | set(got)):
+            fields.append(Field(name=f"collective_bytes {op} (rank {r})", predicted=comm.get(op, 0),
+                                measured=got.get(op, 0), tolerance=0.0,
+                                note="DDP's gradient buckets: the adapters' gradients only"))
+    return fields
