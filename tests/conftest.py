@@ -9,6 +9,7 @@ SLOW_MODULES = {
     "robustness/test_processes.py",
     "train/test_cli.py", "train/test_equivalence.py", "train/test_faults.py", "train/test_measure.py",
     "train/test_resume.py", "train/test_selective_train.py", "train/test_verify_math_attention.py",
+    "train/test_peft_train.py",
     # browsers, wheel builds
     "viz/test_browser.py", "viz/test_headless.py", "test_wheel.py",
     # long simulations: real modeling code at full width on fake tensors, MemTracker steps, TP/FSDP2 on gloo
