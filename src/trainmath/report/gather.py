@@ -38,6 +38,8 @@ class ReportData:
     speed: object = None
     """``infer.speed.FixedBatch`` of the serving setup on ``gpu`` (a prompt of its context, then
     ``serve_output`` tokens), or None without a GPU."""
+    adapters: object = None
+    """``adapters.AdapterReport`` of a fine-tuning job (``--peft lora|qlora``), or None: full training."""
 
     @property
     def fit(self) -> dict | None:
@@ -137,8 +139,9 @@ def planned_setup(setup, top):
 
 
 def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
-           mem_util_percent: int = MEM_UTIL_PERCENT, serve_output: int = 128) -> ReportData:
-    """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
+           mem_util_percent: int = MEM_UTIL_PERCENT, serve_output: int = 128, peft=None) -> ReportData:
+    """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``; with a
+    fine-tuning job (``adapters.PeftJob``), its adapters."""
     from dataclasses import replace
 
     from trainmath.flops import closed_form_flops, count_flops
@@ -153,8 +156,14 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
                     key=lambda s: training_memory(spec, s, layout).peak_bytes)
     memory = training_memory(spec, setup, layout)  # the chosen setup must work: its error is the answer
     serving = serving or InferenceSetup(batch=1, context=setup.seq, tp=layout.tp)
+    params = count_params(spec)
+    adapters = None
+    if peft is not None and peft.enabled:
+        from trainmath.adapters import adapter_report
+
+        adapters = adapter_report(spec, peft, params.total_params)
     return ReportData(
-        spec=spec, params=count_params(spec),
+        spec=spec, params=params, adapters=adapters,
         flops=count_flops(spec, batch=setup.micro_batch, seq=setup.seq, recompute=setup.recompute),
         closed=closed_form_flops(spec, batch=setup.micro_batch, seq=setup.seq),
         memory=memory, variants=memory_variants(spec, setup, layout, "recompute"), gpu=gpu,
@@ -200,6 +209,8 @@ def charts(data: ReportData) -> dict:
 
 def summary(data: ReportData) -> dict:
     """The headline numbers as exact integers (what the web page shows and a test compares with the CLI)."""
+    from trainmath.report.peft import summary as peft_summary
+
     p, m, s = data.params, data.memory, data.serving
     return {
         "model": data.spec.name,
@@ -211,6 +222,7 @@ def summary(data: ReportData) -> dict:
         "kv_cache_bytes": s.kv_cache_bytes, "serving_weights_bytes": s.weights_bytes,
         "serving_total_bytes": s.total_bytes, "kv_bytes_per_token": s.kv_bytes_per_token,
         "serving_fit": s.fit.to_dict() if s.fit is not None else None,
+        "peft": peft_summary(data.adapters),
         "serving_speed": None if data.speed is None else {
             k: v for k, v in data.speed.to_dict().items() if k in (
                 "batch", "input", "output", "ttft_s", "tpot_s", "e2e_s", "output_tokens_per_s",
