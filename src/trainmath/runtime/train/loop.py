@@ -172,9 +172,9 @@ def prepare(cfg: TrainConfig) -> None:
     with torch.device("meta"):
         build_model(conf, seed=cfg.seed, recompute="none")
     if cfg.peft.enabled:
-        import peft  # noqa: F401
-        if cfg.peft.method == "qlora":
-            import bitsandbytes  # noqa: F401
+        from trainmath.runtime.train.peft import import_peft
+
+        import_peft(cfg.peft)
 
 
 def rank_entry(ctx, cfg: TrainConfig, out_fd: int | None, as_json: bool) -> dict:

@@ -24,6 +24,17 @@ from trainmath.errors import TrainmathError
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def import_peft(job: PeftJob) -> None:
+    """Import peft (and bitsandbytes for QLoRA), or say in one line how to install them."""
+    import importlib
+
+    for name in ("peft", "bitsandbytes") if job.method == "qlora" else ("peft",):
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise TrainmathError(f"--peft {job.method} needs {name} ({e}): pip install \"trainmath[peft]\"") from None
+
+
 def lora_config(job: PeftJob):
     """peft's ``LoraConfig`` of ``job`` (the flags of ``trainmath params --peft``)."""
     from peft import LoraConfig
