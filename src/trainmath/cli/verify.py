@@ -53,11 +53,15 @@ def run(args: argparse.Namespace) -> int:
     if cfg.peft.enabled:
         from trainmath.verify.peft import compare_peft, predict_peft
 
-        predicted = predict_peft(spec, cfg, cfg_world, predicted)
+        predicted = predict_peft(spec, cfg, cfg_world, predicted, cuda=args.backend == "nccl")
         fields = compare_peft(predicted, by_rank, cfg)
     else:
         fields = compare(predicted, by_rank, cfg)
-    unpredicted = _measured_only(cfg, by_rank)
+    unpredicted = {}
+    if cfg.peft.enabled:
+        from trainmath.verify.peft import measured_only
+
+        unpredicted = measured_only(predicted, by_rank)
     if min(results) != 0:  # under torchrun only rank 0 prints
         return 0 if all(f.ok for f in fields) else 1
     if json_steps:
@@ -68,18 +72,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(name, cfg, cfg_world, fields, by_rank[0], predicted))
         for key, per_rank in unpredicted.items():
-            print(f"measured, not predicted for a fine-tune yet: {key} "
-                  + ", ".join(f"rank {r} {v:,}" for r, v in per_rank.items()))
+            if isinstance(per_rank, dict):
+                print(f"measured, not predicted for a fine-tune yet: {key} "
+                      + ", ".join(f"rank {r} {v:,}" for r, v in per_rank.items()))
+            else:
+                print(f"  ({key.replace('_', ' ')}: {per_rank})")
     return 0 if all(f.ok for f in fields) else 1
 
 
-def _measured_only(cfg, by_rank: dict) -> dict:
-    """What a fine-tune's run measures and the calculator does not predict yet: {field: {rank: value}}."""
-    if not cfg.peft.enabled:
-        return {}
-    from trainmath.verify.peft import MEASURED_ONLY
-
-    return {k: {r: m[k] for r, m in by_rank.items() if k in m} for k in MEASURED_ONLY}
 
 
 def render(name, cfg, world, fields, rank0: dict, predicted: dict) -> str:

@@ -18,8 +18,9 @@ Fields (tolerance 0: exact integers), every rank:
   ``nn.Linear`` but the output layer as NF4's packed uint8 (QLoRA); ``quant_state_bytes``: their absmax (uint8,
   double-quantized), nested absmax, offsets and code tables (``qlora.nf4_storage``).
 
-Not compared yet, printed as measured: the step's peak and FLOPs (the calculator's fine-tune timeline and FLOPs are
-not part of this version).
+- ``peak_bytes``: where the calculator models the fine-tune's step (``memory.peft``, when present), within the
+  run's peak tolerance (``verify.train.peak_tolerance``); otherwise printed as measured, with the calculator's reason.
+Printed as measured, not compared: the step's FLOPs (the calculator's fine-tune FLOPs are not part of this version).
 """
 
 from __future__ import annotations
@@ -32,7 +33,38 @@ from trainmath.runtime.train.config import CALCULATOR_OPTIMIZER, TrainConfig
 
 ADAPTER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MEASURED_ONLY = ("peak_bytes", "training_flops", "attention_core_flops")
-"""What the run measures of a fine-tune and this version does not predict."""
+"""What the run measures of a fine-tune and may not predict: the peak is compared where the calculator models
+the fine-tune's step (``predicted_peak``)."""
+
+
+def predicted_peak(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> tuple[int | None, str]:
+    """(the calculator's peak of the fine-tune's step, "") where ``memory.peft`` models the run, else (None, why
+    not)."""
+    from dataclasses import replace
+
+    from trainmath.errors import TrainmathError
+    from trainmath.layout import ParallelLayout
+    from trainmath.memory.training import training_memory
+    from trainmath.verify.train import training_setup
+
+    try:
+        from trainmath.memory.peft import PeftRun
+    except ImportError:
+        return None, "this version of the calculator has no fine-tune step timeline"
+    setup = replace(training_setup(cfg, world_size, cuda=cuda), peft=PeftRun(job=cfg.peft))
+    try:
+        return training_memory(spec, setup, ParallelLayout(dp=world_size, zero=cfg.zero)).peak_bytes, ""
+    except TrainmathError as e:
+        return None, str(e)
+
+
+def measured_only(predicted: dict, measured: dict[int, dict]) -> dict:
+    """What the run measured and the prediction lacks: {field: {rank: value}}, with ``why`` the peak is not."""
+    keys = [k for k in MEASURED_ONLY if k != "peak_bytes" or predicted.get("peak_bytes") is None]
+    out = {k: {r: m[k] for r, m in measured.items() if k in m} for k in keys}
+    if "peak_bytes" in out:
+        out["peak_bytes_why_not_predicted"] = predicted.get("peak_note", "")
+    return out
 
 
 def adapter_shapes(spec, cfg: TrainConfig) -> list[tuple[int, int]]:
@@ -50,7 +82,7 @@ def sharded(cfg: TrainConfig) -> bool:
     return cfg.zero >= 2
 
 
-def predict_peft(spec, cfg: TrainConfig, world_size: int, full: dict) -> dict:
+def predict_peft(spec, cfg: TrainConfig, world_size: int, full: dict, *, cuda: bool = False) -> dict:
     """The calculator's figures for one rank of the fine-tune; ``full`` is ``verify.train.predict`` of the same
     run as full training (its frozen base is full training's weights)."""
     from trainmath.params import count_params
@@ -76,6 +108,7 @@ def predict_peft(spec, cfg: TrainConfig, world_size: int, full: dict) -> dict:
             "optimizer_states_bytes_unsharded": optimizer_state_bytes(opt, shapes, state_bytes=elt,
                                                                       device_only=True),
             "frozen_weights_bytes": frozen, "quant_state_bytes": quant, "conventions": list(full["conventions"]),
+            **dict(zip(("peak_bytes", "peak_note"), predicted_peak(spec, cfg, world_size, cuda=cuda))),
             # DDP's buckets (also under ZeroRedundancyOptimizer) all-reduce the adapters' gradients once a step
             "collective_bytes": {"all_reduce": adapter_bytes} if cfg.zero < 2 else None}
 
@@ -111,4 +144,12 @@ def compare_peft(predicted: dict, measured: dict[int, dict], cfg: TrainConfig) -
             fields.append(Field(name=f"collective_bytes {op} (rank {r})", predicted=comm.get(op, 0),
                                 measured=got.get(op, 0), tolerance=0.0,
                                 note="DDP's gradient buckets: the adapters' gradients only"))
+    if predicted.get("peak_bytes") is not None:
+        from trainmath.verify.train import peak_tolerance
+
+        tol, _ = peak_tolerance(cfg)
+        for r in ranks:
+            fields.append(Field(name=f"peak_bytes (rank {r})", predicted=predicted["peak_bytes"],
+                                measured=measured[r]["peak_bytes"], tolerance=tol,
+                                note="MemTracker (CPU)" if not measured[r].get("cuda") else "max_memory_allocated"))
     return fields
