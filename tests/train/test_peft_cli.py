@@ -34,3 +34,24 @@ def test_routed_experts_are_refused_by_the_runtime(capfd):
     assert main([*args, "--peft", "lora", "--lora-targets", "w1,w3"]) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "experts.gate_up_proj" in err[0] and "Linear modules only" in err[0]
+
+
+def test_peak_is_printed_as_measured_where_the_calculator_has_no_fine_tune_step(monkeypatch):
+    """Without ``trainmath.memory.peft`` (or where it refuses the run) the peak is not a field: it is listed as
+    measured, with the reason."""
+    import sys
+
+    from tests.train.runs import config
+    from trainmath.adapters import PeftJob
+    from trainmath.runtime.train.model import model_spec, shrunk_config
+    from trainmath.verify.peft import measured_only, predicted_peak
+
+    monkeypatch.setitem(sys.modules, "trainmath.memory.peft", None)  # import fails, as before it exists
+    cfg = config(peft=PeftJob(method="lora", rank=4))
+    spec = model_spec(*shrunk_config(cfg.model, cfg.overrides))
+    peak, why = predicted_peak(spec, cfg, 2)
+    assert peak is None and "no fine-tune step timeline" in why
+    got = measured_only({"peak_bytes": None, "peak_note": why}, {0: {"peak_bytes": 7, "training_flops": 9}})
+    assert got["peak_bytes"] == {0: 7} and got["training_flops"] == {0: 9}
+    assert got["peak_bytes_why_not_predicted"] == why
+    assert "peak_bytes" not in measured_only({"peak_bytes": 5}, {0: {"peak_bytes": 7}})
