@@ -14,7 +14,7 @@ from trainmath.cli.args import (
     integer,
     positions_warning,
 )
-from trainmath.cli.infer_speed import add_speed_arguments, run_speed, speed_requested
+from trainmath.cli.infer_speed import add_speed_arguments, kv_heads_of, run_speed, speed_requested
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         weights=weights,
         cache=CacheFormat(
             kv_dtype=dtype_name(args.kv_dtype, KV_DTYPES, "kv dtype"), mla_cache=args.mla_cache,
-            sliding_tokens=args.sliding_tokens, conv_tokens=args.conv_tokens,
+            sliding_tokens=args.sliding_tokens, conv_tokens=args.conv_tokens, kv_heads=kv_heads_of(args),
             state_dtype=dtype_name(args.state_dtype, floats, "state dtype"),
             conv_dtype=dtype_name(args.conv_dtype, floats, "conv dtype")),
     )
