@@ -68,3 +68,20 @@ def test_unknown_engine_is_one_line(capsys):
     assert main(["infer", FALCON, "--batch", "1", "--context", "10", "--engine", "sglang"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("trainmath: error:") and "invalid choice: 'sglang'" in err[0]
+
+
+def test_infer_plan_prices_the_cache_as_vllm_stores_it(capsys):
+    """infer-plan sizes for vLLM (default kv-heads): Falcon-180B on 4 H200 holds 29x more requests than under the
+    model code's 232 cached heads, so the 4-GPU instance is bound by the TPOT SLO, not by the KV cache."""
+    def first(*extra):
+        argv = ["infer-plan", FALCON, "--gpu", "h200", "--qps", "2", "--input", "1000", "--output", "200",
+                "--ttft-slo", "2", "--tpot-slo", "0.1", "--top", "1", "--json", *extra]
+        assert main(argv) == 0
+        out = json.loads(capsys.readouterr().out)
+        return out["kv_heads"], out["deployments"][0]
+
+    heads, engine = first()
+    assert heads == "kv-heads" and engine["gpus"] == 4 and engine["binding"] == "TPOT SLO"
+    heads, code = first("--kv-heads", "model-code")
+    assert heads == "model-code" and code["gpus"] == 4 and code["binding"] == "KV cache"
+    assert engine["concurrency_per_instance"] > 2 * code["concurrency_per_instance"]

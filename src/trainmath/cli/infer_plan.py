@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"model": spec.name, "gpu": gpu.name, "qps": args.qps, "input": args.input,
                           "output": args.output, "ttft_slo_s": args.ttft_slo, "tpot_slo_s": args.tpot_slo,
+                          "kv_heads": args.kv_heads,
                           "deployments": [d.to_dict(price, args.qps) for d in found],
                           "closest": closest.to_dict(price, args.qps) if closest else None,
                           "warnings": [warning] if warning else []}, indent=1))
