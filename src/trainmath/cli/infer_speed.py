@@ -38,10 +38,6 @@ def add_speed_arguments(p: argparse.ArgumentParser) -> None:
                         "(K/V heads as the config names them, and the KV capacity as vLLM computes it: "
                         "gpu_memory_utilization 0.9, 16-token blocks) or trtllm (K/V heads as the config names them; "
                         "no capacity model)")
-    s.add_argument("--kv-heads", choices=("model-code", "kv-heads"), default=None,
-                   help="heads the K/V cache stores: model-code (as the model's transformers code caches them) or "
-                        "kv-heads (the config's K/V heads, as TensorRT-LLM and vLLM allocate it); default: model-code, "
-                        "kv-heads with --engine vllm or trtllm. They differ for Falcon's new decoder architecture")
     s.add_argument("--gpu-memory-utilization", type=number(0, 1, exclusive_minimum=True), default=0.9,
                    help="--engine vllm: vLLM's gpu_memory_utilization (default 0.9, vLLM's default)")
     s.add_argument("--device", choices=("cpu",), default=None,
