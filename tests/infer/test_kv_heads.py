@@ -64,10 +64,18 @@ def test_memory_mode_follows_the_convention(capsys):
     assert kv("--kv-heads", "kv-heads") == 2 * 2 * 1000 * 64 * 2 * 80
 
 
-def test_unknown_engine_is_one_line(capsys):
-    assert main(["infer", FALCON, "--batch", "1", "--context", "10", "--engine", "sglang"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("trainmath: error:") and "invalid choice: 'sglang'" in err[0]
+@pytest.mark.parametrize(("argv", "bad"), [
+    (["infer", FALCON, "--batch", "1", "--context", "10", "--engine", "sglang"], "sglang"),
+    (["infer", FALCON, "--batch", "1", "--context", "10", "--kv-heads", "query-heads"], "query-heads"),
+    (["infer-plan", FALCON, "--gpu", "h200", "--qps", "1", "--input", "10", "--output", "10", "--ttft-slo", "1",
+      "--tpot-slo", "1", "--kv-heads", "both"], "both"),
+])
+def test_unknown_convention_is_one_line(capsys, argv, bad):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert not out and len(lines) == 1 and lines[0].startswith("trainmath: error:")
+    assert f"invalid choice: '{bad}'" in lines[0]
 
 
 def test_infer_plan_prices_the_cache_as_vllm_stores_it(capsys):
