@@ -202,3 +202,14 @@ def test_bad_host_memory_is_one_line(capsys, value):
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     assert captured.err.startswith("trainmath: error:") and captured.err.count("\n") == 1
+
+
+def test_readme_answer(capsys, llama):
+    """The README's "full fine-tune of 8B with optimizer offload" on one GPU: 18 bytes per parameter (16 + the
+    bf16 copy) and the embedding's bf16 staging buffer."""
+    main(["memory", LLAMA, "--micro-batch", "1", "--seq", "4096", "--zero", "2", "--offload", "optimizer",
+          "--recompute", "full", "--gpu", "h100", "--host-memory", "256GB", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    total = count_params(llama).total_params
+    assert d["host_bytes"] == 18 * total + 2 * 128256 * 4096 == 145_595_375_616
+    assert d["host_ranks_per_node"] == 1 and d["host_fits"] and d["fits"]

@@ -339,7 +339,7 @@ def render_host(host) -> str:
     terms = ", ".join(f"{n.name.removesuffix('_bytes')} {human_bytes(n.value)}" for n in host.per_rank.children
                       if n.value)
     return (f"host RAM per node: {host.host_bytes:,} bytes ({human_bytes(host.host_bytes)}) = {host.ranks_per_node} "
-            f"ranks x {human_bytes(host.per_rank.value)} ({terms})\n"
+            f"rank{'s' if host.ranks_per_node > 1 else ''} x {human_bytes(host.per_rank.value)} ({terms})\n"
             + "\n".join(f"  {c}" for c in host.conventions))
 
 
