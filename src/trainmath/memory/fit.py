@@ -2,7 +2,9 @@
 
 The verdict is the one fit rule of every command (``trainmath.usable``): ``peak_bytes`` (the largest event of the
 step's timeline, 512-byte blocks) plus the stated CUDA context must stay under ``--mem-util`` percent of the
-preset's memory. Preset capacities are the datasheet's "GB" read as GiB (``hardware/gpus.json``'s conventions:
+preset's memory; with offload, the node's host RAM (``memory.host.host_memory``) must also stay within
+``--host-memory``, and a verdict that fails on the host says so. Preset capacities are the datasheet's "GB"
+read as GiB (``hardware/gpus.json``'s conventions:
 "80GB" = 80 · 2**30 bytes); the margin is exact bytes, rendered in GiB.
 
 Levers are not guessed: each is the same model re-run with one change to the setup or layout, and its peak is
