@@ -12,7 +12,8 @@ ZeRO-1/2 (``DeepSpeedZeroOptimizer``):
 - ``param_buffer_of_bit16_for_cpu_offload_groups``: a w·S copy of the updated partition for the H2D copy, pinned;
 - ``temp_grad_buffer_for_cpu_offload``: w · the largest parameter's numel, pinned (the gradient staging buffer);
 - ``accumulated_grads_in_cpu`` (gradient accumulation only: more than one micro-batch per step): each
-  parameter's gradient in the model dtype, w·S, pinned;
+  parameter's gradient in the model dtype, pinned: w·S (a parameter straddling the partition's edge is
+  allocated whole there; counted by its share here);
 - the optimizer states: DeepSpeedCPUAdam's ``exp_avg`` and ``exp_avg_sq`` (``deepspeed/ops/adam/cpu_adam.py``,
   ``torch.zeros_like`` of the fp32 partition), 8·S.
 
