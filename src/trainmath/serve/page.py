@@ -104,6 +104,8 @@ def _control(action) -> str:
     if action.choices:
         opts = "".join(f'<option{" selected" if c == action.default else ""}>{escape(str(c))}</option>'
                        for c in action.choices)
+        if action.default is None:  # a flag left out (--peft, --lora-dtype): the field sends nothing
+            opts = '<option value="" selected>default</option>' + opts
         return f'<label title="{help_}">{name}<select name="{name}">{opts}</select></label>'
     if name == "gpu":
         from trainmath.hardware import all_gpus
