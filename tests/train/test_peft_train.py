@@ -81,3 +81,22 @@ def test_resume_refuses_another_job(tmp_path):
     run(2, peft=LORA, checkpoint_dir=d, stop_after=2)
     with pytest.raises(TrainmathError, match="fine-tuning job"):
         run(2, peft=ALL, checkpoint_dir=d, resume=True)
+
+
+FAMILIES = [
+    # GPT-2: fused c_attn and the MLP are Conv1D modules, which peft wraps as Linear ones (all-linear)
+    ("ddp", {"model": "openai-community/gpt2", "overrides": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 67}},
+     ALL),
+    # Mixtral: attention adapters beside frozen routed experts, under FSDP2
+    ("zero3", {"model": "mistralai/Mixtral-8x7B-v0.1", "overrides": {"layers": 2, "hidden": 32, "intermediate": 16,
+                                                                    "heads": 4, "kv_heads": 2, "vocab": 67,
+                                                                    "experts": 4}, "steps": 2},
+     PeftJob(method="lora", rank=4, targets=("q_proj", "k_proj", "v_proj", "o_proj"))),
+]
+
+
+@pytest.mark.parametrize("strategy,model,job", FAMILIES, ids=["gpt2-conv1d", "mixtral-attention"])
+def test_other_families_verify_exactly(strategy, model, job):
+    results = run(2, strategy=strategy, peft=job, measure=True, **model)
+    fields, _ = _fields(results, strategy=strategy, peft=job, **model)
+    assert fields and not [(f.name, f.predicted, f.measured) for f in fields if not f.ok]
