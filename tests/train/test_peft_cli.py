@@ -36,22 +36,26 @@ def test_routed_experts_are_refused_by_the_runtime(capfd):
     assert len(err) == 1 and "experts.gate_up_proj" in err[0] and "Linear modules only" in err[0]
 
 
-def test_peak_is_printed_as_measured_where_the_calculator_has_no_fine_tune_step(monkeypatch):
-    """Without ``trainmath.memory.peft`` (or where it refuses the run) the peak is not a field: it is listed as
-    measured, with the reason."""
+def test_peak_and_flops_are_printed_as_measured_where_the_calculator_has_no_fine_tune_step(monkeypatch):
+    """Without ``trainmath.memory.peft`` / ``flops.peft`` (or where they refuse the run) the peak and FLOPs are not
+    fields: they are listed as measured, with the reason."""
     import sys
 
     from tests.train.runs import config
     from trainmath.adapters import PeftJob
     from trainmath.runtime.train.model import model_spec, shrunk_config
-    from trainmath.verify.peft import measured_only, predicted_peak
+    from trainmath.verify.peft import measured_only, predicted_flops, predicted_peak
 
     monkeypatch.setitem(sys.modules, "trainmath.memory.peft", None)  # import fails, as before it exists
+    monkeypatch.setitem(sys.modules, "trainmath.flops.peft", None)
     cfg = config(peft=PeftJob(method="lora", rank=4))
     spec = model_spec(*shrunk_config(cfg.model, cfg.overrides))
     peak, why = predicted_peak(spec, cfg, 2)
     assert peak is None and "no fine-tune step timeline" in why
+    flops, why_flops = predicted_flops(spec, cfg, 2)
+    assert flops is None and "no fine-tune FLOPs" in why_flops
     got = measured_only({"peak_bytes": None, "peak_note": why}, {0: {"peak_bytes": 7, "training_flops": 9}})
     assert got["peak_bytes"] == {0: 7} and got["training_flops"] == {0: 9}
     assert got["peak_bytes_why_not_predicted"] == why
     assert "peak_bytes" not in measured_only({"peak_bytes": 5}, {0: {"peak_bytes": 7}})
+    assert "training_flops" not in measured_only({"flops": {"gemm_flops": 1}}, {0: {"training_flops": 9}})

@@ -20,7 +20,9 @@ Fields (tolerance 0: exact integers), every rank:
 
 - ``peak_bytes``: where the calculator models the fine-tune's step (``memory.peft``, when present), within the
   run's peak tolerance (``verify.train.peak_tolerance``); otherwise printed as measured, with the calculator's reason.
-Printed as measured, not compared: the step's FLOPs (the calculator's fine-tune FLOPs are not part of this version).
+- ``gemm_flops`` (exact) and ``attention_core_flops`` (``verify.train.ATTENTION_TOLERANCE``): where the calculator
+  counts the fine-tune's FLOPs (``flops.peft``, when present) and the run does not recompute; otherwise printed as
+  measured, with the reason.
 """
 
 from __future__ import annotations
@@ -58,12 +60,39 @@ def predicted_peak(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = Fals
         return None, str(e)
 
 
+def predicted_flops(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> tuple[dict | None, str]:
+    """({gemm_flops, attention_core_flops} of one rank's step, "") where ``flops.peft`` counts the run, else
+    (None, why not). As for full training, SDPA's math fallback runs the attention core as GEMMs."""
+    from trainmath.errors import TrainmathError
+    from trainmath.verify.train import _sdpa_math
+
+    try:
+        from trainmath.flops.peft import peft_flops
+    except ImportError:
+        return None, "this version of the calculator has no fine-tune FLOPs"
+    if cfg.recompute != "none":  # flops.peft counts Megatron's whole-layer recompute; torch's checkpoint stops early
+        return None, f"--recompute {cfg.recompute}: the calculator's fine-tune recompute is Megatron's whole layer"
+    batch = cfg.micro_batch_for(world_size)
+    try:
+        f = peft_flops(spec, cfg.peft, batch=batch * cfg.grad_accum, seq=cfg.seq).report
+    except TrainmathError as e:
+        return None, str(e)
+    core = sum(part.flat().get("attention_core", 0) for part in (f.forward, f.backward, f.recomputed))
+    gemm = f.training_flops - core
+    if _sdpa_math(spec, batch, cfg.seq, cuda):
+        gemm, core = gemm + core, 0
+    return {"gemm_flops": gemm, "attention_core_flops": core}, ""
+
+
 def measured_only(predicted: dict, measured: dict[int, dict]) -> dict:
-    """What the run measured and the prediction lacks: {field: {rank: value}}, with ``why`` the peak is not."""
-    keys = [k for k in MEASURED_ONLY if k != "peak_bytes" or predicted.get("peak_bytes") is None]
+    """What the run measured and the prediction lacks: {field: {rank: value}}, with why not."""
+    keys = [k for k in MEASURED_ONLY if not (k == "peak_bytes" and predicted.get("peak_bytes") is not None)
+            and not (k != "peak_bytes" and predicted.get("flops") is not None)]
     out = {k: {r: m[k] for r, m in measured.items() if k in m} for k in keys}
     if "peak_bytes" in out:
         out["peak_bytes_why_not_predicted"] = predicted.get("peak_note", "")
+    if "training_flops" in out:
+        out["flops_why_not_predicted"] = predicted.get("flops_note", "")
     return out
 
 
@@ -109,6 +138,7 @@ def predict_peft(spec, cfg: TrainConfig, world_size: int, full: dict, *, cuda: b
                                                                       device_only=True),
             "frozen_weights_bytes": frozen, "quant_state_bytes": quant, "conventions": list(full["conventions"]),
             **dict(zip(("peak_bytes", "peak_note"), predicted_peak(spec, cfg, world_size, cuda=cuda))),
+            **dict(zip(("flops", "flops_note"), predicted_flops(spec, cfg, world_size, cuda=cuda))),
             # DDP's buckets (also under ZeroRedundancyOptimizer) all-reduce the adapters' gradients once a step
             "collective_bytes": {"all_reduce": adapter_bytes} if cfg.zero < 2 else None}
 
@@ -144,6 +174,17 @@ def compare_peft(predicted: dict, measured: dict[int, dict], cfg: TrainConfig) -
             fields.append(Field(name=f"collective_bytes {op} (rank {r})", predicted=comm.get(op, 0),
                                 measured=got.get(op, 0), tolerance=0.0,
                                 note="DDP's gradient buckets: the adapters' gradients only"))
+    flops = predicted.get("flops")
+    for r in ranks if flops else ():
+        from trainmath.verify.train import ATTENTION_TOLERANCE
+
+        m = measured[r]
+        fields.append(Field(name=f"gemm_flops (rank {r})", predicted=flops["gemm_flops"],
+                            measured=m["training_flops"] - m["attention_core_flops"], tolerance=0.0,
+                            note="every matmul but the attention core, FlopCounterMode"))
+        fields.append(Field(name=f"attention_core_flops (rank {r})", predicted=flops["attention_core_flops"],
+                            measured=m["attention_core_flops"], tolerance=ATTENTION_TOLERANCE,
+                            note="SDPA's backward as torch's formula counts it, against the operands' gradients"))
     if predicted.get("peak_bytes") is not None:
         from trainmath.verify.train import peak_tolerance
 
