@@ -226,7 +226,7 @@ def page(d: ReportData) -> str:
             f"trainmath {__version__} · the figures of Jiang Yi's blog series on distributed training, exact</p>"
             f'<div class="cards">{cards}</div>'
             f'<section id="shares"><h2>Where the parameters live</h2>{svgs["params"]}</section>'
-            + params_section(d) + peft_section(d.adapters) + flops_section(d)
+            + params_section(d) + peft_section(d.adapters, d.peft_note) + flops_section(d)
             + memory_section(d, svgs["memory"], svgs["timeline"])
             + layout_section(d) + serving_section(d, svgs["serving"])
             + f'<section id="conventions"><h2>Conventions</h2><ul class="conv">{conv}</ul></section>'
