@@ -60,3 +60,18 @@ def test_bad_value_is_the_cli_line(change, needle, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0] == out["error"]
     assert not (tmp_path / "r.html").exists()
+
+
+def test_page_memory_is_what_its_note_says(capsys):
+    """The fine-tune's peak (``memory --peft``) where the calculator models the step, else full training's."""
+    from trainmath.report.peft import FINE_TUNE_NOTE
+
+    out = calc(FIELDS)
+    assert out["ok"], out.get("error")
+    fine_tune = out["summary"]["peft"]["memory_note"] == FINE_TUNE_NOTE
+    argv = ["memory", FIELDS["model"], "--micro-batch", "1", "--seq", "4096", "--json"]
+    if fine_tune:
+        argv += [x for k, v in PEFT.items() for x in (f"--{k}", v)]
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert out["summary"]["peak_bytes"] == json.loads(capsys.readouterr().out)["peak_bytes"]
