@@ -4,24 +4,24 @@ inference cache (``ops.cache``, ``infer.kv``)."""
 from __future__ import annotations
 
 from trainmath.model.spec import LayerSpec, ModelSpec
-from trainmath.ops import families
 from trainmath.ops.context import Ctx, Family, Precision, Router
 from trainmath.ops.ir import Op, Program
 
 
 def _ctx(spec: ModelSpec, style, *, batch: int, seq: int, experts: str = "eager", gdn_chunk: int = 64,
          mamba_chunk: int | None = None) -> Ctx:
-    config = {**spec.options, "model_type": spec.model_type}
+    defaults = spec.family.config_defaults
     return Ctx(b=batch, s=seq, d=spec.hidden_size, p=Precision(compute=2, param=2),
-               eager=style.attention == "eager", experts=experts, router=Router.from_config(config),
-               family=Family.from_config(config), gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk, shapes_only=True)
+               eager=style.attention == "eager", experts=experts, router=Router.from_config(spec.options, defaults),
+               family=Family.from_config(spec.options, defaults), gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk,
+               shapes_only=True)
 
 
 def head_ops(spec: ModelSpec, *, batch: int, seq: int) -> list[Op]:
     """The final norm, LM head and loss of ``spec`` (``ops.model.head_ops``) for the shape folds."""
     from trainmath.ops.model import head_ops as emit_head  # the head reads the family table's norm column
 
-    style = families.style(families.RUNS_AS.get(spec.model_type, spec.model_type))
+    style = spec.family.shape_family.row
     return emit_head(_ctx(spec, style, batch=batch, seq=seq), spec, style)[0].ops
 
 
@@ -31,7 +31,7 @@ def layer_ops(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, expert
     a bf16 model (dtypes change no FLOPs; the cache's are a serving format), the kernel transformers picks, the
     family switches of the spec's config (``spec.options``), every op emitted even where the config's saved bytes
     are not modelled (``Ctx.shapes_only``)."""
-    emit, style = families.emitter(spec.model_type)
+    emit, style = spec.family.shape_emitter()
     ctx = _ctx(spec, style, batch=batch, seq=seq, experts=experts, gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk)
     prog = Program()
     emit(prog, ctx, layer, style)
