@@ -64,7 +64,8 @@ from trainmath.ops.context import (  # noqa: F401
     Router,
 )
 from trainmath.ops.fold import layer_node, saved_leaves
-from trainmath.ops.ir import Axis, Degrees, Program, Tensor
+from trainmath.ops.ir import Axis, Degrees, Tensor
+from trainmath.ops.program import EmitJob, context, head_program, layer_program
 from trainmath.ops.selective import mask_arguments, selective_layer
 from trainmath.tree import Node, scaled
 from trainmath.vocabulary import RECOMPUTE
@@ -167,8 +168,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     # Style.attention: the kernel transformers picks by default (Gemma-2: eager, as SDPA cannot soft-cap)
-    ctx = Ctx(b=b, s=s, d=d, p=p, eager=profile == "eager" or style.attention == "eager", experts=experts,
-              experts_hit=experts_hit, router=router, family=family, degrees=deg, device=device)
+    job = EmitJob(batch=b, seq=s, precision=p, attention="eager" if profile == "eager" else "sdpa", experts=experts,
+                  experts_hit=experts_hit, router=router, family=family, degrees=deg, device=device)
+    ctx = context(spec, job)
     groups = []
     largest: Node | None = None
     selective_transient: Node | None = None
@@ -176,8 +178,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         mine = [i for i in idx if i in indices]
         if not mine:
             continue
-        prog = Program()
-        spec.family.layer(prog, ctx, layer, style)
+        prog = layer_program(spec, job, layer, ctx)
         if deg.cp > 1 and any(op.kind == "attention" and any(t.name.endswith("mask") for t in op.saved)
                               for op in prog.ops):
             raise TrainmathError(f"--cp {cp} with {spec.name}'s explicit attention mask (layer {layer.label!r}) is "
@@ -305,8 +306,7 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     family = family or Family.from_config(spec.options, spec.family.config_defaults)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     deg = Degrees(tp=tp, sp=sp and tp > 1, cp=cp, vocab_parallel=vocab_parallel and tp > 1)
-    ctx = Ctx(b=micro_batch, s=seq, d=spec.hidden_size, p=p, family=family, degrees=deg)
-    prog, held = model_ops.head_ops(ctx, spec, spec.family.row)
+    prog, held = head_program(spec, EmitJob(batch=micro_batch, seq=seq, precision=p, family=family, degrees=deg))
     saved = saved_leaves(prog.ops, deg)
     alive = [Node(name=name, value=t.nbytes(deg), unit="bytes", note=note) for name, t, note in held]
     V = ceil_div(spec.vocab_size, tp) if deg.vocab_parallel else spec.vocab_size

@@ -318,20 +318,16 @@ def _fsdp2_mixer(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if setup.profile != "hf" or layout.tp > 1 or layout.cp > 1 or layout.ep > 1 \
             or spec.family.layer is None:
         return {}, {}
-    from trainmath.ops.context import Ctx, Family, Router
     from trainmath.ops.context import Precision as OpPrecision
-    from trainmath.ops.ir import Program
+    from trainmath.ops.program import EmitJob, context, layer_program
 
-    style, defaults = spec.family.row, spec.family.config_defaults
-    ctx = Ctx(b=setup.micro_batch, s=setup.seq, d=spec.hidden_size,
-              p=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
-              eager=setup.attention == "eager" or style.attention == "eager", experts=experts_path(spec, setup),
-              router=Router.from_config(spec.options, defaults), family=Family.from_config(spec.options, defaults),
-              device=setup.device)
+    job = EmitJob(batch=setup.micro_batch, seq=setup.seq,
+                  precision=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
+                  attention=setup.attention, experts=experts_path(spec, setup), device=setup.device)
+    ctx = context(spec, job)
     out, norms = {}, {}
     for i in pl.layers:
-        prog = Program()
-        spec.family.layer(prog, ctx, spec.layers[i], style)
+        prog = layer_program(spec, job, spec.layers[i], ctx)
         mix = fsdp2.mixer_backward(prog.ops, [t for t in pl.tensors if t.unit == f"layer.{i}"],
                                    param_bytes=prec.weight_bytes, granularity=gran)
         if mix:
