@@ -59,3 +59,10 @@ def test_peak_and_flops_are_printed_as_measured_where_the_calculator_has_no_fine
     assert got["peak_bytes_why_not_predicted"] == why
     assert "peak_bytes" not in measured_only({"peak_bytes": 5}, {0: {"peak_bytes": 7}})
     assert "training_flops" not in measured_only({"flops": {"gemm_flops": 1}}, {0: {"training_flops": 9}})
+
+
+def test_qlora_on_a_quantized_checkpoint_is_refused(capfd):
+    args = ["train", "deepseek-ai/DeepSeek-V3", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "64"]
+    assert main([*args, "--peft", "qlora", "--lora-targets", "q_a_proj"]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already ships quantized (fp8 quantization_config)" in err[0]
