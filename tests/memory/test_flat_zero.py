@@ -55,11 +55,11 @@ def test_flat_timeline_sums_and_has_no_bucket(zero, dp):
     for e in r.stages[0].timeline:
         check_sums(r.stages[0].at(e.name))
     events = {e.name: e for e in r.stages[0].timeline}
-    assert events["step start"].parts["framework_overhead_bytes"] == 0
+    assert events["step start"].live.framework_overhead_bytes == 0
     assert "parameter all-gather" in events and ("gradient pack" in events) == (zero == 1)
     ds = training_memory(spec, TrainingSetup(**{**setup.__dict__, "zero_impl": "deepspeed"}),
                          ParallelLayout(dp=dp, zero=zero))
-    bucket = ds.stages[0].timeline[0].parts["framework_overhead_bytes"]
+    bucket = ds.stages[0].timeline[0].live.framework_overhead_bytes
     assert bucket == place(spec, ParallelLayout(dp=dp, zero=zero), 0).params * 4 > 0  # min(5e8, Ψ) elements
     assert "flat padded buffers" in " ".join(r.conventions)
 

@@ -275,10 +275,10 @@ def render(report, *, explain: bool = False) -> str:
     lines.append(f"  peak at {report.stages[report.stage].phase!r} (stage {report.stage}); --timeline prints "
                  f"every event")
     m = report.stages[report.stage]
-    fwd = [e for e in m.timeline if e.name.startswith("forward")]
+    fwd = [e for e in m.timeline if e.kind.in_forward]
     if fwd:  # what this rank has saved for backward when its forward ends (activations and, last stage, the head)
-        end = fwd[-1].parts
-        kept = end["activations_bytes"].value + end.get("logits_bytes", 0)
+        end = fwd[-1].live
+        kept = end.activations_bytes.value + end.logits_bytes
         lines.append(f"  saved for backward on this rank at {fwd[-1].name!r}: {kept:,} bytes ({human_bytes(kept)}): "
                      f"activations and the head's saved tensors and logits")
     lines.append("")

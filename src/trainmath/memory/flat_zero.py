@@ -31,12 +31,14 @@ The optimizer sees one flat tensor per unit, so its temporaries follow the large
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainmath.arith import numel
 from trainmath.layout import ParallelLayout
 from trainmath.memory import states as st
 from trainmath.memory.precision import Precision
+from trainmath.memory.step import Kind, StepInputs, Walk
+from trainmath.memory.timeline import BucketsWalk, ZeroImpl
 from trainmath.placement import Placement
 
 ZERO_IMPLS = ("deepspeed", "trainmath", "fsdp2")
@@ -103,3 +105,64 @@ def ring_window_bytes(chunk_numel: int, n: int, elem_bytes: int) -> int:
         return 0
     k = max(1, min(RING_MAX_SEGMENTS, chunk_numel * elem_bytes // RING_SEGMENT_BYTES))
     return min(RING_WINDOW_STEPS, n - 1) * k * -(-chunk_numel // k) * elem_bytes
+
+
+@dataclass(frozen=True)
+class Flat(ZeroImpl):
+    """Our flat-buffer ZeRO as the timeline's parameter: ``units`` from ``flat_units``, ``stage`` 1, 2 or 3."""
+
+    units: dict
+    stage: int
+
+    def walk(self, inp: StepInputs) -> Walk:
+        return FlatWalk(inp, self)
+
+
+class FlatWalk(BucketsWalk):
+    """No bucket: the reduce, the step on temporary parameter shards and the all-gathers are events. ZeRO-2/3:
+    gradient shards all step, each unit's full gradients until its reduce-scatter (the root's until the
+    embedding's); ZeRO-3 gathers the unit that runs, with no prefetch, and updates its shards in place."""
+
+    tied_in_root = False
+
+    def __init__(self, inp: StepInputs, zero: Flat):
+        super().__init__(inp)
+        self.flat, self.stage = zero.units, zero.stage
+        self.prefetch = zero.stage != 3
+        if zero.stage >= 2:
+            self.shards = sum(u.grad_shard_bytes for u in self.flat.values())
+            self.unit_grads = {k: v for u in self.flat.values() for k, v in u.full_grads.items()}
+
+    def reduce_buffers(self, unit: str) -> int:
+        """ZeRO-2/3 reduce-scatter of a unit: the packed buffer, the shard it reduces into and the ring's receive
+        window (the unit's full gradients are counted as gradients)."""
+        if self.stage < 2:
+            return 0
+        u = self.flat[unit]
+        return u.buffer_bytes + u.grad_shard_bytes + u.ring_window_bytes
+
+    def backward_done(self, pos, m):
+        out = super().backward_done(pos, m)
+        if self.stage >= 2:
+            self.grads -= self.unit_grads.get(f"layer.{self.inp.layers[pos]}", 0)
+        return out
+
+    def end(self, m):
+        inp = self.inp
+        zero_grad = replace(m, kind=Kind.ZERO_GRAD)
+        if self.stage == 3:  # the shards updated in place; the next forward gathers
+            return (self.ev(replace(m, temps=inp.optimizer_temporaries), 0, reduced=True)
+                    + self.ev(zero_grad, 0, reduced=True))
+        params = sum(u.param_shard_bytes for u in self.flat.values())
+        step = replace(m, temps=params + inp.optimizer_temporaries)
+        gather = replace(m, kind=Kind.PARAMETER_ALL_GATHER)
+        if self.stage == 1:  # the reduce, the step on temporary parameter shards, the all-gathers
+            model = self.flat["model"]
+            return (self.ev(replace(m, kind=Kind.GRADIENT_PACK), self.all_grads, buffers=model.buffer_bytes)
+                    + self.ev(replace(m, kind=Kind.GRADIENT_REDUCE_SCATTER), model.grad_shard_bytes,
+                              buffers=model.buffer_bytes + model.ring_window_bytes, reduced=True)
+                    + self.ev(step, model.grad_shard_bytes, reduced=True)
+                    + self.ev(gather, 0, buffers=gather_peak_bytes(self.flat), reduced=True)
+                    + self.ev(zero_grad, 0, reduced=True))
+        return (self.ev(step, 0) + self.ev(gather, 0, buffers=gather_peak_bytes(self.flat))
+                + self.ev(zero_grad, 0, reduced=True))

@@ -26,6 +26,8 @@ from trainmath.memory import states as st
 from trainmath.memory import timeline as tl
 from trainmath.memory.optimizers import check_optimizer, step_temporary_bytes
 from trainmath.memory.precision import get_precision
+from trainmath.memory.step import TERMS as TERMS  # the breakdown's fields
+from trainmath.memory.step import Event, Persistent, StepInputs
 from trainmath.memory.terms import framework_overhead, loss_parallel_bytes, loss_transients, weight_copies_bytes
 from trainmath.model.spec import MLPDims, ModelSpec, MoEDims
 from trainmath.ops import families as op_families
@@ -47,14 +49,6 @@ PROFILE_TEXT = {
 DEVICES = ("cuda", "cpu")
 EXPERTS = ("grouped", "eager")
 OFFLOAD = ("none", "optimizer", "params")
-
-TERMS = (
-    "weights_bytes", "gradients_bytes", "master_weights_bytes", "optimizer_states_bytes",
-    "activations_bytes", "logits_bytes", "logits_fp32_bytes", "cross_entropy_grad_bytes", "activation_grads_bytes",
-    "weight_copies_bytes", "zero3_gather_bytes", "zero3_grad_reduce_bytes",
-    "optimizer_step_temporaries_bytes", "optimizer_fp32_grads_bytes", "framework_overhead_bytes",
-)
-"""Every field of a breakdown, in order; the same names a runtime measurement uses."""
 
 GRAD_LIFETIME_TEXT = {
     "set_to_none": "zero_grad(set_to_none=True), torch's default: no gradient when the step starts, each layer's "
@@ -110,7 +104,7 @@ class TrainingSetup:
     backward_in_autocast: bool = False
     """The loop calls ``backward()`` inside the ``torch.autocast`` context (amp-bf16): autocast's cache keeps every
     bf16 weight cast the forward made until the context exits, through the whole backward
-    (``timeline.StepInputs.autocast_cache``); False: ``backward()`` after the context exits, as HF Trainer does."""
+    (``step.StepInputs.autocast_cache``); False: ``backward()`` after the context exits, as HF Trainer does."""
     zero_impl: str = "deepspeed"
     """Whose ZeRO-1/2 buffers (``flat_zero.ZERO_IMPLS``): ``deepspeed`` (one reduce bucket of min(5e8, Ψ)
     elements for the whole step) or ``trainmath`` (``trainmath train --impl trainmath``: flat padded buffers
@@ -131,7 +125,7 @@ class StageMemory:
     phase: str
     """The event of the timeline where this stage peaks."""
     timeline: tuple
-    """The step's events (``timeline.Event``), in order."""
+    """The step's events (``step.Event``), in order."""
     breakdown: Node
     """What is live at this stage's peak."""
 
@@ -484,12 +478,12 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                                       granularity=gran, device=setup.device).weights_bytes \
                 + _fp32_router_states(spec, pl, replace(layout, zero=3), prec, setup, gran)[0]
     mixer, norms = _fsdp2_mixer(spec, setup, layout, pl, prec, gran) if fsdp else ({}, {})
-    persistent = {"weights_bytes": weights, "master_weights_bytes": master, "optimizer_states_bytes": states,
-                  "framework_overhead_bytes": overhead}
+    persistent = Persistent(weights_bytes=weights, master_weights_bytes=master, optimizer_states_bytes=states,
+                            framework_overhead_bytes=overhead)
     if setup.backward_in_autocast and (layout.pp > 1 or fsdp or flat):
         raise TrainmathError("--backward-in-autocast is modelled on one pipeline stage without ZeRO-3 or "
                              "--zero-impl trainmath (the cache of autocast's weight casts)")
-    inp = tl.StepInputs(
+    inp = StepInputs(
         layers=tuple(pl.layers), first=first, last=last, saved=saved, recomputed=recomputed, resident=resident,
         # another micro-batch in flight keeps what this one keeps at the end of its forward (under full recompute
         # its checkpoints, not the one-layer recompute transient)
@@ -502,12 +496,13 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         ffn_transient=ffn, weight_copies=copies, unit_grads=grads, unit_gathered=gathered, unit_full_grads=full_grads,
         tied_head=layout.pp == 1 and any(t.tied for t in spec.post), tied_grad=_tied_grad(spec, pl, layout, prec, gran),
         persistent=persistent, grads_persist=persist,
-        optimizer_temporaries=temps, fp32_grad_copies=fp32g, flat=flat, flat_stage=layout.zero if flat else 0,
-        fsdp2=fsdp, fsdp2_reshard=layout.zero >= 3, fsdp2_mixer=mixer, fsdp2_norm=norms,
+        optimizer_temporaries=temps, fp32_grad_copies=fp32g,
         positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0,
         autocast_cache=_autocast_cache(pl, gran) if setup.backward_in_autocast else {},
         casts_saved=setup.recompute == "none")
-    events = tl.step_timeline(inp)
+    zero = fsdp2.FSDP2(fsdp, reshard=layout.zero >= 3, mixer=mixer, norm=norms) if fsdp else \
+        fz.Flat(flat, layout.zero) if flat else tl.Buckets()
+    events = tl.step_timeline(inp, zero)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
     return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=peak.name, timeline=events,
                        breakdown=_event_tree(peak, stage))
@@ -561,13 +556,9 @@ def _tied_grad(spec: ModelSpec, pl, layout: ParallelLayout, prec, gran: int) -> 
                if t.unit == "embed" and t.spec.shape in shapes)
 
 
-def _event_tree(event: tl.Event, stage: int) -> Node:
-    """Every term of ``TERMS`` as live at ``event`` (0 when not live then)."""
-    kids = []
-    for name in TERMS:
-        v = event.parts.get(name, 0)
-        kids.append(v if isinstance(v, Node) else Node(name=name, value=v, unit="bytes"))
-    return Node.of("peak_bytes", kids, "bytes", note=f"stage {stage}, {event.name}")
+def _event_tree(event: Event, stage: int) -> Node:
+    """Every term of ``TERMS`` as live at ``event``."""
+    return Node.of("peak_bytes", list(event.live.terms()), "bytes", note=f"stage {stage}, {event.name}")
 
 
 def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout = ParallelLayout(), *,
