@@ -11,12 +11,12 @@ import standin
 from trainmath.cli import main
 from trainmath.layout import ParallelLayout
 from trainmath.memory import training
-from trainmath.memory.precision import get_precision
 from trainmath.memory.states import model_states
 from trainmath.memory.training import TrainingSetup, training_memory
 from trainmath.placement import place
 from trainmath.sources import load_spec
 from trainmath.tree import check_sums
+from trainmath.vocabulary import get_precision
 
 SPEC = load_spec("qwen3-0.6b")
 

@@ -46,7 +46,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from importlib import import_module
 
     from trainmath import __version__
-    from trainmath.cli.args import Parser
+    from trainmath.args import Parser
 
     parser = Parser(
         prog="trainmath",

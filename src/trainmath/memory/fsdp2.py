@@ -37,11 +37,11 @@ from dataclasses import dataclass, field, replace
 from trainmath.arith import numel
 from trainmath.layout import ParallelLayout
 from trainmath.memory import states as st
-from trainmath.memory.precision import Precision
 from trainmath.memory.step import Event, Kind, Moment, StepInputs, Walk, acts_at
 from trainmath.memory.timeline import ZeroImpl
 from trainmath.placement import Placement
 from trainmath.tree import Node
+from trainmath.vocabulary import Precision
 
 ROOT = ("embed", "head")
 """The calculator's units that ``fully_shard(model)`` gathers together as the root unit."""
