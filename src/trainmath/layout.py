@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import AttentionDims, LinearAttentionDims, MambaDims, MLADims, ModelSpec, MoEDims
 
@@ -167,3 +168,10 @@ def validate_layout(layout: ParallelLayout, spec: ModelSpec | None = None) -> Pa
         where = f" for {spec.name}" if spec is not None else ""
         raise TrainmathError(f"impossible layout ({layout.describe()}){where}: " + "; ".join(bad))
     return layout
+
+
+def zero_shard_shape(shape: tuple[int, ...], degree: int) -> tuple[int, ...]:
+    """A tensor's shape on one of ``degree`` ZeRO ranks: dim 0 split with ceil_div (FSDP2's ``Shard(0)``)."""
+    if degree == 1 or not shape:
+        return shape
+    return (ceil_div(shape[0], degree), *shape[1:])

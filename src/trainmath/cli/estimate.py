@@ -6,10 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_mem_util, count, number, tokens
-from trainmath.memory.optimizers import OPTIMIZERS
-from trainmath.memory.precision import RECIPES
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.args import add_mem_util, count, number, tokens
+from trainmath.vocabulary import OPTIMIZERS, RECIPES, RECOMPUTE
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
 PRECISIONS = tuple(RECIPES)
@@ -107,7 +105,7 @@ def _gpus_or_auto(text: str):
 
 def load(args: argparse.Namespace):
     """(spec, GPU, Hardware, Job, token budget) from the shared arguments; bad values raise TrainmathError."""
-    from trainmath.cli.args import positions_warning
+    from trainmath.args import positions_warning
     from trainmath.errors import TrainmathError
     from trainmath.hardware import presets, read_hardware_file
     from trainmath.perf import Job

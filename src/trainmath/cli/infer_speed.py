@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import count, number
+from trainmath.args import count, number
 
 MAX_TOKENS = 1 << 24
 """16M tokens: longer prompts or outputs than any model serves are refused as absurd."""
@@ -62,7 +62,7 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         raise TrainmathError(f"--batch must be in 1..{MAX_SEQS:,} sequences for serving speed, got {args.batch:,}")
     if args.gpu is None and args.device is None:
         raise TrainmathError("serving speed needs --gpu G (or --device cpu)")
-    from trainmath.cli.args import positions_warning
+    from trainmath.args import positions_warning
 
     warning = positions_warning(spec, args.input + args.output, "--input + --output")
     if args.device == "cpu":

@@ -8,7 +8,7 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from trainmath.cli.args import count, number
+    from trainmath.args import count, number
     from trainmath.cli.estimate import add_job_arguments
 
     p = sub.add_parser(

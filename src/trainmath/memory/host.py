@@ -156,7 +156,7 @@ def job_host_memory(spec, setup, layout: ParallelLayout, *, gpus_per_node: int |
     placed as ``training_memory`` places it."""
     if setup.offload == "none":
         return None
-    from trainmath.memory.precision import get_precision
+    from trainmath.vocabulary import get_precision
     from trainmath.memory.training import vocab_sharded
     from trainmath.placement import place
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from trainmath.layout import ParallelLayout
-from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
 from trainmath.perf.compute import layer_times, memo
 from trainmath.perf.job import Job
 from trainmath.perf.step import _TP_BLOCKS, stage_params
 from trainmath.placement import stage_layers
+from trainmath.vocabulary import get_precision
 
 
 def states(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int) -> int:

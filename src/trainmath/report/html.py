@@ -139,7 +139,7 @@ def serving_section(d: ReportData, svg: str) -> str:
     fit = ""
     if r.fit is not None:
         f = r.fit
-        from trainmath.cli.infer import context_text
+        from trainmath.render import context_text
 
         ctx = escape(context_text(f))
         fit = (f'<p><span class="verdict {"fits" if f.fits else "nofit"}">'
