@@ -25,6 +25,7 @@ from trainmath.layout import ParallelLayout
 from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
+from trainmath.perf import moe as moe_terms
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, FP8_CAST_TRANSPOSE_BYTES, layer_times, memo
 from trainmath.perf.fsdp import fsdp_text, overhead_s, zero3_item
 from trainmath.perf.job import Estimate, Job, job_problems
@@ -33,7 +34,8 @@ from trainmath.placement import place, stage_layers
 from trainmath.usable import rule_text, usable_bytes
 
 BREAKDOWN = ("forward", "backward", "recompute", "fp8_cast", "tp_comm", "cp_comm", "ep_comm", "zero3_comm",
-             "pipeline_bubble", "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step", "fsdp_overhead")
+             "pipeline_bubble", "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step", "fsdp_overhead",
+             "moe_overhead")
 """Every key of an estimate's ``breakdown`` (seconds), in order; their sum is ``step_time_s``."""
 
 _TP_BLOCKS = ("attention", "mla", "linear_attention", "mamba", "mlp", "moe")
@@ -139,7 +141,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     M = job.micro_batches(layout.dp)
     per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
                                   recompute=job.recompute, dtype=job.gemm_dtype, compute_bytes=c,
-                                  attention=job.attention, profile=job.profile, fp8=job.fp8_gemms)
+                                  attention=job.attention, profile=job.profile, fp8=job.fp8_gemms,
+                                  moe_imbalance=job.moe_imbalance)
     stages = stage_layers(spec.num_layers, layout.pp, *layout.stage_split)
 
     def stage_time(s: int) -> tuple[float, float, float, float]:
@@ -183,11 +186,11 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                                  hidden_behind_s=M * attn * count))
             items.append(cm.item("cp_comm", "send_recv", "cp", groups.cp, 2 * size, M * steps * count, topo,
                                  hidden_behind_s=M * attn * count * FLASH_BACKWARD_FACTOR))
-    if layout.ep > 1:
-        moe = [blk for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe"]
-        if moe:
-            size = tokens * moe[0].dims.top_k * spec.hidden_size * c
-            items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, topo))
+    moe = [blk for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe"]
+    if layout.ep > 1 and moe:
+        # dispatch and combine per MoE layer and pass; the busiest rank receives moe_imbalance × the mean
+        size = tokens * moe[0].dims.top_k * spec.hidden_size * c * job.moe_imbalance
+        items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, topo))
     if layout.pp > 1:
         size = act / layout.tp
         items.append(cm.item("pp_p2p", "send_recv", "pp", groups.pp, size, 2 * M * job.virtual_stages, topo,
@@ -239,7 +242,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                  **per_mb_comm,
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
                  "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
-                 if layout.zero == 3 and layout.zero_degree > 1 else 0.0}
+                 if layout.zero == 3 and layout.zero_degree > 1 else 0.0,
+                 "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes)}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
 
@@ -264,6 +268,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
         f"ZeRO-3/FSDP: per-unit (each layer, plus the root) all-gather before forward and backward and "
         f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
+        *((moe_terms.moe_text(gpu.generation, job.moe_imbalance, f"{cm.link_of(groups.ep)} links (ep {layout.ep}, "
+                              f"{groups.ep.local} per node)"),) if moe else ()),
         f"optimizer step memory-bound over the rank's shard: {per_param} bytes per parameter (grad read, master "
         f"read+write, {states} state(s) read+write, weight write) at {eff.hbm_fraction:.0%} of HBM bandwidth",
         f"memory: the {job.profile} activation profile ({_profile_text(job.profile)}) with recompute={job.recompute}, "
