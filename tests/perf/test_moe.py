@@ -86,7 +86,7 @@ def test_estimate_charges_the_dispatcher_overhead_and_states_the_conventions():
     assert est.breakdown["moe_overhead"] == pytest.approx(e * 48 * 8 * 2, rel=1e-12)  # 48 MoE layers, M 8, 2 passes
     assert est.step_time_s == pytest.approx(sum(est.breakdown.values()), rel=1e-12)
     line = next(x for x in est.conventions if x.startswith("MoE:"))
-    assert "load imbalance 1" in line and "intra links (ep 8, 8 per node)" in line
+    assert "load imbalance 1" in line and "NVLink (inside one node): ep 8, 8 per node" in line
     a2a = [it for it in est.comm if it.name == "ep_comm"]
     assert len(a2a) == 1 and a2a[0].count == 8 * 48 * 2 * 2  # dispatch + combine, forward + backward
     assert a2a[0].size_bytes == 4096 * 8 * 2048 * 2
@@ -105,7 +105,7 @@ def test_ep_across_nodes_uses_the_nics():
     spec = load_spec("Qwen/Qwen3-30B-A3B")
     est = estimate(spec, ParallelLayout(dp=16, ep=16), Job(global_batch=64, seq=4096), H100, memory=False)
     assert next(it for it in est.comm if it.name == "ep_comm").link == "both"
-    assert any("both links (ep 16, 8 per node)" in x for x in est.conventions)
+    assert any("NVLink inside each node and the NICs across nodes: ep 16, 8 per node" in x for x in est.conventions)
 
 
 def test_dense_models_pay_no_moe_term():

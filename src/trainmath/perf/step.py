@@ -268,8 +268,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
         f"ZeRO-3/FSDP: per-unit (each layer, plus the root) all-gather before forward and backward and "
         f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
-        *((moe_terms.moe_text(gpu.generation, job.moe_imbalance, f"{cm.link_of(groups.ep)} links (ep {layout.ep}, "
-                              f"{groups.ep.local} per node)"),) if moe else ()),
+        *((moe_terms.moe_text(gpu.generation, job.moe_imbalance, cm.link_of(groups.ep), layout.ep,
+                              groups.ep.local),) if moe else ()),
         f"optimizer step memory-bound over the rank's shard: {per_param} bytes per parameter (grad read, master "
         f"read+write, {states} state(s) read+write, weight write) at {eff.hbm_fraction:.0%} of HBM bandwidth",
         f"memory: the {job.profile} activation profile ({_profile_text(job.profile)}) with recompute={job.recompute}, "
