@@ -167,11 +167,12 @@ def _gemm_parts(gemms, layout: ParallelLayout, experts: int, gpu: GPU, eff: Effi
             continue
         split_tp = 1 if g.component == "router" else tp
         m = g.m / cp
-        if g.component == "experts" and experts:
-            m = g.m * ep / experts / cp
+        if g.component == "experts" and experts:  # expert TP 1: each rank routes its 1/tp of the sequence
+            split_tp = layout.expert_tp
+            m = g.m * ep / experts / cp / (tp // split_tp)
         k, n = (g.k / split_tp, g.n) if g.k >= g.n else (g.k, g.n / split_tp)
         count = g.count if g.component != "experts" else max(1, experts // ep)
-        flops = g.flops / (split_tp * cp)
+        flops = g.flops / ((tp if g.component == "experts" and experts else split_tp) * cp)
         routed = g.component == "experts" and experts
         if fp8 and g.weighted:
             t = (moe_terms.expert_gemm_time_s(m, k, n, count, flops, gpu, eff, "fp8", 1, c, imbalance) if routed
@@ -206,7 +207,8 @@ def layer_times(spec: ModelSpec, *, micro_batch: int, seq: int, layout: Parallel
     tokens / the mean (``trainmath.perf.moe``); MoE layers also pay their permutations and router there."""
     if fp8 not in FP8_GEMMS:
         raise TrainmathError(f"fp8 GEMMs must be one of {', '.join(FP8_GEMMS)}, got {fp8!r}")
-    key = ("layers", micro_batch, seq, layout.tp, layout.cp, layout.ep, layout.sp, gpu, eff, recompute, dtype,
+    key = ("layers", micro_batch, seq, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.sp, gpu, eff,
+           recompute, dtype,
            compute_bytes, attention, profile, fp8, moe_imbalance)
     return memo(spec, key, lambda: _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype,
                                                 compute_bytes, attention, profile, fp8, moe_imbalance))
@@ -231,8 +233,9 @@ def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, com
         p = _gemm_parts(lt.gemms, layout, experts, gpu, eff, dtype, compute_bytes, attention, lin8, imbalance)
         dense, attn = p.dense, p.attention
         if block:  # permutations and router: memory-bound, forward and again backward
+            routed_tokens = tokens / (layout.tp // layout.expert_tp)  # expert TP 1: this rank's 1/tp
             elem = moe_terms.dispatch_memory_s(moe_terms.dispatch_bytes(
-                tokens, block.dims.top_k, spec.hidden_size, experts, compute_bytes, imbalance), gpu, eff)
+                routed_tokens, block.dims.top_k, spec.hidden_size, experts, compute_bytes, imbalance), gpu, eff)
         else:
             elem = 0.0
         fwd = dense + attn + elem_fwd + elem

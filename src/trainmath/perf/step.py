@@ -18,6 +18,8 @@ and the breakdown's entries sum to the step time. Utilisation conventions (state
 
 from __future__ import annotations
 
+from math import gcd
+
 from trainmath.comm.twolevel import Topology
 from trainmath.errors import TrainmathError
 from trainmath.flops import count_flops
@@ -62,23 +64,27 @@ def _flops_per_sequence(spec: ModelSpec, seq: int, causal: str, recompute: str, 
 
 
 def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int,
-                 split: tuple[int | None, int | None] = (None, None)) -> tuple[int, int, tuple[int, ...]]:
+                 split: tuple[int | None, int | None] = (None, None),
+                 expert_tp: int | None = None) -> tuple[int, int, tuple[int, ...]]:
     """(dense, expert) parameters of one rank of ``stage`` before ZeRO, and each layer's (ZeRO-3 gathers).
-    ``split``: the layout's (first, last) stage layers (``ParallelLayout.stage_split``)."""
+    ``split``: the layout's (first, last) stage layers (``ParallelLayout.stage_split``); ``expert_tp``: the
+    layout's ``expert_tp`` (default tp)."""
+    folded = expert_tp is not None and expert_tp != tp
     if len(_layer_types(spec)) == 1 and 0 < stage < pp - 1:
         # one layer type: an inner stage is known by its length alone (no embeddings, no head)
         stages = memo(spec, ("stages", pp, split), lambda: stage_layers(spec.num_layers, pp, *split))
         twin = next(i for i in range(1, pp - 1) if len(stages[i]) == len(stages[stage]))
         if twin != stage:
-            return stage_params(spec, tp, pp, ep, twin, split)
+            return stage_params(spec, tp, pp, ep, twin, split, expert_tp)
 
     def make():
-        p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep, first_stage_layers=split[0],
+        dp = ep // gcd(ep, tp) if folded else ep  # a dp with ep ∤ dp but ep | tp·dp: expert TP 1
+        p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=dp, first_stage_layers=split[0],
                                        last_stage_layers=split[1]), stage)
         units = p.unit_params()
         return p.dense_params, p.expert_params, tuple(units.get(f"layer.{i}", 0) for i in p.layers)
 
-    return memo(spec, ("params", tp, pp, ep, stage, split), make)
+    return memo(spec, ("params", tp, pp, ep, stage, split, folded), make)
 
 
 def _split_text(stages, layout: ParallelLayout) -> str:
@@ -158,7 +164,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                             + ([head] if busiest == layout.pp - 1 else []))
     weight_cast_s = weight_cast_bytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
     layers = stages[busiest]
-    dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest, layout.stage_split)
+    dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest, layout.stage_split,
+                                              layout.expert_tp)
 
     # ---- per micro-batch communication on the busiest stage --------------------------------------------
     tokens = job.micro_batch * job.seq // layout.cp
@@ -190,7 +197,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     moe = [blk for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe"]
     if layout.ep > 1 and moe:
         # dispatch and combine per MoE layer and pass; the busiest rank receives moe_imbalance × the mean
-        size = tokens * moe[0].dims.top_k * spec.hidden_size * c * job.moe_imbalance
+        # (expert TP 1: each rank dispatches only its sequence-parallel 1/tp of the tokens)
+        size = (tokens / (layout.tp // layout.expert_tp) * moe[0].dims.top_k * spec.hidden_size * c
+                * job.moe_imbalance)
         items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, topo))
     if layout.pp > 1:
         size = act / layout.tp
