@@ -67,7 +67,8 @@ def compute(fields: dict[str, str]):
     spec = _spec(fields)
     positions_warning(spec, setup.seq, "seq")  # learned positions (GPT-2): no row beyond them
     return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
-                  mem_util_percent=args.mem_util, serve_output=args.serve_output)
+                  mem_util_percent=args.mem_util, serve_output=args.serve_output,
+                  **({} if args.host_memory is None else {"host_memory_bytes": args.host_memory}))
 
 
 def calc(fields: dict[str, str]) -> dict:
