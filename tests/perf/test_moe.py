@@ -113,6 +113,10 @@ def test_dense_models_pay_no_moe_term():
     est = estimate(spec, ParallelLayout(dp=8), Job(global_batch=64, seq=4096), H100, memory=False)
     assert est.breakdown["moe_overhead"] == 0.0
     assert not any(x.startswith("MoE:") for x in est.conventions)
+    moe_ep1 = estimate(load_spec("Qwen/Qwen3-30B-A3B"), ParallelLayout(dp=8), Job(global_batch=64, seq=4096), H100,
+                       memory=False)
+    assert "on no link (ep 1: every expert on every rank, no all-to-all);" in next(
+        x for x in moe_ep1.conventions if x.startswith("MoE:"))
 
 
 def test_the_overhead_constants_are_the_fit():

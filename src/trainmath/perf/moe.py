@@ -100,14 +100,14 @@ def overhead_s(generation: str, moe_layers: int, micro_batches: int, passes: int
     return OVERHEAD.get(generation, 0.0) * moe_layers * micro_batches * passes
 
 
-LINKS = {"none": "no link (ep 1)", "intra": "NVLink (inside one node)", "inter": "the NICs (one rank per node)",
+LINKS = {"none": "no link (ep 1: every expert on every rank, no all-to-all)", "intra": "NVLink (inside one node)", "inter": "the NICs (one rank per node)",
          "both": "NVLink inside each node and the NICs across nodes"}
 """How ``trainmath.perf.comm.link_of``'s answer reads in the conventions line."""
 
 
 def moe_text(generation: str, imbalance: float, link: str, ep: int, per_node: int) -> str:
     """The MoE conventions line of an estimate; ``link`` is ``comm.link_of`` of the placed EP group."""
-    ep_link = f"{LINKS.get(link, link)}: ep {ep}, {per_node} per node"
+    ep_link = LINKS["none"] if link == "none" else f"{LINKS.get(link, link)}: ep {ep}, {per_node} per node"
     e = OVERHEAD.get(generation, 0.0)
     over = (f"{1e3 * e:.2f} ms per MoE layer per micro-batch per pass ({generation}, fitted on published MoE runs)"
             if e else f"none ({generation}: no MoE runs fitted)")
