@@ -100,7 +100,8 @@ def overhead_s(generation: str, moe_layers: int, micro_batches: int, passes: int
     return OVERHEAD.get(generation, 0.0) * moe_layers * micro_batches * passes
 
 
-LINKS = {"none": "no link (ep 1: every expert on every rank, no all-to-all)", "intra": "NVLink (inside one node)", "inter": "the NICs (one rank per node)",
+LINKS = {"none": "no link (ep 1: every expert on every rank, no all-to-all)", "intra": "NVLink (inside one node)",
+         "inter": "the NICs (one rank per node)",
          "both": "NVLink inside each node and the NICs across nodes"}
 """How ``trainmath.perf.comm.link_of``'s answer reads in the conventions line."""
 
