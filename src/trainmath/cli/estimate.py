@@ -52,6 +52,9 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
     p.add_argument("--profile", choices=("megatron", "hf"), default="megatron",
                    help="activation profile of the memory model: megatron (default; any layout) or hf "
                         "(transformers' saved tensors per rank: plain --tp keeps embedding, head and loss whole)")
+    p.add_argument("--moe-imbalance", type=number(1, 1000), default=1.0,
+                   help="MoE load imbalance: tokens routed to the busiest expert-parallel rank / the mean (default 1: "
+                        "balanced; with a capacity factor and token dropping, at most that factor)")
     add_mem_util(p)
     if printing:  # what is printed; a chart has no use for these
         p.add_argument("--tokens", type=tokens, default=None,
@@ -133,6 +136,7 @@ def load(args: argparse.Namespace):
     job = Job(global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
               dtype=args.dtype, attention=args.attention, mfu_causal=args.mfu_causal, mem_util_percent=args.mem_util,
               profile=args.profile, fp8_head=getattr(args, "fp8_head", False),
+              moe_imbalance=getattr(args, "moe_imbalance", 1.0),
               micro_batch=getattr(args, "micro_batch", 1), recompute=getattr(args, "recompute", "none"),
               virtual_stages=getattr(args, "virtual_stages", 1), uneven_stages=getattr(args, "uneven_stages", False))
     gpu.peak_flops_per_s(args.dtype)  # an error now if the chip has no such format

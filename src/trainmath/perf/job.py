@@ -37,6 +37,9 @@ class Job:
     """Allow pp · virtual_stages not dividing the layers (stages differ by one layer, like Llama 3's)."""
     fp8_head: bool = False
     """With ``precision="fp8"``: run the LM head's GEMMs in FP8 too (Transformer Engine's recipe keeps it BF16)."""
+    moe_imbalance: float = 1.0
+    """MoE load imbalance: tokens routed to the busiest expert-parallel rank / the mean (1.0 balanced; a capacity
+    factor with dropping bounds it; ``trainmath.perf.moe``)."""
     mem_util_percent: int = MEM_UTIL_PERCENT
     """The fit rule's usable share (``trainmath.usable``: peak_bytes + the CUDA context under this share of the
     GPU's memory)."""
@@ -140,6 +143,9 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
             bad.append(f"{name.replace('_', ' ')} must be a positive integer, got {v!r}")
     if job.attention not in ("flash", "eager"):
         bad.append(f"attention kernel must be flash or eager, got {job.attention!r}")
+    if not isinstance(job.moe_imbalance, (int, float)) or not 1 <= job.moe_imbalance <= 1e3:
+        bad.append(f"moe imbalance (busiest EP rank's tokens / the mean) must be a number from 1 to 1000, got "
+                   f"{job.moe_imbalance!r}")
     if job.mfu_causal not in ("executed", "half"):
         bad.append(f"mfu causal convention must be executed or half, got {job.mfu_causal!r}")
     if bad:
