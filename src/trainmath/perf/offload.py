@@ -132,7 +132,7 @@ def offload_problems(zero: int, offload: str, optimizer: str) -> list[str]:
     if offload not in OFFLOADS:
         return [f"--offload must be one of {', '.join(OFFLOADS)}, got {offload!r}"]
     bad = []
-    if zero < 1:
+    if zero < 1 and offload == "optimizer":
         bad.append(f"--offload {offload} needs ZeRO stage 1 or more (DeepSpeed offloads the ZeRO partition), "
                    f"got --zero {zero}")
     if offload == "params" and zero != 3:
