@@ -172,8 +172,7 @@ def _with_offload(job, args):
     offload = getattr(args, "offload", "none")
     host, rate = getattr(args, "host_memory", None), getattr(args, "host_bandwidth", None)
     if offload == "none" and (host is not None or rate is not None):
-        raise TrainmathError("--host-memory and --host-bandwidth need --offload optimizer|params" +
-                             ("|auto" if "auto" in getattr(args, "_offload_choices", ()) else ""))
+        raise TrainmathError("--host-memory and --host-bandwidth need --offload (optimizer or params)")
     return replace(job, offload="none" if offload == "auto" else offload,
                    host_memory_bytes=check_host_memory(HOST_MEMORY_BYTES if host is None else host),
                    host_bytes_per_s=None if rate is None else rate * 1e9)
