@@ -142,18 +142,14 @@ def offload_problems(zero: int, offload: str, optimizer: str) -> list[str]:
     return bad
 
 
-def with_offload(est, spec, layout, job, gpu, *, host: bool = True):
+def with_offload(est, spec, layout, job, gpu, *, shard_params: int, host: bool = True):
     """``est`` (``perf.step.estimate``'s, without offload terms) with the offload terms and, with ``host``, its
     host RAM and the host verdict (``fits`` then needs both): the GPU ``optimizer_step`` is 0,
-    ``BREAKDOWN_OFFLOAD`` added, rates and MFU recomputed."""
+    ``BREAKDOWN_OFFLOAD`` added, rates and MFU recomputed. ``shard_params``: the busiest stage's S."""
     from trainmath.memory.host import ranks_per_node
     from trainmath.memory.precision import get_precision
-    from trainmath.perf.step import stage_params
-
     prec = get_precision(job.precision)
-    busiest = max(range(len(est.stage_times_s)), key=lambda i: est.stage_times_s[i])
-    dense, expert, _ = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest, layout.stage_split)
-    shard = dense // layout.zero_degree + expert // layout.expert_zero_degree
+    shard = shard_params
     link, _ = pcie_bytes_per_s(gpu.generation)
     fraction = offload_data()["pcie_fraction"]
     host_rate = job.host_bytes_per_s or cpu_adam_params_per_s() * cpu_adam_bytes_per_param(prec.weight_bytes)

@@ -283,4 +283,5 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         return est
     from trainmath.perf.offload import with_offload
 
-    return with_offload(est, spec, layout, job, gpu, host=peak_bytes is not None)
+    return with_offload(est, spec, layout, job, gpu, host=peak_bytes is not None,
+                        shard_params=dense_p // layout.zero_degree + expert_p // layout.expert_zero_degree)
