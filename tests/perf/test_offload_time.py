@@ -4,6 +4,8 @@ with ``--offload``, and bad input."""
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainmath.cli import main
 from trainmath.hardware import gpu
@@ -147,3 +149,17 @@ def test_bad_input_one_line(capsys, extra):
     assert main(BASE + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("trainmath: error:")
+
+
+@settings(max_examples=60, deadline=None)
+@given(s=st.integers(1, 10**11), m=st.integers(1, 64), n=st.integers(1, 8), zero=st.sampled_from([1, 2, 3]),
+       params=st.booleans(), bwd=st.floats(0, 100), extra=st.floats(0, 100))
+def test_exposed_terms_are_bounded_by_their_copies(s, m, n, zero, params, bwd, extra):
+    offload = "params" if params and zero == 3 else "optimizer"
+    t = _terms(offload=offload, zero=zero, shard_params=s, micro_batches=m, ranks_per_node=n, backward_s=bwd,
+               compute_s=bwd + extra)
+    b = t.breakdown
+    assert 0 <= b["offload_grad_d2h"] <= t.grad_d2h_s
+    assert 0 <= b["offload_param_h2d"] <= t.param_h2d_s
+    assert b["cpu_optimizer_step"] == max(t.cpu_step_s, t.update_h2d_s)
+    assert t.cpu_step_bytes_per_node == n * s * 30  # the node's ranks share its DRAM

@@ -264,7 +264,8 @@ def offload_lines(est) -> list[str]:
                 f"param fetches to GPU {human_bytes(o['param_h2d_bytes'], 'GB')} in {o['param_h2d_s']:.4f} s")
              + f" (PCIe {o['pcie_bytes_per_s'] / 1e9:.1f} GB/s achieved per direction)",
              f"CPU optimizer step: {human_bytes(o['cpu_step_bytes_per_node'], 'GB')} of host DRAM traffic per node "
-             f"({o['ranks_per_node']} rank{'s' if o['ranks_per_node'] > 1 else ''}) at {o['host_bytes_per_s'] / 1e9:.1f} GB/s = {o['cpu_step_s']:.4f} s"]
+             f"({o['ranks_per_node']} rank{'s' if o['ranks_per_node'] > 1 else ''}) at "
+             f"{o['host_bytes_per_s'] / 1e9:.1f} GB/s = {o['cpu_step_s']:.4f} s"]
     if "host_bytes" in o:
         verdict = ("fits" if o["host_fits"] else
                    f"does NOT fit: the host RAM is exceeded ({human_bytes(-o['host_margin_bytes'])} over)")

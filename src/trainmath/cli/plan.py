@@ -81,6 +81,10 @@ def sizing(args: argparse.Namespace):
     from trainmath.cli.estimate import load
     from trainmath.plan.sizing import check_goal, parse_duration, size
 
+    if getattr(args, "offload", "none") == "auto":
+        raise TrainmathError("--offload auto is not searched when the planner sizes the GPU count: name one mode "
+                             "(none, optimizer or params)")
+
     deadline = parse_duration(args.deadline) if args.deadline is not None else None
     tokens_text = args.tokens
     if tokens_text is None:
