@@ -165,7 +165,8 @@ def with_offload(est, spec, layout, job, gpu, *, shard_params: int, host: bool =
     extra = {**t.to_dict(), **(host_verdict(spec, layout, job, gpu, est.micro_batches) if host else {})}
     host_fits = extra.get("host_fits", True)
     g = est.gpus
-    conventions = (*est.conventions, *offload_conventions(job, layout, gpu, fraction, host_rate, prec.weight_bytes))
+    kept = (c for c in est.conventions if not c.startswith("optimizer step memory-bound"))  # the GPU step is 0
+    conventions = (*kept, *offload_conventions(job, layout, gpu, fraction, host_rate, prec.weight_bytes))
     return replace(est, step_time_s=step, breakdown=breakdown, tokens_per_s=job.global_batch * job.seq / step,
                    tflops_per_gpu=est.model_flops / step / g / 1e12,
                    hardware_tflops_per_gpu=est.hardware_flops / step / g / 1e12,
