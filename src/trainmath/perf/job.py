@@ -43,6 +43,13 @@ class Job:
     mem_util_percent: int = MEM_UTIL_PERCENT
     """The fit rule's usable share (``trainmath.usable``: peak_bytes + the CUDA context under this share of the
     GPU's memory)."""
+    offload: str = "none"
+    """DeepSpeed offload (``perf.offload``): ``optimizer`` (ZeRO-Offload) or ``params`` (ZeRO-3, ZeRO-Infinity's
+    CPU tier); timed and fitted on the GPU and the host."""
+    host_memory_bytes: int = 2 * 2**40
+    """Host RAM per node for the host fit with ``offload`` (``memory.host.HOST_MEMORY_BYTES``, a DGX H100's)."""
+    host_bytes_per_s: float | None = None
+    """Achieved host DRAM rate of the CPU optimizer step per node (B/s); None: ``perf.offload``'s calibration."""
 
     @property
     def fp8_gemms(self) -> str:
@@ -93,6 +100,9 @@ class Estimate:
     the slowest sets the pace and the bubble."""
     stage_layers: tuple = field(default=())
     """Per pipeline stage: its decoder layers (count)."""
+    offload: dict | None = None
+    """With ``job.offload``: the offload terms, their bytes and rates, and the host RAM verdict
+    (``perf.offload.with_offload``); None without."""
 
     def budget(self, tokens: float, price_per_gpu_hour: float | None = None) -> dict:
         """Wall time, GPU-hours and cost of training on ``tokens`` tokens at this step's rate."""
@@ -124,7 +134,8 @@ class Estimate:
                 "comm": [c.to_dict() for c in self.comm], "groups": self.groups.to_dict(),
                 "conventions": list(self.conventions), "stage_times_s": list(self.stage_times_s),
                 "stage_layers": list(self.stage_layers),
-                "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers}
+                "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers,
+                **({"offload": self.offload} if self.offload is not None else {})}
 
 
 def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | None = None) -> list[str]:
@@ -171,6 +182,10 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
                        f"of pp ({layout.pp})")
     if job.seq % layout.cp:
         bad.append(f"cp ({layout.cp}) must divide the sequence length ({job.seq})")
+    if job.offload != "none":
+        from trainmath.perf.offload import offload_problems
+
+        bad += offload_problems(layout.zero, job.offload, job.optimizer)
     return bad
 
 

@@ -127,7 +127,8 @@ def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_b
 
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
                           optimizer=job.optimizer, recompute=memory_recompute(job), profile=job.profile,
-                          attention="eager" if job.attention == "eager" else "sdpa", micro_batches=micro_batches)
+                          attention="eager" if job.attention == "eager" else "sdpa", micro_batches=micro_batches,
+                          offload=job.offload)
     return training_memory(spec, setup, layout).peak_bytes
 
 
@@ -286,11 +287,17 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"{job.attention} attention"
         + f"; {rule_text(gpu.memory_bytes, job.mem_util_percent)}",
     )
-    return Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
-                    step_time_s=step, breakdown=breakdown, comm=tuple(items), groups=groups,
-                    tokens_per_s=job.global_batch * job.seq / step, model_flops=model_flops,
-                    hardware_flops=hw_flops, tflops_per_gpu=model_flops / step / n / 1e12,
-                    hardware_tflops_per_gpu=hw_flops / step / n / 1e12, mfu=model_flops / (step * n * peak),
-                    hfu=hw_flops / (step * n * peak), peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
-                    fits=fits, conventions=conventions, stage_times_s=tuple(sum(t) for t in times),
-                    stage_layers=tuple(len(r) for r in stages))
+    est = Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
+                   step_time_s=step, breakdown=breakdown, comm=tuple(items), groups=groups,
+                   tokens_per_s=job.global_batch * job.seq / step, model_flops=model_flops,
+                   hardware_flops=hw_flops, tflops_per_gpu=model_flops / step / n / 1e12,
+                   hardware_tflops_per_gpu=hw_flops / step / n / 1e12, mfu=model_flops / (step * n * peak),
+                   hfu=hw_flops / (step * n * peak), peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
+                   fits=fits, conventions=conventions, stage_times_s=tuple(sum(t) for t in times),
+                   stage_layers=tuple(len(r) for r in stages))
+    if job.offload == "none":
+        return est
+    from trainmath.perf.offload import with_offload
+
+    return with_offload(est, spec, layout, job, gpu, host=peak_bytes is not None,
+                        shard_params=dense_p // layout.zero_degree + expert_p // layout.expert_zero_degree)
