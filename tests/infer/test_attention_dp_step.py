@@ -10,8 +10,7 @@ import pytest
 
 from trainmath.hardware import gpu
 from trainmath.infer import InferenceSetup, WeightFormat
-from trainmath.infer.speed import (FLOOR, Part, Step, busiest_rank_flops, new_token_flops, routed_flops_per_token,
-                                   step)
+from trainmath.infer.speed import FLOOR, Part, Step, busiest_rank_flops, new_token_flops, routed_flops_per_token, step
 from trainmath.sources import load_spec
 
 DSV3_ROUTED = 2 * 8 * 3 * 7168 * 2048 * 58  # top-8 of 256 experts, hidden 7168, moe_intermediate 2048, 58 MoE layers
