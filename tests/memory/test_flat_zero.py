@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from trainmath.comm.volume import dp_step_collective_bytes
+from trainmath.families import spec_from_config
 from trainmath.layout import ParallelLayout
 from trainmath.memory import flat_zero as fz
 from trainmath.memory.precision import get_precision
 from trainmath.memory.training import TrainingSetup, training_memory
-from trainmath.model import spec_from_config
 from trainmath.placement import place
 from trainmath.tree import check_sums
 

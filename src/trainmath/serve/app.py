@@ -39,7 +39,7 @@ def _argv(fields: dict[str, str]) -> list[str]:
 
 
 def _spec(fields: dict[str, str]):
-    from trainmath.model import spec_from_config
+    from trainmath.families import spec_from_config
     from trainmath.model.config import parse_config_text
     from trainmath.sources import catalog_entry, find_in_catalog
 
