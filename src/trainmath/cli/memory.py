@@ -5,18 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import (
-    add_mem_util,
-    add_strict,
-    byte_size,
-    config_json,
-    config_lines,
-    integer,
-    positions_warning,
+from trainmath.args import add_mem_util, add_strict, byte_size, config_json, config_lines, integer, positions_warning
+from trainmath.vocabulary import (
+    ATTENTION,
+    DEVICES,
+    EXPERTS,
+    GRAD_LIFETIMES,
+    LOOP_KEEPS,
+    OFFLOAD,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PROFILES,
+    RECIPES,
+    RECOMPUTE,
+    ZERO_IMPLS,
 )
-from trainmath.memory.optimizers import OPTIMIZERS
-from trainmath.memory.precision import RECIPES
-from trainmath.vocabulary import RECOMPUTE
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
 PRECISIONS = tuple(RECIPES)
@@ -35,16 +38,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=integer, required=True, help="tokens per sequence")
     p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--optimizer-impl", choices=("forloop", "foreach", "fused"), default="foreach",
+    p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach",
                    help="torch optimizer implementation: forloop (foreach=False), foreach (the default on CUDA; "
                         "its temporaries hold one state-sized tensor per parameter), fused (no temporaries; "
                         "keeps the step scalars on the GPU)")
-    p.add_argument("--grad-lifetime", choices=("set_to_none", "zero", "accumulate"), default="set_to_none",
+    p.add_argument("--grad-lifetime", choices=GRAD_LIFETIMES, default="set_to_none",
                    help="when gradients exist: set_to_none (torch's zero_grad default: none when the step starts), "
                         "zero (zero_grad(set_to_none=False)), accumulate (gradient accumulation: the whole step)")
     p.add_argument("--bucket-view", action="store_true",
                    help="DDP gradient_as_bucket_view=True (ZeRO-0, dp > 1): gradients are views of the buckets")
-    p.add_argument("--loop-keeps", choices=("loss", "output"), default="loss",
+    p.add_argument("--loop-keeps", choices=sorted(LOOP_KEEPS), default="loss",
                    help="what the training loop holds through backward: loss (loss = model(...).loss, the "
                         "default, as the HF Trainer, torchtitan and Lightning: the logits are freed after the "
                         "forward) or output (out = model(...); the logits until the step returns)")
@@ -52,13 +55,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the loop calls backward() inside the torch.autocast context (amp-bf16): autocast's cache "
                         "keeps the forward's bf16 weight casts to the end of backward (about 2 bytes per linear "
                         "parameter more); default: backward() after the context exits")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+    p.add_argument("--device", choices=DEVICES, default="cuda",
                    help="cuda: what torch.cuda.max_memory_allocated reports; cpu: what CPU kernels allocate "
                         "(MemTracker on a CPU step)")
-    p.add_argument("--experts", choices=("grouped", "eager"), default="grouped",
+    p.add_argument("--experts", choices=EXPERTS, default="grouped",
                    help="routed experts as transformers runs them: grouped (grouped_mm, its default) or eager "
                         "(the per-expert loop, which saves more)")
-    p.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
+    p.add_argument("--offload", choices=OFFLOAD, default="none",
                    help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
                         "parameter shards. Prints the host RAM per node (host_bytes) as DeepSpeed pins it")
     p.add_argument("--host-memory", type=byte_size, default=None, metavar="BYTES",
@@ -68,11 +71,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
                         "; full = every decoder layer")
-    p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
-    p.add_argument("--profile", choices=("hf", "megatron"), default="hf",
+    p.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    p.add_argument("--profile", choices=PROFILES, default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")
     p.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
-    p.add_argument("--zero-impl", choices=("deepspeed", "trainmath", "fsdp2"), default="deepspeed",
+    p.add_argument("--zero-impl", choices=ZERO_IMPLS, default="deepspeed",
                    help="whose ZeRO: deepspeed (ZeRO-1/2 with a reduce bucket of min(5e8, params) elements for "
                         "the whole step; ZeRO-3 as FSDP2), trainmath (trainmath train --impl trainmath: flat "
                         "padded buffers at the reduce and the all-gather only; ZeRO-3 without prefetch) or fsdp2 "
@@ -297,10 +300,10 @@ def render(report, *, explain: bool = False) -> str:
     lines.append(f"  peak at {report.stages[report.stage].phase!r} (stage {report.stage}); --timeline prints "
                  f"every event")
     m = report.stages[report.stage]
-    fwd = [e for e in m.timeline if e.name.startswith("forward")]
+    fwd = [e for e in m.timeline if e.kind.in_forward]
     if fwd:  # what this rank has saved for backward when its forward ends (activations and, last stage, the head)
-        end = fwd[-1].parts
-        kept = end["activations_bytes"].value + end.get("logits_bytes", 0)
+        end = fwd[-1].live
+        kept = end.activations_bytes.value + end.logits_bytes
         lines.append(f"  saved for backward on this rank at {fwd[-1].name!r}: {kept:,} bytes ({human_bytes(kept)}): "
                      f"activations and the head's saved tensors and logits")
     lines.append("")

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def build(args: argparse.Namespace) -> str:
     """The page's HTML for parsed flags (shared with ``serve``'s report link)."""
     from trainmath.adapters import peft_from_args
-    from trainmath.cli.args import positions_warning
+    from trainmath.args import positions_warning
     from trainmath.report.gather import gather
     from trainmath.report.html import page
     from trainmath.report.options import plan_from_args, serving_from_args, training_from_args

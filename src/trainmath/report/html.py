@@ -140,7 +140,7 @@ def serving_section(d: ReportData, svg: str) -> str:
     fit = ""
     if r.fit is not None:
         f = r.fit
-        from trainmath.cli.infer import context_text
+        from trainmath.render import context_text
 
         ctx = escape(context_text(f))
         fit = (f'<p><span class="verdict {"fits" if f.fits else "nofit"}">'
@@ -161,8 +161,8 @@ def speed_html(f) -> str:
     if f is None:
         return ""
     return (f'<h3>Serving speed</h3><p class="sub">batch {f.batch}, prompt {f.input:,} tokens, {f.output:,} '
-            f'generated; step = max(GEMM compute, weight bytes) + max(attention compute, cache bytes) + '
-            f'communication + overhead, as <code>trainmath infer --input '
+            f'generated; step = max(other GEMM compute, other weight bytes) + max(expert compute, '
+            f'expert bytes touched) + max(attention compute, cache bytes) + communication + overhead, as <code>trainmath infer --input '
             f'--output</code></p>'
             + _table(["", "predicted", "floor (efficiency 1)", "bound"], [
                 ["TTFT", f"{f.ttft_s * 1e3:,.2f} ms", f"{f.prefill_floor.time_s * 1e3:,.2f} ms", f.prefill.bound],

@@ -58,7 +58,7 @@ def _spec(fields: dict[str, str]):
 def compute(fields: dict[str, str]):
     """ReportData for the form's fields: the same parsing and checks as ``trainmath report``."""
     from trainmath.adapters import peft_from_args
-    from trainmath.cli.args import positions_warning
+    from trainmath.args import positions_warning
     from trainmath.report.gather import gather
     from trainmath.report.options import plan_from_args, serving_from_args, training_from_args
 

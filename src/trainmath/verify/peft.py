@@ -32,7 +32,8 @@ from trainmath.adapters import adapter_report, linear_modules, select
 from trainmath.arith import ceil_div
 from trainmath.memory.optimizers import optimizer_state_bytes
 from trainmath.qlora import nf4_storage
-from trainmath.runtime.train.config import CALCULATOR_OPTIMIZER, TrainConfig
+from trainmath.runtime.train.config import TrainConfig
+from trainmath.vocabulary import optimizer_name
 
 ADAPTER_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MEASURED_ONLY = ("peak_bytes", "training_flops", "attention_core_flops")
@@ -131,7 +132,7 @@ def predict_peft(spec, cfg: TrainConfig, world_size: int, full: dict, *, cuda: b
     shapes = adapter_shapes(spec, cfg)
     local = [(ceil_div(r, world_size), c) for r, c in shapes] if sharded(cfg) else shapes
     adapter_bytes = sum(r * c for r, c in local) * elt
-    opt = CALCULATOR_OPTIMIZER[cfg.optimizer]
+    opt = optimizer_name(cfg.optimizer)
     frozen, quant = full["weights_bytes"], 0
     if job.method == "qlora":  # QLoRA runs on DDP / ZeroRedundancyOptimizer only: nothing sharded
         wbytes = 2 if cfg.precision == "bf16" else 4

@@ -33,7 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trainmath.layout import ParallelLayout
-from trainmath.runtime.train.config import CALCULATOR_OPTIMIZER, TrainConfig
+from trainmath.runtime.train.config import TrainConfig
+from trainmath.vocabulary import optimizer_name
 
 ATTENTION_TOLERANCE = 0.2
 """Flash attention's recomputed QKᵀ in backward: 3.5/3 − 1 ≈ 0.17 (see the module docstring)."""
@@ -106,7 +107,7 @@ def training_setup(cfg: TrainConfig, world_size: int, *, cuda: bool = False):
     from trainmath.memory.training import TrainingSetup
 
     return TrainingSetup(micro_batch=cfg.micro_batch_for(world_size), seq=cfg.seq, precision=cfg.precision,
-                         optimizer=CALCULATOR_OPTIMIZER[cfg.optimizer], optimizer_impl="forloop",
+                         optimizer=optimizer_name(cfg.optimizer), optimizer_impl="forloop",
                          recompute=cfg.recompute, micro_batches=cfg.grad_accum, granularity=512 if cuda else 1,
                          loop_keeps="loss", device="cuda" if cuda else "cpu", zero_impl=zero_impl(cfg))
 
@@ -172,8 +173,8 @@ def _sdpa_math(spec, batch: int, seq: int, cuda: bool) -> bool:
 def _collective_bytes(spec, cfg: TrainConfig, layout: ParallelLayout) -> dict | None:
     """The calculator's collective bytes per step and rank for the runs whose collectives the runtime counts."""
     from trainmath.comm.volume import dp_step_collective_bytes
-    from trainmath.memory.precision import get_precision
     from trainmath.placement import place
+    from trainmath.vocabulary import get_precision
 
     if cfg.impl == "torch" and cfg.zero >= 2:
         return None  # FSDP2: not counted by the runtime
