@@ -74,6 +74,10 @@ class StepInputs:
     """Gradients allocated from the start of the step (``zero``, ``accumulate``, DDP bucket views)."""
     optimizer_temporaries: int
     fp32_grad_copies: int
+    grads_freed_by_copy: bool = False
+    """The fp32 copies replace the model's gradients at the optimizer step: Megatron-LM's
+    ``Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads`` sets ``model_param.grad = None`` after
+    each copy (one rank without ZeRO; ``trainmath.verify.mixed``)."""
     flat: dict = field(default_factory=dict)
     """unit → ``flat_zero.FlatUnit`` under our flat-buffer ZeRO-1/2 (``zero_impl="trainmath"``), else empty."""
     flat_stage: int = 0

@@ -195,8 +195,8 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
            reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad, buffers=red,
            copies=head_cast + sum(layer_casts))
     if not flat:
-        ev("optimizer step", acts=batch, grads=all_grads, logits=held, temps=inp.optimizer_temporaries,
-           fp32g=inp.fp32_grad_copies)
+        ev("optimizer step", acts=batch, grads=0 if inp.grads_freed_by_copy else all_grads, logits=held,
+           temps=inp.optimizer_temporaries, fp32g=inp.fp32_grad_copies)
         ev("zero_grad", acts=batch, grads=0, logits=held)
         return tuple(events)
     if inp.flat_stage == 3:  # our ZeRO-3 updates its parameter shards in place; the next forward gathers
