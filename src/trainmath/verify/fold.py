@@ -64,7 +64,8 @@ def fold(small, large, n: int, layers: int) -> tuple[int, dict, str]:
 
 def simulate_folded(config: dict, setup, layout, *, moe: bool, n: int, layers: int, progress=None):
     """The ``Simulation`` of ``layers`` layers from runs of ``n`` and ``n + 1`` (module docstring)."""
-    from trainmath.verify.simulate import segment_text, simulate
+    from trainmath.verify.segments import segment_text
+    from trainmath.verify.simulate import simulate
 
     small = simulate(config, setup, layout, moe=moe, layers=n, progress=progress)
     large = simulate(config, setup, layout, moe=moe, layers=n + 1, progress=progress)

@@ -4,7 +4,7 @@
 simulation reads — the global peak and its snapshot, exactly as torch's own code keeps them — and adds:
 
 - **the peak of each segment** of the step, a segment being (step, forward/backward/optimizer, the decoder layer's
-  position class; outside layers, the innermost module running): ``trainmath.verify.fold`` extrapolates these to more layers;
+  position class; outside layers, the innermost module running): ``trainmath.verify.fold`` extrapolates these;
 - **progress**: one line per decoder layer entered, forward and backward, to the ``progress`` callable;
 - **time per layer**: wall seconds spent inside decoder layers and outside them, for the time estimate.
 
@@ -12,8 +12,9 @@ What it leaves out: MemTracker's per-module peak snapshots (``memory_tracking``)
 Updating them walks every module seen so far on every op, which makes a step quadratic in the layer count (some
 75% of a 24-layer Qwen3-8B simulation, measured with cProfile); without them the step is linear.
 
-Between layers a segment is named by the layer class before it (``after top 0``). A layer's position class is its place counted from both ends: ``bottom 0``, ``bottom 1``, ``top 1``, ``top 0``,
-else ``interior``. FSDP2's prefetch makes the first and last layers differ from the rest (nothing to prefetch
+A layer's position class is its place counted from both ends: ``bottom 0``, ``bottom 1``, ``top 1``, ``top 0``,
+else ``interior``; between layers a segment is named by the layer class before it (``after top 0``).
+FSDP2's prefetch makes the first and last layers differ from the rest (nothing to prefetch
 beyond them); every other layer of a model of identical layers does the same thing at a place that moves by one
 layer's bytes per layer, so two layers at each end carry everything a longer model does (``fold``).
 
@@ -32,6 +33,12 @@ def position_class(i: int, layers: int) -> str:
     if layers - 1 - i < 2:
         return f"top {layers - 1 - i}"
     return "interior"
+
+
+def segment_text(key: tuple) -> str:
+    """A segment key of ``Segments.peaks`` in words."""
+    step, phase, where, inner = key
+    return f"step {step} {phase}, {where}" + (f" ({inner.lstrip('.')})" if inner else "")
 
 
 class Segments:

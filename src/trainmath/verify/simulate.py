@@ -43,7 +43,7 @@ from trainmath.layout import ParallelLayout
 from trainmath.memory.training import TrainingSetup
 from trainmath.verify.fake_experts import grouped_mm_rule, routing_standin
 from trainmath.verify.mixed import MasterWeights
-from trainmath.verify.segments import Segments
+from trainmath.verify.segments import Segments, segment_text
 
 DROP = ("quantization_config", "auto_map", "torch_dtype", "dtype", "architectures", "transformers_version")
 """Config keys that describe a checkpoint's files, not the model's shapes."""
@@ -238,9 +238,9 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
 
                 apply_selective(model)
             if fsdp:  # the runtime's wrapping: an fp32 router in a bf16 model is its own unit (runtime.fsdp)
-                from trainmath.runtime.fsdp import shard_model
-
                 from torch.distributed.fsdp import MixedPrecisionPolicy
+
+                from trainmath.runtime.fsdp import shard_model
 
                 mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else \
                     MixedPrecisionPolicy()
@@ -323,8 +323,3 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
                       peak_segment=segment_text(at), layers=len(decoder), segments=dict(segments.peaks),
                       layer_seconds=segments.layer_s)
 
-
-def segment_text(key: tuple) -> str:
-    """A segment key of ``Segments.peaks`` in words."""
-    step, phase, where, inner = key
-    return f"step {step} {phase}, {where}" + (f" ({inner.lstrip('.')})" if inner else "")
