@@ -28,7 +28,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     a = p.parse_args()
     base = ["memory", a.model, "--micro-batch", "1", "--seq", str(a.seq), "--simulate"]
-    print("| run | estimate (s) | simulation (s) | command wall (s) | simulated peak − buffers (B) | predicted cpu (B) |")
+    print("| run | estimate (s) | simulation (s) | command wall (s) | simulated peak − buffers (B) "
+          "| predicted cpu (B) |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, extra in [("full", []), (f"--simulate-layers {a.layers}", ["--simulate-layers", str(a.layers)])]:
         wall, sim, _ = run(base + extra)

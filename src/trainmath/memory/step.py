@@ -77,7 +77,8 @@ class StepInputs:
     grads_freed_by_copy: bool = False
     """The fp32 copies replace the model's gradients at the optimizer step: Megatron-LM's
     ``Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads`` sets ``model_param.grad = None`` after
-    each copy (one rank without ZeRO; ``trainmath.verify.mixed``)."""
+    each copy (one rank without ZeRO, gradients made in this step: ``set_to_none``, one micro-batch, no bucket
+    views; ``trainmath.verify.mixed``)."""
     flat: dict = field(default_factory=dict)
     """unit → ``flat_zero.FlatUnit`` under our flat-buffer ZeRO-1/2 (``zero_impl="trainmath"``), else empty."""
     flat_stage: int = 0
