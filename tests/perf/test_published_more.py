@@ -72,9 +72,16 @@ def test_inline_configs_reproduce_the_published_parameter_count(run):
 
 def test_only_flagged_rows_contradict_themselves():
     flagged = [r["id"] for r in RUNS if "inconsistent" in r]
-    assert flagged == ["megatron-bridge-25.11-h100-gpt-oss-120b-bf16-64gpus"]
-    r = next(r for r in RUNS if "inconsistent" in r)
+    assert flagged == ["megatron-bridge-26.02-h100-qwen3-30b-a3b-fp8-cs-16gpus",
+                       "megatron-bridge-25.11-h100-gpt-oss-120b-bf16-64gpus"]
+    r = RUNS[[x["id"] for x in RUNS].index(flagged[1])]
     assert r["job"]["global_batch"] != r["job"]["micro_batch"] * r["grad_accum"] * r["layout"]["dp"]
+    # the other: its TFLOP/s over its tokens/s is twice the FLOPs per token of the same model's other rows
+    per_token = {x["id"]: x["published_tflops"] * 1e12 / x["published"] for x in RUNS
+                 if x.get("catalog") == "Qwen/Qwen3-30B-A3B" and "published_tflops" in x}
+    suspect = per_token.pop(flagged[0])
+    assert all(suspect / v == pytest.approx(2, rel=0.02) for v in per_token.values())
+    assert [x["id"] for x in RUNS if x.get("throughput_suspect")] == flagged[:1]
 
 
 def test_throughput_and_step_time_agree_where_both_are_published():

@@ -5,10 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_mem_util, add_strict, config_json, config_lines, integer, positions_warning
-from trainmath.memory.optimizers import OPTIMIZERS
-from trainmath.memory.precision import RECIPES
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.args import add_mem_util, add_strict, byte_size, config_json, config_lines, integer, positions_warning
+from trainmath.vocabulary import (
+    ATTENTION,
+    DEVICES,
+    EXPERTS,
+    GRAD_LIFETIMES,
+    LOOP_KEEPS,
+    OFFLOAD,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PROFILES,
+    RECIPES,
+    RECOMPUTE,
+    ZERO_IMPLS,
+)
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
 PRECISIONS = tuple(RECIPES)
@@ -27,16 +38,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=integer, required=True, help="tokens per sequence")
     p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--optimizer-impl", choices=("forloop", "foreach", "fused"), default="foreach",
+    p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach",
                    help="torch optimizer implementation: forloop (foreach=False), foreach (the default on CUDA; "
                         "its temporaries hold one state-sized tensor per parameter), fused (no temporaries; "
                         "keeps the step scalars on the GPU)")
-    p.add_argument("--grad-lifetime", choices=("set_to_none", "zero", "accumulate"), default="set_to_none",
+    p.add_argument("--grad-lifetime", choices=GRAD_LIFETIMES, default="set_to_none",
                    help="when gradients exist: set_to_none (torch's zero_grad default: none when the step starts), "
                         "zero (zero_grad(set_to_none=False)), accumulate (gradient accumulation: the whole step)")
     p.add_argument("--bucket-view", action="store_true",
                    help="DDP gradient_as_bucket_view=True (ZeRO-0, dp > 1): gradients are views of the buckets")
-    p.add_argument("--loop-keeps", choices=("loss", "output"), default="loss",
+    p.add_argument("--loop-keeps", choices=sorted(LOOP_KEEPS), default="loss",
                    help="what the training loop holds through backward: loss (loss = model(...).loss, the "
                         "default, as the HF Trainer, torchtitan and Lightning: the logits are freed after the "
                         "forward) or output (out = model(...); the logits until the step returns)")
@@ -44,24 +55,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the loop calls backward() inside the torch.autocast context (amp-bf16): autocast's cache "
                         "keeps the forward's bf16 weight casts to the end of backward (about 2 bytes per linear "
                         "parameter more); default: backward() after the context exits")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+    p.add_argument("--device", choices=DEVICES, default="cuda",
                    help="cuda: what torch.cuda.max_memory_allocated reports; cpu: what CPU kernels allocate "
                         "(MemTracker on a CPU step)")
-    p.add_argument("--experts", choices=("grouped", "eager"), default="grouped",
+    p.add_argument("--experts", choices=EXPERTS, default="grouped",
                    help="routed experts as transformers runs them: grouped (grouped_mm, its default) or eager "
                         "(the per-expert loop, which saves more)")
-    p.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
+    p.add_argument("--offload", choices=OFFLOAD, default="none",
                    help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
-                        "parameter shards")
+                        "parameter shards. Prints the host RAM per node (host_bytes) as DeepSpeed pins it")
+    p.add_argument("--host-memory", type=byte_size, default=None, metavar="BYTES",
+                   help="host RAM per node for the --gpu verdict with --offload (e.g. 2TiB, 512GB; default 2 TiB, "
+                        "a DGX H100's; docs/offload.md)")
     p.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
                         "; full = every decoder layer")
-    p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
-    p.add_argument("--profile", choices=("hf", "megatron"), default="hf",
+    p.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    p.add_argument("--profile", choices=PROFILES, default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")
     p.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
-    p.add_argument("--zero-impl", choices=("deepspeed", "trainmath", "fsdp2"), default="deepspeed",
+    p.add_argument("--zero-impl", choices=ZERO_IMPLS, default="deepspeed",
                    help="whose ZeRO: deepspeed (ZeRO-1/2 with a reduce bucket of min(5e8, params) elements for "
                         "the whole step; ZeRO-3 as FSDP2), trainmath (trainmath train --impl trainmath: flat "
                         "padded buffers at the reduce and the all-gather only; ZeRO-3 without prefetch) or fsdp2 "
@@ -151,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
         from trainmath.hardware import gpu as lookup_gpu
 
         gpu = lookup_gpu(args.gpu)
+    from trainmath.memory.host import HOST_MEMORY_BYTES, check_host_memory
+
+    host_memory = check_host_memory(args.host_memory if args.host_memory is not None else HOST_MEMORY_BYTES)
     spec = load_spec(args.model, strict=args.strict)
     if args.simulate_layers is not None:
         from trainmath.verify.fold import check_foldable
@@ -170,7 +187,11 @@ def run(args: argparse.Namespace) -> int:
     if gpu is not None:
         from trainmath.memory.fit import fit
 
-        verdict = fit(spec, setup, layout, gpu, report=report, mem_util_percent=args.mem_util)
+        verdict = fit(spec, setup, layout, gpu, report=report, mem_util_percent=args.mem_util,
+                      host_memory_bytes=host_memory)
+    from trainmath.memory.host import job_host_memory
+
+    host = job_host_memory(spec, setup, layout, gpus_per_node=gpu.gpus_per_node if gpu is not None else None)
     sim = None
     if args.simulate:
         sim = simulation(args.model, spec, setup, layout, fold_layers=args.simulate_layers)
@@ -182,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.json:
         out = report.to_dict()
+        if host is not None:
+            out.update(host.to_dict())
         if verdict is not None:
             out.update(verdict.to_dict())
         if sim is not None:
@@ -191,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(render(report, explain=args.explain))
+    if host is not None:
+        print(render_host(host))
     for line in config_lines(spec) + ([f"warning: {warning}"] if warning else []):
         print(line)
     if verdict is not None:
@@ -308,10 +333,10 @@ def render(report, *, explain: bool = False) -> str:
     lines.append(f"  peak at {report.stages[report.stage].phase!r} (stage {report.stage}); --timeline prints "
                  f"every event")
     m = report.stages[report.stage]
-    fwd = [e for e in m.timeline if e.name.startswith("forward")]
+    fwd = [e for e in m.timeline if e.kind.in_forward]
     if fwd:  # what this rank has saved for backward when its forward ends (activations and, last stage, the head)
-        end = fwd[-1].parts
-        kept = end["activations_bytes"].value + end.get("logits_bytes", 0)
+        end = fwd[-1].live
+        kept = end.activations_bytes.value + end.logits_bytes
         lines.append(f"  saved for backward on this rank at {fwd[-1].name!r}: {kept:,} bytes ({human_bytes(kept)}): "
                      f"activations and the head's saved tensors and logits")
     lines.append("")
@@ -343,15 +368,38 @@ def render_timeline(report) -> str:
     return head + "\n" + table(["event", "bytes", "GiB (2**30)", ""], rows, align="lrrl")
 
 
+def render_host(host) -> str:
+    """The host RAM line of an offloaded job and its terms."""
+    from trainmath.render import human_bytes
+
+    terms = ", ".join(f"{n.name.removesuffix('_bytes')} {human_bytes(n.value)}" for n in host.per_rank.children
+                      if n.value)
+    return (f"host RAM per node: {host.host_bytes:,} bytes ({human_bytes(host.host_bytes)}) = {host.ranks_per_node} "
+            f"rank{'s' if host.ranks_per_node > 1 else ''} x {human_bytes(host.per_rank.value)} ({terms})\n"
+            + "\n".join(f"  {c}" for c in host.conventions))
+
+
 def render_fit(v) -> str:
-    """The verdict line, and when it does not fit, one line per lever re-run."""
+    """The verdict line (GPU and, with offload, host), and when it does not fit, one line per lever re-run."""
     from trainmath.render import human_bytes
 
     cap = f"{v.gpu.name} ({human_bytes(v.capacity_bytes)} = {v.capacity_bytes:,} bytes usable; GiB = 2**30 bytes, " \
           f"the datasheet's 'GB' read as GiB)"
+    host = []
+    if v.host is not None:
+        h = v.host
+        host = [(f"host RAM fits: margin {human_bytes(h.margin_bytes)} ({h.margin_bytes:,} bytes)" if h.fits else
+                 f"host RAM does NOT fit: short by {human_bytes(-h.margin_bytes)} ({-h.margin_bytes:,} bytes)"),
+                h.rule]
     if v.fits:
-        return f"fits {cap}: margin {human_bytes(v.margin_bytes)} ({v.margin_bytes:,} bytes)\n{v.rule}"
-    lines = [f"does NOT fit {cap}: short by {human_bytes(-v.margin_bytes)} ({-v.margin_bytes:,} bytes)", v.rule]
+        return "\n".join([f"fits {cap}: margin {human_bytes(v.margin_bytes)} ({v.margin_bytes:,} bytes)", v.rule,
+                          *host])
+    if v.gpu_fits:
+        lines = [f"does NOT fit: the host RAM is exceeded (the GPU fits {cap}: margin "
+                 f"{human_bytes(v.margin_bytes)})", v.rule, *host]
+    else:
+        lines = [f"does NOT fit {cap}: short by {human_bytes(-v.margin_bytes)} ({-v.margin_bytes:,} bytes)", v.rule,
+                 *host]
     good = [lv for lv in v.levers if lv.fits]
     lines.append("would fit with: " + (", ".join(f"{lv.name} ({human_bytes(lv.peak_bytes)})" for lv in good)
                                        if good else "none of the single levers below"))
@@ -359,5 +407,6 @@ def render_fit(v) -> str:
         if lv.peak_bytes is None:
             lines.append(f"  {lv.name}: cannot be built here: {lv.reason}")
         else:
-            lines.append(f"  {lv.name}: peak {human_bytes(lv.peak_bytes)} -> {'fits' if lv.fits else 'does not fit'}")
+            lines.append(f"  {lv.name}: peak {human_bytes(lv.peak_bytes)} -> {'fits' if lv.fits else 'does not fit'}"
+                         + (f" ({lv.reason})" if lv.reason else ""))
     return "\n".join(lines)

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def build(args: argparse.Namespace) -> str:
     """The page's HTML for parsed flags (shared with ``serve``'s report link)."""
-    from trainmath.cli.args import positions_warning
+    from trainmath.args import positions_warning
     from trainmath.report.gather import gather
     from trainmath.report.html import page
     from trainmath.report.options import plan_from_args, serving_from_args, training_from_args
@@ -35,7 +35,8 @@ def build(args: argparse.Namespace) -> str:
     spec = load_spec(args.model)
     positions_warning(spec, setup.seq, "--seq")  # learned positions: an error, as in flops and memory
     return page(gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
-                       mem_util_percent=args.mem_util, serve_output=args.serve_output))
+                       mem_util_percent=args.mem_util, serve_output=args.serve_output,
+                       **({} if args.host_memory is None else {"host_memory_bytes": args.host_memory})))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ SHRINK = ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "exp
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    from trainmath.cli.args import count, host, number, port
+    from trainmath.args import count, host, number, port
     from trainmath.runtime.train import config as c
 
     p.add_argument("model", help="catalog name, config.json, or a directory holding one")

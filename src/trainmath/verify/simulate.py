@@ -44,6 +44,7 @@ from trainmath.memory.training import TrainingSetup
 from trainmath.verify.fake_experts import grouped_mm_rule, routing_standin
 from trainmath.verify.mixed import MasterWeights
 from trainmath.verify.segments import Segments, segment_text
+from trainmath.vocabulary import TRAIN_PRECISIONS
 
 DROP = ("quantization_config", "auto_map", "torch_dtype", "dtype", "architectures", "transformers_version")
 """Config keys that describe a checkpoint's files, not the model's shapes."""
@@ -136,8 +137,8 @@ def saved_counter(model):
 def check_simulable(setup: TrainingSetup, layout: ParallelLayout) -> None:
     """One ``TrainmathError`` for what the simulation cannot run."""
     bad = []
-    if setup.precision not in ("fp32", "amp-bf16", "bf16", "mixed-bf16"):
-        bad.append(f"--precision {setup.precision} (simulate fp32, amp-bf16, bf16 or mixed-bf16)")
+    if setup.precision not in TRAIN_PRECISIONS:  # the precisions trainmath train runs
+        bad.append(f"--precision {setup.precision} (simulate {', '.join(TRAIN_PRECISIONS)})")
     if setup.optimizer not in OPTIMIZERS:
         bad.append(f"--optimizer {setup.optimizer} (simulate one of {', '.join(OPTIMIZERS)})")
     if setup.profile != "hf":

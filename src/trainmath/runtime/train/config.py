@@ -12,17 +12,15 @@ import os
 from dataclasses import dataclass, field
 
 from trainmath.errors import TrainmathError
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.vocabulary import RECOMPUTE, TRAIN_OPTIMIZERS, TRAIN_PRECISIONS
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 IMPLS = ("torch", "trainmath")
-PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16")
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+PRECISIONS = TRAIN_PRECISIONS
+OPTIMIZERS = TRAIN_OPTIMIZERS
 OPTIMIZER_IMPLS = ("torch", "trainmath")
 COMMS = ("ring", "torch")
 
-CALCULATOR_OPTIMIZER = {"sgd": "sgd", "momentum": "sgd-momentum", "adam": "adam", "adamw": "adamw"}
-"""Our optimizer flag → the calculator's optimizer name."""
 
 ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 
