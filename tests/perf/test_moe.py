@@ -129,25 +129,36 @@ def test_the_overhead_constants_are_the_fit():
 MOE_MEDIAN = 0.199  # the 32 priced MoE rows after the terms (docs/benchmarks.md)
 
 
+LATER_SOURCES = {"flash-attention-training", "flagperf", "internlm-train-performance", "tinyllama"}
+"""Sources of published_runs_more.json added after the figures below were recorded (pinned separately)."""
+
+
 def test_published_error_table_does_not_regress():
     """The figures docs/benchmarks.md records for ``plan_oracles.py --more`` after the MoE terms (median |speed−1|
     and share within 15%); a change that makes any of them worse fails here."""
     sys.path.insert(0, str(ROOT / "tests" / "perf"))
     from published_more import RUNS, try_predict
 
-    errs: dict[str, list[float]] = {"all": [], "moe": []}
+    errs: dict[str, list[float]] = {"all": [], "moe": [], "every source": []}
     for r in RUNS:
         p, _ = try_predict(r)
         if p is None:
             continue
         ratio = r["published"] / p if r["metric"] == "step_time_s" else p / r["published"]
-        errs["all"].append(abs(ratio - 1))
+        errs["every source"].append(abs(ratio - 1))
+        if r["paper"] not in LATER_SOURCES:
+            errs["all"].append(abs(ratio - 1))
         if r["moe"]:
             errs["moe"].append(abs(ratio - 1))
     assert len(errs["all"]) == 184 and len(errs["moe"]) == 32
     assert statistics.median(errs["all"]) <= 0.148
     assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.50
     assert statistics.median(errs["moe"]) <= MOE_MEDIAN
+    # with the sources added after the MoE terms (docs/benchmarks.md, "four more publishers")
+    every = errs["every source"]
+    assert len(every) == 220
+    assert statistics.median(every) <= 0.191
+    assert sum(e <= 0.15 for e in every) / len(every) >= 0.427
 
 
 def test_cli_refuses_an_imbalance_below_one():

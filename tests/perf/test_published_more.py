@@ -27,6 +27,25 @@ def test_enough_runs_and_sources():
     assert len(papers) >= 8
 
 
+def test_at_least_eight_independent_publishers():
+    """Several documents of one publisher (NVIDIA's NeMo, Megatron-Bridge and DGX Cloud pages) count once."""
+    publishers = DATA["publishers"]
+    assert set(publishers) == set(DATA["sources"])
+    assert len(set(publishers.values())) >= 8
+    priced = {publishers[r["paper"]] for r in RUNS if try_predict(r)[0] is not None}
+    assert len(priced) >= 8, "each publisher has at least one run the model prices"
+
+
+def test_rows_left_out_say_why_and_are_not_in_runs():
+    """Transcribed rows on a GPU without a preset are kept in 'not_priced' with their reason, not dropped."""
+    names = {g.name for g in presets().gpus}
+    ids = {r["id"] for r in RUNS}
+    for r in DATA["not_priced"]:
+        assert r["paper"] in DATA["sources"] and r["reason"] and r["published"] > 0
+        assert LOCATION.search(r["location"]), r["location"]
+        assert r["gpu"] not in names and r["id"] not in ids
+
+
 def test_coverage_of_what_the_model_must_learn():
     assert {r["precision"] for r in RUNS} == {"bf16", "fp8"}
     assert any(r["moe"] for r in RUNS) and any(not r["moe"] for r in RUNS)

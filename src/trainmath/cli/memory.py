@@ -112,7 +112,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also run one step of the real transformers code on fake tensors under MemTracker (CPU; "
                         "one device, rank 0 of FSDP2 with --zero 3 --dp W, or rank 0 of --tp N [--sp] "
                         "[--vocab-parallel]; needs torch and transformers) and print its peak beside the --device "
-                        "cpu prediction")
+                        "cpu prediction; progress per layer and a time estimate go to stderr)")
+    p.add_argument("--simulate-layers", type=integer, default=None, metavar="N",
+                   help="with --simulate: simulate N and N+1 decoder layers (N >= 4) and fold in the rest, each "
+                        "segment's peak extrapolated linearly (exact for a model of identical layers; said in "
+                        "the output)")
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--explain", "--verbose", dest="explain", action="store_true",
@@ -150,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     bad = check_setup(setup) + layout_problems(layout)
     if bad:
         raise TrainmathError("; ".join(bad))
+    if args.simulate_layers is not None and not args.simulate:
+        raise TrainmathError("--simulate-layers needs --simulate")
     if args.simulate:
         from trainmath.verify.simulate import check_simulable
 
@@ -163,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
 
     host_memory = check_host_memory(args.host_memory if args.host_memory is not None else HOST_MEMORY_BYTES)
     spec = load_spec(args.model, strict=args.strict)
+    if args.simulate_layers is not None:
+        from trainmath.verify.fold import check_foldable
+
+        check_foldable(spec, args.simulate_layers)
     warning = positions_warning(spec, args.seq, "--seq")
     try:
         report = training_memory(spec, setup, layout)
@@ -184,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     host = job_host_memory(spec, setup, layout, gpus_per_node=gpu.gpus_per_node if gpu is not None else None)
     sim = None
     if args.simulate:
-        sim = simulation(args.model, spec, setup, layout)
+        sim = simulation(args.model, spec, setup, layout, fold_layers=args.simulate_layers)
     if args.timeline and args.json:
         print(json.dumps(report.to_dict()["timeline"], indent=1))
         return 0
@@ -215,8 +225,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def simulation(model: str, spec, setup, layout) -> dict:
-    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures)."""
+def progress(line: str) -> None:
+    """A line of the simulation's progress on stderr."""
+    import sys
+
+    print(f"simulate: {line}", file=sys.stderr, flush=True)
+
+
+def simulation(model: str, spec, setup, layout, *, fold_layers: int | None = None) -> dict:
+    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures); with
+    ``fold_layers``, simulated on that many layers and one more and folded (``trainmath.verify.fold``)."""
     from dataclasses import replace
 
     from trainmath.memory.training import experts_path, training_memory
@@ -227,9 +245,22 @@ def simulation(model: str, spec, setup, layout) -> dict:
     moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
     if moe:  # simulate the path the prediction models (a grouped path not modelled is its eager loop)
         setup = replace(setup, experts=experts_path(spec, setup))
-    sim = simulate(resolve(model).config, setup, layout, moe=moe)
+    from trainmath.verify.fold import estimate_seconds, simulate_folded
+
+    config = resolve(model).config
+    layers = len(spec.layers)
+    folding = fold_layers is not None and fold_layers + 1 < layers
+    runs = [fold_layers, fold_layers + 1] if folding else [layers]
+    est, per_layer, rest = estimate_seconds(config, setup, layout, moe=moe, runs=runs)
+    progress(f"estimated {est:.0f} s for {' + '.join(map(str, runs))} layers (an estimate: {per_layer:.2f} s per "
+             f"layer and {rest:.1f} s for the rest, timed on a 2-layer run of the same width just now)")
+    if folding:
+        sim = simulate_folded(config, setup, layout, moe=moe, n=fold_layers, layers=layers, progress=progress)
+    else:
+        sim = simulate(config, setup, layout, moe=moe, progress=progress)
     cpu = training_memory(spec, replace(setup, device="cpu"), layout)
     out = sim.to_dict()
+    out["estimated_seconds"] = round(est, 1)
     out["predicted_cpu_peak_bytes"] = cpu.peak_bytes
     out["predicted_cpu_peak_event"] = cpu.stages[cpu.stage].phase
     out["difference_bytes"] = cpu.peak_bytes - (sim.peak_bytes - sim.buffers_bytes)
@@ -242,7 +273,7 @@ def simulate_only(args, spec, setup, layout, refusal: str) -> int:
     from trainmath.sources import resolve
     from trainmath.verify.simulate import simulate
 
-    sim = simulate(resolve(args.model).config, setup, layout).to_dict()
+    sim = simulate(resolve(args.model).config, setup, layout, progress=progress).to_dict()
     if args.json:
         print(json.dumps({"simulation": sim, "prediction_error": refusal, "config": config_json(spec)}, indent=1))
         return 0
@@ -268,6 +299,8 @@ def render_simulation(sim: dict) -> str:
         "",
         f"simulated (transformers on fake tensors under MemTracker, CPU, {sim['seconds']:.1f} s): peak "
         f"{sim['peak_bytes']:,} bytes ({human_bytes(sim['peak_bytes'])}): {kinds}",
+        f"  loop: {sim['loop']}; peak at {sim['peak_segment']}",
+        *([f"  {sim['folded']}"] if sim.get("folded") else []),
         f"  less module buffers ({sim['buffers_bytes']:,} bytes, not modelled): {measured:,}",
         f"  predicted with --device cpu: {sim['predicted_cpu_peak_bytes']:,} at "
         f"{sim['predicted_cpu_peak_event']!r}; difference {sim['difference_bytes']:+,} bytes ({rel:+.2f}%)",

@@ -446,6 +446,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         tied_head=layout.pp == 1 and any(t.tied for t in spec.post), tied_grad=_tied_grad(spec, pl, layout, prec, gran),
         persistent=persistent, grads_persist=persist,
         optimizer_temporaries=temps, fp32_grad_copies=fp32g,
+        grads_freed_by_copy=bool(fp32g) and (layout.zero == 0 or layout.zero_degree == 1) and not persist,
         positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0,
         autocast_cache=_autocast_cache(pl, gran) if setup.backward_in_autocast else {},
         casts_saved=setup.recompute == "none")
