@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(command if command in COMMANDS else None)
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version, or a usage error already printed in one line (cli.args.Parser)
+    except SystemExit as e:  # --help, --version, or a usage error already printed in one line (trainmath.args.Parser)
         return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.func(args) or 0)
