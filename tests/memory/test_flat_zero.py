@@ -8,9 +8,9 @@ import pytest
 
 from trainmath.comm import flat as cf
 from trainmath.comm.volume import dp_step_collective_bytes
+from trainmath.families import spec_from_config
 from trainmath.layout import ParallelLayout
 from trainmath.memory.training import TrainingSetup, training_memory
-from trainmath.model import spec_from_config
 from trainmath.placement import place
 from trainmath.tree import check_sums
 from trainmath.vocabulary import get_precision

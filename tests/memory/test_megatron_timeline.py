@@ -13,10 +13,10 @@ from importlib import resources
 
 import pytest
 
+from trainmath.families import spec_from_config
 from trainmath.layout import ParallelLayout
 from trainmath.memory.megatron import layer_terms
 from trainmath.memory.training import TrainingSetup, training_memory
-from trainmath.model import spec_from_config
 from trainmath.sources import load_spec
 
 S, B, H, A, L, T = 2048, 1, 12288, 96, 96, 8

@@ -20,8 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.memory.training import TrainingSetup, training_memory  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, head_dim=16)

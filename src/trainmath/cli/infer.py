@@ -14,7 +14,7 @@ from trainmath.args import (
     integer,
     positions_warning,
 )
-from trainmath.cli.infer_speed import add_speed_arguments, run_speed, speed_requested
+from trainmath.cli.infer_speed import add_speed_arguments, kv_heads_of, run_speed, speed_requested
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,6 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tokens a sliding layer keeps (default window-1, as transformers' DynamicCache)")
     c.add_argument("--conv-tokens", choices=("kernel", "kernel-1"), default="kernel",
                    help="columns of a conv state (default kernel, as transformers)")
+    c.add_argument("--kv-heads", choices=("model-code", "kv-heads"), default=None,
+                   help="heads the K/V cache stores: model-code (as the model's transformers code caches them) or "
+                        "kv-heads (the config's K/V heads, as TensorRT-LLM and vLLM allocate it); default: model-code, "
+                        "kv-heads with --engine vllm or trtllm. They differ for Falcon's new decoder architecture")
     c.add_argument("--state-dtype", default="fp32", help="recurrent/SSM state format (default fp32)")
     c.add_argument("--conv-dtype", default="bf16", help="conv state format (default bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         weights=weights,
         cache=CacheFormat(
             kv_dtype=dtype_name(args.kv_dtype, KV_DTYPES, "kv dtype"), mla_cache=args.mla_cache,
-            sliding_tokens=args.sliding_tokens, conv_tokens=args.conv_tokens,
+            sliding_tokens=args.sliding_tokens, conv_tokens=args.conv_tokens, kv_heads=kv_heads_of(args),
             state_dtype=dtype_name(args.state_dtype, floats, "state dtype"),
             conv_dtype=dtype_name(args.conv_dtype, floats, "conv dtype")),
     )

@@ -11,6 +11,15 @@ from trainmath.args import count, number
 MAX_TOKENS = 1 << 24
 """16M tokens: longer prompts or outputs than any model serves are refused as absurd."""
 MAX_SEQS = 1 << 20
+ENGINES = ("transformers", "vllm", "trtllm")
+
+
+def kv_heads_of(args: argparse.Namespace) -> str:
+    """``--kv-heads``, else the ``--engine``'s: the model code's heads for transformers (and no engine), the
+    config's K/V heads for vLLM and TensorRT-LLM (``infer.kv.CacheFormat.kv_heads``)."""
+    if getattr(args, "kv_heads", None):
+        return args.kv_heads
+    return "kv-heads" if getattr(args, "engine", None) in ("vllm", "trtllm") else "model-code"
 
 
 def add_speed_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,8 +33,11 @@ def add_speed_arguments(p: argparse.ArgumentParser) -> None:
                         "(as `vllm bench serve --max-concurrency C` measures)")
     s.add_argument("--max-num-batched-tokens", type=count(1, MAX_TOKENS, what="a token count"), default=8192,
                    help="chunked-prefill token budget per step (default 8192, vLLM V1's default)")
-    s.add_argument("--engine", choices=("vllm",), default=None,
-                   help="also the KV capacity as vLLM computes it (gpu_memory_utilization 0.9, 16-token blocks)")
+    s.add_argument("--engine", choices=ENGINES, default=None,
+                   help="the engine whose conventions apply: transformers (default: the model code's cache), vllm "
+                        "(K/V heads as the config names them, and the KV capacity as vLLM computes it: "
+                        "gpu_memory_utilization 0.9, 16-token blocks) or trtllm (K/V heads as the config names them; "
+                        "no capacity model)")
     s.add_argument("--gpu-memory-utilization", type=number(0, 1, exclusive_minimum=True), default=0.9,
                    help="--engine vllm: vLLM's gpu_memory_utilization (default 0.9, vLLM's default)")
     s.add_argument("--device", choices=("cpu",), default=None,
@@ -83,6 +95,8 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         "evenly over the ranks (balanced routing); step = max(GEMM compute, weight bytes) + max(attention "
         "compute, cache bytes) + communication + overhead",
         "memory: weights touched (routed experts E*[1-(1-k/E)^T]) + cache read + cache written, per rank",
+        f"engine: {args.engine or 'transformers'}",
+        *setup.cache.conventions(),
     ]
     if args.concurrency is not None:
         conventions.append("continuous batching: chunked prefill, max_num_batched_tokens "

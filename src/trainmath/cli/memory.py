@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.args import add_mem_util, add_strict, config_json, config_lines, integer, positions_warning
+from trainmath.args import add_mem_util, add_strict, byte_size, config_json, config_lines, integer, positions_warning
 from trainmath.vocabulary import (
     ATTENTION,
     DEVICES,
@@ -63,7 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(the per-expert loop, which saves more)")
     p.add_argument("--offload", choices=OFFLOAD, default="none",
                    help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
-                        "parameter shards")
+                        "parameter shards. Prints the host RAM per node (host_bytes) as DeepSpeed pins it")
+    p.add_argument("--host-memory", type=byte_size, default=None, metavar="BYTES",
+                   help="host RAM per node for the --gpu verdict with --offload (e.g. 2TiB, 512GB; default 2 TiB, "
+                        "a DGX H100's; docs/offload.md)")
     p.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
@@ -156,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
         from trainmath.hardware import gpu as lookup_gpu
 
         gpu = lookup_gpu(args.gpu)
+    from trainmath.memory.host import HOST_MEMORY_BYTES, check_host_memory
+
+    host_memory = check_host_memory(args.host_memory if args.host_memory is not None else HOST_MEMORY_BYTES)
     spec = load_spec(args.model, strict=args.strict)
     warning = positions_warning(spec, args.seq, "--seq")
     try:
@@ -171,7 +177,11 @@ def run(args: argparse.Namespace) -> int:
     if gpu is not None:
         from trainmath.memory.fit import fit
 
-        verdict = fit(spec, setup, layout, gpu, report=report, mem_util_percent=args.mem_util)
+        verdict = fit(spec, setup, layout, gpu, report=report, mem_util_percent=args.mem_util,
+                      host_memory_bytes=host_memory)
+    from trainmath.memory.host import job_host_memory
+
+    host = job_host_memory(spec, setup, layout, gpus_per_node=gpu.gpus_per_node if gpu is not None else None)
     sim = None
     if args.simulate:
         sim = simulation(args.model, spec, setup, layout)
@@ -183,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.json:
         out = report.to_dict()
+        if host is not None:
+            out.update(host.to_dict())
         if verdict is not None:
             out.update(verdict.to_dict())
         if sim is not None:
@@ -192,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(render(report, explain=args.explain))
+    if host is not None:
+        print(render_host(host))
     for line in config_lines(spec) + ([f"warning: {warning}"] if warning else []):
         print(line)
     if verdict is not None:
@@ -321,15 +335,38 @@ def render_timeline(report) -> str:
     return head + "\n" + table(["event", "bytes", "GiB (2**30)", ""], rows, align="lrrl")
 
 
+def render_host(host) -> str:
+    """The host RAM line of an offloaded job and its terms."""
+    from trainmath.render import human_bytes
+
+    terms = ", ".join(f"{n.name.removesuffix('_bytes')} {human_bytes(n.value)}" for n in host.per_rank.children
+                      if n.value)
+    return (f"host RAM per node: {host.host_bytes:,} bytes ({human_bytes(host.host_bytes)}) = {host.ranks_per_node} "
+            f"rank{'s' if host.ranks_per_node > 1 else ''} x {human_bytes(host.per_rank.value)} ({terms})\n"
+            + "\n".join(f"  {c}" for c in host.conventions))
+
+
 def render_fit(v) -> str:
-    """The verdict line, and when it does not fit, one line per lever re-run."""
+    """The verdict line (GPU and, with offload, host), and when it does not fit, one line per lever re-run."""
     from trainmath.render import human_bytes
 
     cap = f"{v.gpu.name} ({human_bytes(v.capacity_bytes)} = {v.capacity_bytes:,} bytes usable; GiB = 2**30 bytes, " \
           f"the datasheet's 'GB' read as GiB)"
+    host = []
+    if v.host is not None:
+        h = v.host
+        host = [(f"host RAM fits: margin {human_bytes(h.margin_bytes)} ({h.margin_bytes:,} bytes)" if h.fits else
+                 f"host RAM does NOT fit: short by {human_bytes(-h.margin_bytes)} ({-h.margin_bytes:,} bytes)"),
+                h.rule]
     if v.fits:
-        return f"fits {cap}: margin {human_bytes(v.margin_bytes)} ({v.margin_bytes:,} bytes)\n{v.rule}"
-    lines = [f"does NOT fit {cap}: short by {human_bytes(-v.margin_bytes)} ({-v.margin_bytes:,} bytes)", v.rule]
+        return "\n".join([f"fits {cap}: margin {human_bytes(v.margin_bytes)} ({v.margin_bytes:,} bytes)", v.rule,
+                          *host])
+    if v.gpu_fits:
+        lines = [f"does NOT fit: the host RAM is exceeded (the GPU fits {cap}: margin "
+                 f"{human_bytes(v.margin_bytes)})", v.rule, *host]
+    else:
+        lines = [f"does NOT fit {cap}: short by {human_bytes(-v.margin_bytes)} ({-v.margin_bytes:,} bytes)", v.rule,
+                 *host]
     good = [lv for lv in v.levers if lv.fits]
     lines.append("would fit with: " + (", ".join(f"{lv.name} ({human_bytes(lv.peak_bytes)})" for lv in good)
                                        if good else "none of the single levers below"))
@@ -337,5 +374,6 @@ def render_fit(v) -> str:
         if lv.peak_bytes is None:
             lines.append(f"  {lv.name}: cannot be built here: {lv.reason}")
         else:
-            lines.append(f"  {lv.name}: peak {human_bytes(lv.peak_bytes)} -> {'fits' if lv.fits else 'does not fit'}")
+            lines.append(f"  {lv.name}: peak {human_bytes(lv.peak_bytes)} -> {'fits' if lv.fits else 'does not fit'}"
+                         + (f" ({lv.reason})" if lv.reason else ""))
     return "\n".join(lines)

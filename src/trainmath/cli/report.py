@@ -35,7 +35,8 @@ def build(args: argparse.Namespace) -> str:
     spec = load_spec(args.model)
     positions_warning(spec, setup.seq, "--seq")  # learned positions: an error, as in flops and memory
     return page(gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
-                       mem_util_percent=args.mem_util, serve_output=args.serve_output))
+                       mem_util_percent=args.mem_util, serve_output=args.serve_output,
+                       **({} if args.host_memory is None else {"host_memory_bytes": args.host_memory})))
 
 
 def run(args: argparse.Namespace) -> int:

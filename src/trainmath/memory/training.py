@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from trainmath import families
 from trainmath.arith import ceil_div
 from trainmath.comm.flat import flat_units
 from trainmath.errors import TrainmathError
@@ -31,8 +32,6 @@ from trainmath.memory.step import TERMS as TERMS  # the breakdown's fields
 from trainmath.memory.step import Event, Persistent, StepInputs
 from trainmath.memory.terms import framework_overhead, loss_parallel_bytes, loss_transients, weight_copies_bytes
 from trainmath.model.spec import MLPDims, ModelSpec, MoEDims
-from trainmath.ops import families as op_families
-from trainmath.ops.families import TP_MEASURED, tp_measured
 from trainmath.ops.kernels.experts import routed_weights
 from trainmath.placement import Placement, place
 from trainmath.tree import Node
@@ -191,10 +190,8 @@ def _activation_model(activation_model):
 
 def experts_path(spec: ModelSpec, setup: TrainingSetup) -> str:
     """The expert path modelled: ``setup.experts``, except the families whose grouped path is not modelled
-    (``activations.GROUPED_UNMODELLED``), which get their eager loop (the conventions say so)."""
-    from trainmath.memory.activations import GROUPED_UNMODELLED
-
-    return "eager" if setup.experts == "grouped" and spec.model_type in GROUPED_UNMODELLED else setup.experts
+    (``Style.experts_grouped``), which get their eager loop (the conventions say so)."""
+    return "eager" if setup.experts == "grouped" and not spec.family.row.experts_grouped else setup.experts
 
 
 def _per_layer(act: Node, spec: ModelSpec, layers: range) -> tuple[dict, list[Node], int]:
@@ -231,7 +228,9 @@ def vocab_sharded(setup: TrainingSetup, layout: ParallelLayout) -> bool:
 
 def layout_text(setup: TrainingSetup, layout: ParallelLayout, model_type: str = "",
                 options: dict | None = None) -> str:
-    """The convention line that says what each degree means here."""
+    """The convention line that says what each degree means here (whether ``model_type``'s TP fold is measured:
+    ``FamilyDef.tp``)."""
+    fam = families.get(model_type)
     if layout.tp == 1 and layout.cp == 1 and layout.ep == 1:
         return f"layout {layout.describe()}: no tensor, context or expert parallelism; per-rank figures"
     if setup.profile == "megatron":
@@ -246,9 +245,9 @@ def layout_text(setup: TrainingSetup, layout: ParallelLayout, model_type: str = 
                      + (", vocabulary-parallel embedding, head and loss (V/tp per rank)" if layout.vocab_parallel
                         else ", embedding, LM head and loss whole on every rank")
                      + (f"; {model_type}: measured equal on gloo ranks (the plan is trainmath.runtime.tensor_parallel"
-                        f".apply_tp)" if tp_measured(model_type, options) else
+                        f".apply_tp)" if fam is not None and fam.tp_measured(options) else
                         f"; {model_type or 'this family'}: derived from the op lists' axes, not measured (measured: "
-                        f"{', '.join(TP_MEASURED)})"))
+                        f"{', '.join(families.tp_measured_families())})"))
     if layout.cp > 1:
         parts.append(f"cp {layout.cp}: s/cp positions per rank (and T/cp·k routed rows); ring attention keeps the "
                      f"rank's query, its local K/V chunk, output and logsumexp (K/V rotation buffers are transients, "
@@ -265,22 +264,18 @@ def _fsdp2_mixer(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     """layer index → ``fsdp2.MixerBackward``, and layer index → ``fsdp2.NormBackward``, of its op list (the hf
     profile, one rank of data parallelism only: tp = cp = ep = 1), for the layers with one."""
     if setup.profile != "hf" or layout.tp > 1 or layout.cp > 1 or layout.ep > 1 \
-            or spec.model_type not in op_families.LAYERS:
+            or spec.family.layer is None:
         return {}, {}
-    from trainmath.ops.context import Ctx, Family, Router
     from trainmath.ops.context import Precision as OpPrecision
-    from trainmath.ops.ir import Program
+    from trainmath.ops.program import EmitJob, context, layer_program
 
-    style = op_families.style(spec.model_type)
-    config = {**spec.options, "model_type": spec.model_type}
-    ctx = Ctx(b=setup.micro_batch, s=setup.seq, d=spec.hidden_size,
-              p=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
-              eager=setup.attention == "eager" or style.attention == "eager", experts=experts_path(spec, setup),
-              router=Router.from_config(config), family=Family.from_config(config), device=setup.device)
+    job = EmitJob(batch=setup.micro_batch, seq=setup.seq,
+                  precision=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
+                  attention=setup.attention, experts=experts_path(spec, setup), device=setup.device)
+    ctx = context(spec, job)
     out, norms = {}, {}
     for i in pl.layers:
-        prog = Program()
-        op_families.LAYERS[spec.model_type](prog, ctx, spec.layers[i], style)
+        prog = layer_program(spec, job, spec.layers[i], ctx)
         mix = fsdp2.mixer_backward(prog.ops, [t for t in pl.tensors if t.unit == f"layer.{i}"],
                                    param_bytes=prec.weight_bytes, granularity=gran)
         if mix:
@@ -333,7 +328,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
               ep=layout.ep, vocab_parallel=layout.vocab_parallel, device=setup.device)
     act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
     saved, resident, transient = _per_layer(act, spec, pl.layers)
-    if setup.recompute in ("full", "selective") and setup.profile == "hf" and spec.model_type != "gpt2":
+    if setup.recompute in ("full", "selective") and setup.profile == "hf" and spec.family.checkpoint_position_ids:
         # torch.utils.checkpoint keeps every argument of the layer: also the (1, s) int64 position ids
         resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * ceil_div(setup.seq, layout.cp),
                                     unit="bytes")]
@@ -379,7 +374,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     ffn = {}
     # the eager loop's full-size expert gradients, measured on one device; under ZeRO-3 (FSDP2's unsharded
     # parameters and its own gradient handling) the simulation holds less than this term: not applied there yet
-    slices = experts_path(spec, setup) == "eager" and op_families.style(spec.model_type).expert_slices \
+    slices = experts_path(spec, setup) == "eager" and spec.family.row.expert_slices \
         and layout.zero < 3
     for i in pl.layers:
         mlp = [b.dims for b in spec.layers[i].blocks if isinstance(b.dims, MLPDims)]
@@ -465,9 +460,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
 def fp32_router(spec: ModelSpec, prec) -> bool:
     """transformers keeps the family's router weight fp32 (``Style.router_fp32``: DeepSeek-V2/V3, GLM-4.5) and
     the model's weights are lower precision (bf16, no fp32 master copy)."""
-    from trainmath.ops.families import STYLES
-
-    style = STYLES.get(spec.model_type)
+    style = spec.family.style
     return bool(style and style.router_fp32) and prec.weight_bytes < 4 and not prec.master_bytes
 
 
@@ -491,7 +484,7 @@ def _dropout_text(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, ...]:
     """The convention line for a config that trains with dropout (hf profile), else nothing."""
     from trainmath.ops.context import DROPOUT_KEYS, Family
 
-    fam = Family.from_config({**spec.options, "model_type": spec.model_type})
+    fam = Family.from_config(spec.options, spec.family.config_defaults)
     probs = [f"{k.removesuffix('_dropout')} {getattr(fam, k)}" for k in DROPOUT_KEYS if getattr(fam, k)]
     if not probs or setup.profile != "hf":
         return ()

@@ -53,7 +53,7 @@ def _ledger1(spec: ModelSpec, seq: int):
 def _dropouts(spec: ModelSpec) -> dict:
     from trainmath.ops.context import Family
 
-    fam = Family.from_config({**spec.options, "model_type": spec.model_type})
+    fam = Family.from_config(spec.options, spec.family.config_defaults)
     return {"attention_dropout": fam.attention_dropout, "residual_dropout": fam.residual_dropout}
 
 

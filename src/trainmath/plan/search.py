@@ -227,9 +227,7 @@ def fit_profiles_default(spec: ModelSpec, job: Job) -> tuple[str, ...]:
     """The activation profiles a recommended layout must fit under: the job's, and the hf profile too where
     transformers' saved tensors are modelled for the family (a layout that fits only the leaner profile is one
     implementation away from running out of memory)."""
-    from trainmath.memory.activations import HF_FAMILIES
-
-    extra = ("hf",) if job.profile != "hf" and spec.model_type in HF_FAMILIES else ()
+    extra = ("hf",) if job.profile != "hf" and spec.family.modelled else ()
     return (job.profile, *extra)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trainmath.errors import TrainmathError
+from trainmath.memory.host import HOST_MEMORY_BYTES
 from trainmath.plot.charts import peak_phase
 from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
 from trainmath.vocabulary import RECOMPUTE
@@ -35,6 +36,10 @@ class ReportData:
     """``PlanResult`` of ``trainmath plan`` for the job (when the GPU count was given), or None."""
     mem_util_percent: int = MEM_UTIL_PERCENT
     """``--mem-util``: the fit rule's usable share (``trainmath.usable``)."""
+    host: object = None
+    """``memory.host.HostMemory`` of an offloaded job (host RAM per node), or None without offload."""
+    host_memory_bytes: int = HOST_MEMORY_BYTES
+    """``--host-memory``: host RAM per node the verdict checks ``host`` against."""
     speed: object = None
     """``infer.speed.FixedBatch`` of the serving setup on ``gpu`` (a prompt of its context, then
     ``serve_output`` tokens), or None without a GPU."""
@@ -46,10 +51,16 @@ class ReportData:
             return None
         usable = usable_bytes(self.gpu.memory_bytes, self.mem_util_percent)
         margin = usable - self.memory.peak_bytes
-        return {"gpu": self.gpu.name, "memory_bytes": self.gpu.memory_bytes, "usable_bytes": usable,
-                "mem_util_percent": self.mem_util_percent, "fit_rule": rule_text(self.gpu.memory_bytes,
-                                                                                  self.mem_util_percent),
-                "fits": margin >= 0, "margin_bytes": margin}
+        out = {"gpu": self.gpu.name, "memory_bytes": self.gpu.memory_bytes, "usable_bytes": usable,
+               "mem_util_percent": self.mem_util_percent, "fit_rule": rule_text(self.gpu.memory_bytes,
+                                                                                 self.mem_util_percent),
+               "fits": margin >= 0, "gpu_fits": margin >= 0, "margin_bytes": margin}
+        if self.host is not None:
+            from trainmath.memory.host import HostFit
+
+            h = HostFit(host_bytes=self.host.host_bytes, host_memory_bytes=self.host_memory_bytes)
+            out.update(h.to_dict(), host_bytes=h.host_bytes, fits=margin >= 0 and h.fits)
+        return out
 
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp")
@@ -137,7 +148,8 @@ def planned_setup(setup, top):
 
 
 def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
-           mem_util_percent: int = MEM_UTIL_PERCENT, serve_output: int = 128) -> ReportData:
+           mem_util_percent: int = MEM_UTIL_PERCENT, serve_output: int = 128,
+           host_memory_bytes: int = HOST_MEMORY_BYTES) -> ReportData:
     """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
     from dataclasses import replace
 
@@ -152,6 +164,9 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
         setup = max((replace(setup, profile=p) for p in plan.fit_profiles),
                     key=lambda s: training_memory(spec, s, layout).peak_bytes)
     memory = training_memory(spec, setup, layout)  # the chosen setup must work: its error is the answer
+    from trainmath.memory.host import check_host_memory, job_host_memory
+
+    host = job_host_memory(spec, setup, layout, gpus_per_node=gpu.gpus_per_node if gpu is not None else None)
     serving = serving or InferenceSetup(batch=1, context=setup.seq, tp=layout.tp)
     return ReportData(
         spec=spec, params=count_params(spec),
@@ -159,7 +174,7 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
         closed=closed_form_flops(spec, batch=setup.micro_batch, seq=setup.seq),
         memory=memory, variants=memory_variants(spec, setup, layout, "recompute"), gpu=gpu,
         serving=infer_memory(spec, serving, gpu=gpu, mem_util_percent=mem_util_percent), plan=plan,
-        mem_util_percent=mem_util_percent,
+        mem_util_percent=mem_util_percent, host=host, host_memory_bytes=check_host_memory(host_memory_bytes),
         speed=None if gpu is None else serving_speed(spec, serving, gpu, serve_output),
     )
 

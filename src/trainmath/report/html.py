@@ -63,9 +63,16 @@ def verdict_html(fit: dict | None) -> str:
     if fit is None:
         return '<span class="verdict">no GPU given (--gpu)</span>'
     cls, word = ("fits", "fits") if fit["fits"] else ("nofit", "does not fit")
+    if not fit["fits"] and fit.get("gpu_fits"):
+        word = "host RAM exceeded: does not fit"
+    host = ""
+    if "host_bytes" in fit:
+        host = (f'; host RAM {human_bytes(fit["host_bytes"])} per node '
+                f'{"fits" if fit["host_fits"] else "does NOT fit"} <span class="rule">'
+                f'({escape(fit["host_fit_rule"])})</span>')
     return (f'<span class="verdict {cls}" id="verdict">{word} on {escape(fit["gpu"])}</span> '
             f'margin {human_bytes(fit["margin_bytes"])} of {human_bytes(fit["usable_bytes"])} usable '
-            f'<span class="rule">({escape(fit["fit_rule"])})</span>')
+            f'<span class="rule">({escape(fit["fit_rule"])})</span>{host}')
 
 
 def params_section(d: ReportData) -> str:
@@ -111,6 +118,10 @@ def memory_section(d: ReportData, svg: str, timeline_svg: str = "") -> str:
             f'{escape(s.attention)}, profile {escape(s.profile)}</p>'
             f'<p>peak <b id="peak-bytes" data-bytes="{peak}">{_b(peak)} bytes ({human_bytes(peak)})</b> at '
             f'{escape(peak_phase(m))} — {verdict_html(d.fit)}</p>'
+            + (f'<p>host RAM per node (--offload {escape(s.offload)}) <b id="host-bytes" '
+               f'data-bytes="{d.host.host_bytes}">{_b(d.host.host_bytes)} bytes ({human_bytes(d.host.host_bytes)})'
+               f'</b>: {d.host.ranks_per_node} ranks × {human_bytes(d.host.per_rank.value)}</p>'
+               if d.host is not None else "")
             + _table(["term", "bytes", "GiB", "share", ""], rows, ["peak_bytes", _b(peak), human_bytes(peak),
                                                                    "100%", ""])
             + stages + svg

@@ -39,7 +39,7 @@ def _argv(fields: dict[str, str]) -> list[str]:
 
 
 def _spec(fields: dict[str, str]):
-    from trainmath.model import spec_from_config
+    from trainmath.families import spec_from_config
     from trainmath.model.config import parse_config_text
     from trainmath.sources import catalog_entry, find_in_catalog
 
@@ -67,7 +67,8 @@ def compute(fields: dict[str, str]):
     spec = _spec(fields)
     positions_warning(spec, setup.seq, "seq")  # learned positions (GPT-2): no row beyond them
     return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
-                  mem_util_percent=args.mem_util, serve_output=args.serve_output)
+                  mem_util_percent=args.mem_util, serve_output=args.serve_output,
+                  **({} if args.host_memory is None else {"host_memory_bytes": args.host_memory}))
 
 
 def calc(fields: dict[str, str]) -> dict:

@@ -32,7 +32,10 @@ async function update() {
   const v = document.getElementById('verdict');
   v.className = 'verdict ' + (s.fit ? (s.fit.fits ? 'fits' : 'nofit') : '');
   v.textContent = s.fit ? (s.fit.fits ? 'fits' : 'does not fit') + ' on ' + s.fit.gpu + ', margin ' +
-    gib(s.fit.margin_bytes) + ' (' + s.fit.fit_rule + ')' : 'pick a GPU for the fit verdict';
+    gib(s.fit.margin_bytes) + ' (' + s.fit.fit_rule + ')' +
+    (s.fit.host_bytes !== undefined ? '; host RAM ' + gib(s.fit.host_bytes) + ' per node ' +
+     (s.fit.host_fits ? 'fits' : 'does NOT fit') + ' (' + s.fit.host_fit_rule + ')' : '')
+    : 'pick a GPU for the fit verdict';
   const kv = document.getElementById('kv-bytes');
   kv.dataset.bytes = s.kv_cache_bytes;
   kv.textContent = fmt(s.kv_cache_bytes) + ' bytes (' + gib(s.kv_cache_bytes) + ')';

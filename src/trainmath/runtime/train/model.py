@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from trainmath.errors import TrainmathError
-from trainmath.model import spec_from_config
+from trainmath.families import spec_from_config
 from trainmath.sources import resolve
 
 # flag → the config keys it sets (the first one present in the config is used; the rest are other families' names)
