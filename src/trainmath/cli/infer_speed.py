@@ -91,9 +91,10 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         f"{gpu.name}: peak bf16 {gpu.bf16_flops_per_s / 1e12:.1f} TFLOP/s, HBM {gpu.hbm_bytes_per_s / 1e12:.2f} TB/s; "
         f"efficiency compute {eff.compute}, memory {eff.memory}, link {eff.link}; overhead "
         f"{eff.step_s * 1e3:g} ms per step + {eff.layer_s * 1e6:g} us per layer (hardware/serving.json)",
-        "FLOPs: the op lists' forward fold of the new tokens (causal half), logits only where sampled, divided "
-        "evenly over the ranks (balanced routing); step = max(GEMM compute, weight bytes) + max(attention "
-        "compute, cache bytes) + communication + overhead",
+        "FLOPs: the op lists' forward fold of the new tokens (causal half), logits only where sampled; routed "
+        "experts divided evenly over the ranks (balanced routing), the rest over tp on the busiest attention "
+        "replica; step = max(GEMM compute, weight bytes) + max(routed-expert compute, expert bytes touched) + "
+        "max(attention compute, cache bytes) + communication + overhead",
         "memory: weights touched (routed experts E*[1-(1-k/E)^T]) + cache read + cache written, per rank",
         f"engine: {args.engine or 'transformers'}",
         *setup.cache.conventions(),

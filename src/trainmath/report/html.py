@@ -160,9 +160,9 @@ def speed_html(f) -> str:
     if f is None:
         return ""
     return (f'<h3>Serving speed</h3><p class="sub">batch {f.batch}, prompt {f.input:,} tokens, {f.output:,} '
-            f'generated; step = max(GEMM compute, weight bytes) + max(attention compute, cache bytes) + '
-            f'communication + overhead, as <code>trainmath infer --input '
-            f'--output</code></p>'
+            f'generated; step = max(other GEMM compute, other weight bytes) + max(expert compute, '
+            f'expert bytes touched) + max(attention compute, cache bytes) + communication + overhead, as '
+            f'<code>trainmath infer --input --output</code></p>'
             + _table(["", "predicted", "floor (efficiency 1)", "bound"], [
                 ["TTFT", f"{f.ttft_s * 1e3:,.2f} ms", f"{f.prefill_floor.time_s * 1e3:,.2f} ms", f.prefill.bound],
                 ["TPOT", f"{f.tpot_s * 1e3:,.3f} ms", f"{f.tpot_floor_s * 1e3:,.3f} ms", f.decode.bound],
