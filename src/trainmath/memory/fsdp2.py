@@ -62,6 +62,10 @@ class Unit:
     """The flat reduce-scatter input: W × the padded shard, in the reduce dtype."""
     sharded_grad_bytes: int = 0
     """The flat reduce-scatter output (the padded shard) whose views are the sharded gradients."""
+    reduce_output_bytes: int = 0
+    """Under a ``reduce_dtype`` other than the all-gather dtype: the flat reduce-scatter output in the reduce dtype,
+    alive beside the input once ``foreach_reduce`` has freed the unsharded gradients (``reduce_scatter_moment``);
+    0 otherwise (the copy-in moment is the larger)."""
 
     @property
     def grads(self) -> int:
@@ -158,15 +162,28 @@ def units(placement: Placement, layout: ParallelLayout, prec: Precision, *, gran
         degree = layout.expert_zero_degree if t.expert else layout.zero_degree
         shape = runtime_shape(t)
         padded = numel(st.zero_shard_shape(shape, degree)) * degree  # dim 0 padded to a multiple of W
-        a = acc.setdefault(name, {"ag": 0, "rs": 0, "shard": 0, "unsharded": 0, "grads": {}})
+        a = acc.setdefault(name, {"ag": 0, "rs": 0, "shard": 0, "unsharded": 0, "grads": {}, "out": 0})
         a["ag"] += padded * pb
         a["rs"] += padded * rb
+        a["out"] += padded // degree * rb if rb != pb else 0
         a["shard"] += padded // degree * gb
         a["unsharded"] += st.alloc_bytes(padded * pb, granularity)
         a["grads"][t.unit] = a["grads"].get(t.unit, 0) + st.alloc_bytes(numel(shape) * pb, granularity)
     return {name: Unit(unsharded_bytes=a["unsharded"], all_gather_bytes=st.alloc_bytes(a["ag"], granularity),
                        grad_bytes=a["grads"], reduce_scatter_bytes=st.alloc_bytes(a["rs"], granularity),
-                       sharded_grad_bytes=st.alloc_bytes(a["shard"], granularity)) for name, a in acc.items()}
+                       sharded_grad_bytes=st.alloc_bytes(a["shard"], granularity),
+                       reduce_output_bytes=st.alloc_bytes(a["out"], granularity)) for name, a in acc.items()}
+
+
+def reduce_scatter_moment(unit: Unit, unsharded: int, kept: int = 0) -> int:
+    """The larger of ``foreach_reduce``'s two moments for ``unit`` (torch 2.13's ``_fsdp_collectives.py``), beside
+    its reduce-scatter input: the copy-in (``chunk_cat`` into the input: the ``unsharded`` gradients alive) and,
+    under a ``reduce_dtype`` other than the all-gather dtype, the reduce-scatter itself (``unsharded_grads.clear()``
+    has freed the gradients; the flat output is allocated in the reduce dtype; ``kept``: gradients that outlive
+    the clear). With ``reduce_dtype`` = ``orig_dtype`` (fp32 parameters) there is no cast after the reduce."""
+    if not unit.reduce_output_bytes:
+        return unsharded
+    return max(unsharded, unit.reduce_output_bytes + kept)
 
 
 @dataclass(frozen=True)
@@ -297,7 +314,8 @@ class FSDP2Walk(Walk):
                       sharded=self.sharded)
         out += self.ev(replace(m, kind=Kind.LAYER_REDUCE_SCATTER, copies=0),
                        gather=self.mine - lay.unsharded_bytes + self.before,
-                       reduce=self.root_grads + g + lay.reduce_scatter_bytes, sharded=self.sharded)
+                       reduce=self.root_grads + reduce_scatter_moment(lay, g) + lay.reduce_scatter_bytes,
+                       sharded=self.sharded)
         self.sharded += lay.sharded_grad_bytes
         self.rs_prev = lay.reduce_scatter_bytes
         return out
@@ -314,8 +332,13 @@ class FSDP2Walk(Walk):
     def end(self, m):
         inp, out = self.inp, []
         if self.p_root:
-            out += self.ev(replace(m, kind=Kind.ROOT_REDUCE_SCATTER),
-                           reduce=self.root_grads + self.root.reduce_scatter_bytes, sharded=self.sharded)
+            # measured under FSDPMemTracker (FakeTensorMode): with an untied head, the embedding's gradient (the
+            # lookup's, made last in backward), with no Python referrer, outlives foreach_reduce's clear of the
+            # root's gradients; with a tied one (the lookup's summed into the head's) nothing does
+            kept = 0 if self.inp.tied_head else self.root.grad_bytes.get("embed", 0)
+            out += self.ev(replace(m, kind=Kind.ROOT_REDUCE_SCATTER), sharded=self.sharded,
+                           reduce=reduce_scatter_moment(self.root, self.root_grads, kept)
+                           + self.root.reduce_scatter_bytes)
         return (out + self.ev(replace(m, temps=inp.optimizer_temporaries, fp32g=inp.fp32_grad_copies),
                               sharded=self.s_all)
                 + self.ev(replace(m, kind=Kind.ZERO_GRAD)))
