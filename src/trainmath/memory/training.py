@@ -116,6 +116,8 @@ class TrainingSetup:
     elements for the whole step) or ``trainmath`` (``trainmath train --impl trainmath``: flat padded buffers
     at the reduce and the all-gather only; ``flat_zero``). ZeRO-3: FSDP2 (``deepspeed``) or ours (the unit
     that runs gathered, no prefetch; gradients as ZeRO-2's). ZeRO-0 ignores it."""
+    peft: object = None
+    """A LoRA / QLoRA fine-tune (``memory.peft.PeftRun``), or None: full training."""
     offload: str = "none"
     """ZeRO-Offload (Ren et al. 2021): ``optimizer`` keeps optimizer states, master weights and the optimizer
     step on the CPU; ``params`` (ZeRO-3 only) also keeps the parameter shards there, gathered to the GPU per
@@ -507,6 +509,10 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0,
         autocast_cache=_autocast_cache(pl, gran) if setup.backward_in_autocast else {},
         casts_saved=setup.recompute == "none")
+    if setup.peft is not None:  # the terms a frozen base with adapters changes (memory/peft.py)
+        from trainmath.memory import peft
+
+        inp = peft.peft_inputs(spec, setup, layout, pl, prec, gran, inp, copies)
     events = tl.step_timeline(inp)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
     return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=peak.name, timeline=events,
@@ -630,6 +636,10 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
            f"; {spec.model_type}'s grouped path is not modelled: its eager loop is counted (where both are "
            f"modelled, the eager loop saves more)"),
     ) + _dropout_text(spec, setup)
+    if setup.peft is not None:
+        from trainmath.memory import peft
+
+        conventions += peft.conventions(spec, setup)
     return MemoryReport(model=spec.name, setup=setup, layout=layout, peak_bytes=top.breakdown.value,
                         stage=top.stage, breakdown=top.breakdown, stages=stages,
                         outside_peak={"cuda_context_bytes": None, "allocator_cached_free_bytes": None},
