@@ -10,7 +10,7 @@
   torch's allocator (``paged_optimizer_states_bytes``, not in ``peak_bytes``);
 - activations: each layer's op list rewritten by ``ops.lora.lora_layer`` (a frozen Linear saves nothing for its
   weight; the LoRA branch saves its input and its r-wide middle), and the head's by ``ops.lora.frozen_head``
-  (the LM head keeps no input); the frozen embedding keeps no ids;
+  (the LM head keeps no input); the frozen embedding saves no ids (the loop still holds the batch);
 - QLoRA's dequantised weight: ``bnb.matmul_4bit`` dequantises each 4-bit weight to the compute dtype inside the
   Linear (forward, and again for the input gradient) and frees it after the product: the largest one is a
   transient of every forward and backward event.
@@ -218,7 +218,15 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
             recomputed[i] = max(0, recomputed[i] - (full - mine))
         else:
             saved[i] = max(0, saved[i] - (full - mine))
-    resident = [n for n in inp.resident if n.name != "embedding"]  # a frozen embedding keeps no ids
+    # a frozen embedding saves no ids, but the loop holds the batch through the step: the resident ids stay.
+    # enable_input_require_grads() makes the embedding's output a leaf that requires grad: the graph's
+    # AccumulateGrad node holds it to the end of backward
+    resident = list(inp.resident)
+    if inp.first and run.input_grad(setup.recompute):
+        tokens = setup.micro_batch * setup.seq
+        resident.append(Node(name="embedding output (leaf requiring grad)", unit="bytes",
+                             value=st.alloc_bytes(tokens * spec.hidden_size * prec.weight_bytes, gran),
+                             note="enable_input_require_grads(): held by autograd's AccumulateGrad node"))
     ad = adapter_states(spec, setup, layout, prec, run, gran)
     weights = base_weight_bytes(spec, pl, prec, run.job.method, gran) + ad["weights"]
     transient = largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora" else 0
@@ -244,6 +252,16 @@ def peft_summary(spec, setup, layout, pl, prec, gran: int) -> dict:
             "adapter_weight_bytes": ad["weights"], "paged_optimizer_states_bytes": ad["paged"],
             "qlora_dequant_transient_bytes": largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora"
             else 0, "input_grads": run.input_grad(setup.recompute), "lora_dropout": run.dropout}
+
+
+def report_summary(spec, setup, layout) -> dict:
+    """``peft_summary`` for the first stage's placement (the CLI's ``peft`` figures)."""
+    from trainmath.memory.precision import get_precision
+    from trainmath.placement import place
+
+    gran = 1 if setup.device == "cpu" else setup.granularity
+    return peft_summary(spec, setup, layout, place(spec, layout, 0, vocab_parallel=False),
+                        get_precision(setup.precision), gran)
 
 
 def conventions(spec, setup) -> tuple[str, ...]:
