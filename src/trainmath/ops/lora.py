@@ -93,8 +93,8 @@ def _branch(op: Op, run: LoraRun, autocast: bool, compute: int, x_grad: bool) ->
     return ops
 
 
-def lora_layer(ops: list[Op], run: LoraRun, *, autocast: bool, compute: int) -> list[Op]:
-    """``ops`` with the frozen base's saves and the LoRA branches (see the module docstring)."""
+def grad_flow(ops: list[Op], run: LoraRun) -> list[tuple[Op, list[bool], bool]]:
+    """Per op: (the op, which of its inputs require grad, whether peft adapts it), in forward order."""
     grad: set[int] = set()
     produced: set[int] = set()
     any_grad = False
@@ -110,41 +110,51 @@ def lora_layer(ops: list[Op], run: LoraRun, *, autocast: bool, compute: int) -> 
             return run.input_grad
         return any_grad
 
-    out: list[Op] = []
+    out = []
     for op in ops:
         rg = [needs(t) for t in op.inputs]
         target = op.kind == "linear" and op.weight is not None and module_of(op) in run.targets
-        if op.kind == "linear" and op.weight is not None:
-            saved = tuple(t for t in op.saved if t.kind == "weight_copy") if any(rg) else ()
-        elif not any(rg):
-            saved = ()
-        elif op.kind == "norm" and op.weight is not None:
-            saved = tuple(t for t in op.saved if not t.name.endswith((".normalized", ".normalized_fp32")))
-        elif op.kind == "attention" and op.kernel == "eager":
-            # the contiguous output is listed for o_proj's weight gradient, which a frozen o_proj does not take
-            # and each bmm keeps an operand only for the other's gradient: Q for K's, K for Q's, P for V's
-            q, k, v = rg[:3]
-            need = {"eager.query": k, "eager.key": q, "eager.probs": v, "eager.probs_autocast": v}
-            saved = tuple(t for t in op.saved if not any(t is o for o in op.outputs) and need.get(t.name, True)
-                          and (q or k or t.name.startswith("eager.probs")))
-        elif op.kind == "mul" and len(op.inputs) == 2:
-            # each operand is saved for the other's gradient
-            roots = [_root(t) for t in op.inputs]
-            saved = tuple(t for t in op.saved if not any(_root(t) is roots[i] and not rg[1 - i] for i in (0, 1)))
-        else:
-            saved = op.saved
-        out.append(Op(kind=op.kind, name=op.name, inputs=op.inputs, outputs=op.outputs, saved=saved,
-                      kernel=op.kernel, weight=op.weight, window=op.window, chunk=op.chunk, cache=op.cache,
-                      note=op.note))
+        out.append((op, rg, target))
         # a rotary op maps q → q_rot and k → k_rot: each output needs grad as its own input does
         flags = rg if op.kind == "rotary" and len(rg) == len(op.outputs) else [any(rg) or target] * len(op.outputs)
         for t, g in zip(op.outputs, flags):
             produced.add(id(t))
             if g:
                 grad.add(id(t))
+        any_grad = any_grad or any(rg) or target
+    return out
+
+
+def _saved(op: Op, rg: list[bool]) -> tuple[Tensor, ...]:
+    """What ``op`` saves with its parameters frozen and ``rg`` its inputs' requires-grad flags."""
+    if op.kind == "linear" and op.weight is not None:
+        return tuple(t for t in op.saved if t.kind == "weight_copy") if any(rg) else ()
+    if not any(rg):
+        return ()
+    if op.kind == "norm" and op.weight is not None:
+        return tuple(t for t in op.saved if not t.name.endswith((".normalized", ".normalized_fp32")))
+    if op.kind == "attention" and op.kernel == "eager":
+        # the contiguous output is listed for o_proj's weight gradient, which a frozen o_proj does not take;
+        # and each bmm keeps an operand only for the other's gradient: Q for K's, K for Q's, P for V's
+        q, k, v = rg[:3]
+        need = {"eager.query": k, "eager.key": q, "eager.probs": v, "eager.probs_autocast": v}
+        return tuple(t for t in op.saved if not any(t is o for o in op.outputs) and need.get(t.name, True)
+                     and (q or k or t.name.startswith("eager.probs")))
+    if op.kind == "mul" and len(op.inputs) == 2:  # each operand is saved for the other's gradient
+        roots = [_root(t) for t in op.inputs]
+        return tuple(t for t in op.saved if not any(_root(t) is roots[i] and not rg[1 - i] for i in (0, 1)))
+    return op.saved
+
+
+def lora_layer(ops: list[Op], run: LoraRun, *, autocast: bool, compute: int) -> list[Op]:
+    """``ops`` with the frozen base's saves and the LoRA branches (see the module docstring)."""
+    out: list[Op] = []
+    for op, rg, target in grad_flow(ops, run):
+        out.append(Op(kind=op.kind, name=op.name, inputs=op.inputs, outputs=op.outputs, saved=_saved(op, rg),
+                      kernel=op.kernel, weight=op.weight, window=op.window, chunk=op.chunk, cache=op.cache,
+                      note=op.note))
         if target:
             out += _branch(op, run, autocast, compute, any(rg))
-        any_grad = any_grad or any(rg) or target
     return out
 
 
