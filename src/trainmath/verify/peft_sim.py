@@ -18,13 +18,31 @@ from trainmath.errors import TrainmathError
 
 
 def _no_swap():
-    """peft moves each new adapter to its base weight's device with ``Module.to``; on fake tensors that is a swap
-    of a fake parameter, which torch refuses: everything is on the CPU already, so skip the move."""
+    """peft moves each new adapter to its base weight's device (``module.to(weight.device)``); on fake tensors that
+    swaps a fake parameter, which torch refuses. Everything is on the CPU already: a ``Module.to`` whose only
+    argument is a device is made a no-op while peft wraps the model. Returns the restoring function."""
+    import torch
+
+    saved = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.device | str):
+            return self
+        return saved(self, *args, **kwargs)
+
     import peft.tuners.tuners_utils as tu
 
-    saved = tu.BaseTunerLayer._move_adapter_to_device_of_base_layer
+    move = tu.BaseTunerLayer._move_adapter_to_device_of_base_layer
+    torch.nn.Module.to = to
+    # its move also casts each new adapter to the base's dtype, which autocast_adapter_dtype=True undoes for a
+    # bf16 base (fp32 adapters, as they are created): skip the round trip
     tu.BaseTunerLayer._move_adapter_to_device_of_base_layer = lambda self, *a, **k: None
-    return saved, lambda: setattr(tu.BaseTunerLayer, "_move_adapter_to_device_of_base_layer", saved)
+
+    def restore():
+        torch.nn.Module.to = saved
+        tu.BaseTunerLayer._move_adapter_to_device_of_base_layer = move
+
+    return restore
 
 
 def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, rank: int, recompute: str = "none",
@@ -41,7 +59,7 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
     if precision not in ("fp32", "bf16", "amp-bf16"):
         raise TrainmathError(f"precision {precision!r}: the peft simulation runs fp32, bf16 or amp-bf16")
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
-    _, restore = _no_swap()
+    restore = lambda: None  # noqa: E731
     try:
         with mode:
             torch.manual_seed(0)
@@ -53,7 +71,9 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
             # a frozen one: install them now, while every weight still requires grad
             mt._track_module_params_and_buffers(model, install_grad_hooks=True)
             conf = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=dropout)
+            restore = _no_swap() if fake else restore
             model = peft.get_peft_model(model, conf)
+            restore()
             if recompute == "full":
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if input_grads if input_grads is not None else recompute == "full":
