@@ -127,7 +127,6 @@ def largest_dequant(spec, pl, prec, gran: int) -> int:
 
 
 def _ctx(spec, setup, prec):
-    from trainmath.memory.training import experts_path
     from trainmath.ops.context import Ctx, Family, Router
     from trainmath.ops.context import Precision as OpPrecision
 
@@ -136,7 +135,8 @@ def _ctx(spec, setup, prec):
     return style, Ctx(b=setup.micro_batch, s=setup.seq, d=spec.hidden_size,
                       p=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
                       eager=setup.attention == "eager" or style.attention == "eager",
-                      experts=experts_path(spec, setup), router=Router.from_config(config),
+                      experts=setup.experts,  # dense layers only (``check``)
+                      router=Router.from_config(config),
                       family=Family.from_config(config), device=setup.device)
 
 
@@ -171,9 +171,11 @@ def head_saved_delta(spec, setup, prec) -> int:
     return _bytes(ops) - _bytes(frozen_head(ops))
 
 
-def adapter_states(spec, setup, layout, prec, run: PeftRun, gran: int) -> dict:
+def adapter_states(spec, setup, layout, prec, run: PeftRun, gran: int, bucket: int = 0) -> dict:
     """Adapter weights, gradients per unit, master weights, optimizer states (device / paged) and step
-    temporaries on one rank; ZeRO-1/2 shard the states over ``layout.zero_degree`` ranks."""
+    temporaries on one rank; ZeRO-1/2 shard the states over ``layout.zero_degree`` ranks. ``bucket``: DeepSpeed's
+    reduce bucket in elements as full training sizes it (min(reduce_bucket_size, the rank's parameters)), which
+    holds min(that, the trainable parameters) in the adapters' dtype."""
     shapes = adapter_shapes(spec, run.job)
     ab = ADAPTER_DTYPES[run.job.dtype]
     weights = sum(st.alloc_bytes(a * b * ab, gran) for v in shapes.values() for a, b in v)
@@ -193,17 +195,11 @@ def adapter_states(spec, setup, layout, prec, run: PeftRun, gran: int) -> dict:
     if layout.zero in (1, 2) and layout.zero_degree > 1:
         trainable = sum(a * b for a, b in flat)
         grads = {u: ceil_div(g, deg) for u, g in grads.items()} if layout.zero == 2 else grads
-        overhead = min(st_bucket(), trainable) * ab
+        overhead = min(bucket, trainable) * ab
     else:
         overhead = sum(grads.values()) if layout.zero_degree > 1 else 0  # DDP's buckets copy every gradient
     return {"weights": weights, "grads": grads, "master": master, "states": 0 if run.paged else states,
             "paged": states if run.paged else 0, "temps": temps, "overhead": overhead}
-
-
-def st_bucket() -> int:
-    from trainmath.memory.terms import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
-
-    return DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 
 
 def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
@@ -227,7 +223,8 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
         resident.append(Node(name="embedding output (leaf requiring grad)", unit="bytes",
                              value=st.alloc_bytes(tokens * spec.hidden_size * prec.weight_bytes, gran),
                              note="enable_input_require_grads(): held by autograd's AccumulateGrad node"))
-    ad = adapter_states(spec, setup, layout, prec, run, gran)
+    bucket = inp.persistent.get("framework_overhead_bytes", 0) // prec.grad_bytes if layout.zero in (1, 2) else 0
+    ad = adapter_states(spec, setup, layout, prec, run, gran, bucket)
     weights = base_weight_bytes(spec, pl, prec, run.job.method, gran) + ad["weights"]
     transient = largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora" else 0
     units = {u: ad["grads"].get(u, 0) for u in inp.unit_grads}
