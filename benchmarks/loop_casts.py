@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 
+from trainmath.families import spec_from_config
 from trainmath.memory.training import TrainingSetup, training_memory
-from trainmath.model import spec_from_config
 from trainmath.render import table
 from trainmath.sources import catalog_entry
 from trainmath.verify.simulate import simulate

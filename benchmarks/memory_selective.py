@@ -25,9 +25,9 @@ import sys
 
 from memory_sim import EAGER_ATTENTION, FAMILIES, cut
 
+from trainmath.families import spec_from_config
 from trainmath.memory.activations import activation_bytes
 from trainmath.memory.training import TrainingSetup, experts_path, training_memory
-from trainmath.model import spec_from_config
 from trainmath.model.spec import MoEDims
 from trainmath.sources import resolve
 from trainmath.verify.simulate import simulate

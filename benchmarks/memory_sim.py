@@ -11,7 +11,7 @@ AdamW, over a fake process group). ``--moe``: Qwen3-30B-A3B cut to its first 4 l
 the issue's own GPU check did), grouped experts (``--experts eager``: the eager loop; ``--batch B``: only b = B
 of 1 and 8). Each full-width case takes minutes on two shared cores.
 
-``--families``: one catalog model per hf family (``trainmath.ops.families.STYLES``; the smallest catalog config of
+``--families``: one catalog model per hf family (``trainmath.families.modelled()``; the smallest catalog config of
 each, ``FAMILIES``), full width but cut to 2 decoder layers, b = 1, s = 512, single device (with ``--fsdp W``: rank 0
 of W FSDP2 ranks, bf16 only). The cut (``cut``) keeps one layer of each kind: ``layer_types`` lists are rebuilt with
 each distinct type once (gpt-oss: sliding + full; Gemma 3: sliding + full; Qwen3-Next: linear_attention + full);
@@ -31,9 +31,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from trainmath.families import spec_from_config
 from trainmath.layout import ParallelLayout
 from trainmath.memory.training import TrainingSetup, experts_path, training_memory
-from trainmath.model import spec_from_config
 from trainmath.model.spec import MoEDims
 from trainmath.sources import resolve
 from trainmath.verify.simulate import simulate

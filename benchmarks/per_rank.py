@@ -64,7 +64,7 @@ def oracle() -> None:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "memory"))
     import tp_oracle as o
 
-    from trainmath.model import spec_from_config
+    from trainmath.families import spec_from_config
 
     modes = {"fp32": (4, 4), "bf16": (2, 2), "autocast": (2, 4)}
     cases = [(mt, attn, mode, sp, vp) for mt in ("llama", "qwen3") for attn in ("sdpa", "eager") for mode in modes

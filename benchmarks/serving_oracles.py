@@ -9,7 +9,9 @@ the share within 15%, three ways (below).
 Concurrency records run the continuous-batching steady state within vLLM's KV capacity (requests past it
 queue; below it a prompt waits for the prompts ahead in the prefill budget: their TTFT includes both). A record
 with ``attention_dp`` (TensorRT-LLM's enable_attention_dp) is laid out as one attention replica per GPU (tp 1)
-with its expert parallelism. Records the calculator cannot price are listed as skipped.
+with its expert parallelism. The K/V cache holds the heads each source's engine stores (the source's ``kv_heads``:
+``kv-heads``, the config's K/V heads, for TensorRT-LLM and vLLM; ``infer.kv.CacheFormat.kv_heads``). Records the
+calculator cannot price are listed as skipped.
 
 - ``stored``: the GPU generation's constants as stored in hardware/serving.json (written by
   benchmarks/serving_calibrate.py from these records: in-sample);
@@ -46,7 +48,7 @@ NEUTRAL = (0.5, 0.7, 0.0, 0.0)
 """Where every fit starts, and what a generation without training records gets (no stored constant leaks in)."""
 
 
-def _setup(r: dict):
+def _setup(r: dict, kv_heads: str = "model-code"):
     from trainmath.infer import CacheFormat, InferenceSetup, WeightFormat
     from trainmath.infer.dtypes import dtype_name
 
@@ -55,12 +57,13 @@ def _setup(r: dict):
     tp = 1 if r.get("attention_dp") else r.get("tp") or 1
     return InferenceSetup(batch=n, context=r["input"] + r["output"], tp=tp, ep=r.get("ep") or 1,
                           gpus=r.get("gpus"), weights=WeightFormat(dtype=dtype_name(r.get("weights_dtype") or "bf16")),
-                          cache=CacheFormat(kv_dtype=dtype_name(r.get("kv_dtype") or "bf16", what="kv dtype")))
+                          cache=CacheFormat(kv_dtype=dtype_name(r.get("kv_dtype") or "bf16", what="kv dtype"),
+                                            kv_heads=kv_heads))
 
 
-def raw(r: dict) -> dict:
-    """The record's steps at compute and memory efficiency 1, without overhead: (GEMM compute, weight memory,
-    communication, attention compute, cache memory) of each."""
+def raw(r: dict, kv_heads: str = "model-code") -> dict:
+    """The record's steps at compute and memory efficiency 1, without overhead: (other GEMM compute, other weight
+    memory, communication, attention compute, cache memory, routed-expert compute, routed-expert memory) of each."""
     from dataclasses import replace
 
     from trainmath.hardware import gpu as find_gpu
@@ -68,12 +71,13 @@ def raw(r: dict) -> dict:
     from trainmath.infer.speed import Efficiency, Part, decode_samples, step
     from trainmath.sources import load_spec
 
-    spec, gpu, setup = load_spec(r["model"]), find_gpu(r["gpu"]), _setup(r)
+    spec, gpu, setup = load_spec(r["model"]), find_gpu(r["gpu"]), _setup(r, kv_heads)
     unit = replace(Efficiency.of(gpu), compute=1.0, memory=1.0, step_s=0.0, layer_s=0.0)
 
-    def trip(s) -> tuple[float, float, float, float, float]:
-        return (s.compute_s - s.attention_compute_s, s.memory_s - s.cache_memory_s, s.comm_s,
-                s.attention_compute_s, s.cache_memory_s)
+    def trip(s) -> tuple[float, ...]:
+        return (s.compute_s - s.attention_compute_s - s.expert_compute_s,
+                s.memory_s - s.cache_memory_s - s.expert_memory_s, s.comm_s,
+                s.attention_compute_s, s.cache_memory_s, s.expert_compute_s, s.expert_memory_s)
 
     inp, out = r["input"], r["output"]
     if r.get("batch"):
@@ -103,8 +107,9 @@ def predict(x: dict, compute: float, memory: float, step_s: float = 0.0, layer_s
     over = step_s + x["layers"] * layer_s
 
     def t(trip) -> float:
-        c, m, k, ac, cm = trip
-        return max(c / compute, m / memory) + max(ac / compute, cm / memory) + k + over
+        c, m, k, ac, cm, ec, em = trip
+        return (max(c / compute, m / memory) + max(ec / compute, em / memory) + max(ac / compute, cm / memory)
+                + k + over)
 
     if x["kind"] == "batch":
         ttft = t(x["prefill"])
@@ -227,7 +232,7 @@ def load(data: dict):
     records, raws, skipped = [], {}, []
     for r in data["records"]:
         try:
-            raws[r["id"]] = raw(r)
+            raws[r["id"]] = raw(r, data["sources"][r["source"]].get("kv_heads", "model-code"))
             records.append(r)
         except (TrainmathError, KeyError) as e:
             skipped.append(f"{r.get('id')}: {e}")

@@ -35,10 +35,10 @@ def full_width() -> None:
     from memory_sim import FAMILIES as MODELS
     from memory_sim import cut
 
+    from trainmath.families import spec_from_config
     from trainmath.layout import ParallelLayout
     from trainmath.memory.activations import activation_bytes, logits_bytes
     from trainmath.memory.training import TrainingSetup, training_memory
-    from trainmath.model import spec_from_config
     from trainmath.sources import resolve
     from trainmath.verify.simulate import simulate
 

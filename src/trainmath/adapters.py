@@ -29,19 +29,9 @@ from trainmath.errors import TrainmathError
 METHODS = ("none", "lora", "qlora")
 ALL_LINEAR = "all-linear"
 ADAPTER_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# transformers 5 model types whose MoE router is an nn.Linear (Llama4Router subclasses nn.Linear); every other
-# router in the catalog is a module holding a bare weight Parameter, which peft cannot wrap as a Linear.
-LINEAR_ROUTERS = ("llama4", "llama4_text")
-# peft's v4 → v5 MoE target conversion: model type → (v4 leaf name → v5 parameter, the fused pair)
-_QWEN2_MOE = ({"gate": "gate.weight", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
-               "down_proj": "down_proj"}, ("gate_proj", "up_proj"))
-MOE_CONVERSION = {
-    "mixtral": ({"gate": "gate.weight", "w1": "gate_up_proj", "w3": "gate_up_proj", "w2": "down_proj"},
-                ("w1", "w3")),
-    **dict.fromkeys(("qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"), _QWEN2_MOE),
-}
-# peft refuses LoRA on these leaf modules of these model types (tuners_utils._check_lora_target_modules_mamba)
-MAMBA_TYPES = ("falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h")
+# Per family (``FamilyDef``): whether the MoE router is an nn.Linear peft can wrap (``linear_router``), peft's
+# v4 → v5 MoE target conversion (``lora_moe_conversion``), and whether peft's Mamba check applies (``lora_mamba``:
+# it refuses LoRA on these leaf modules, tuners_utils._check_lora_target_modules_mamba).
 MAMBA_REFUSED = ("out_proj", "conv1d")
 CONVENTIONS = (
     "LoRA adds r·(in + out) per targeted Linear (lora_A in→r, lora_B r→out, bias='none'), as peft's LoraConfig",
@@ -128,7 +118,7 @@ def linear_modules(spec) -> dict[str, TargetModule]:
         for t in layer.tensors:
             if t.kind != "linear" or not t.name.endswith(".weight") or t.experts:
                 continue
-            if t.component == "router" and spec.model_type not in LINEAR_ROUTERS:
+            if t.component == "router" and not spec.family.linear_router:
                 continue
             out_f, in_f = reversed(t.shape) if t.transposed else t.shape
             name = t.name[: -len(".weight")]
@@ -175,7 +165,7 @@ def _expert_parameters(spec, new: str, fused: bool) -> TargetModule:
 
 def _convert_moe(spec, targets) -> tuple[list[str], list[TargetModule]]:
     """peft's conversion: v4 expert/router names become fused parameters; the rest stay module targets."""
-    mapping, pair = MOE_CONVERSION[spec.model_type]
+    mapping, pair = spec.family.lora_moe_conversion
     if targets == ALL_LINEAR:
         targets = sorted({n.rsplit(".", 1)[-1] for n in linear_modules(spec)} | set(mapping))
     modules, params, olds = [], {}, set()
@@ -197,7 +187,7 @@ def select(spec, job: PeftJob) -> list[TargetModule]:
     """The modules ``job`` targets, or a one-line error naming what the model has."""
     mods = linear_modules(spec)
     targets, extra = job.targets, []
-    if spec.model_type in MOE_CONVERSION:
+    if spec.family.lora_moe_conversion:
         targets, extra = _convert_moe(spec, targets)
     elif targets == ALL_LINEAR:
         return list(mods.values())
@@ -227,7 +217,7 @@ def adapter_report(spec, job: PeftJob, base_params: int) -> AdapterReport:
     rows, notes = [], []
     chosen = select(spec, job)
     bad = sorted({m.name for m in chosen if m.name.rsplit(".", 1)[-1] in MAMBA_REFUSED})
-    if spec.model_type in MAMBA_TYPES and bad:
+    if spec.family.lora_mamba and bad:
         ok = sorted({m.name.rsplit(".", 1)[-1] for m in linear_modules(spec).values()} - set(MAMBA_REFUSED))
         raise TrainmathError(f"--lora-targets: peft refuses LoRA on {', '.join(bad)} of Mamba-based models "
                              f"({spec.model_type}); name the targets instead, from {','.join(ok)}")

@@ -123,14 +123,14 @@ def explain(spec: ModelSpec, report: ParamReport) -> list[str]:
     lines.append(f"total      = {layers_sum} + {emb:,} + {head:,} + {final:,} = {report.total_params:,}")
     if moe:
         lines.append(f"activated  = {report.activated_params:,}  (all dense parameters + k of n experts per MoE layer)")
-    if spec.model_type == "qwen3_moe" and moe:
+    if "activated_router" in spec.family.blog_formulas and moe:
         n_moe = sum(len(idx) for layer, idx in spec.layer_groups()
                     if any(isinstance(b.dims, MoEDims) for b in layer.blocks))
         seed = report.activated_params - n_moe * (s["n"] - s["k"]) * d
         lines.append(f"note: the activated formula of Jiang Yi's blog series on distributed training counts the "
                      f"router as k·d, not n·d (every token scores all n experts); that gives {seed:,}, "
                      f"{report.activated_params - seed:,} too few")
-    if set(s) >= {"N", "V", "d", "d_ff", "h", "h_kv", "h_d"} and spec.model_type == "qwen3":
+    if set(s) >= {"N", "V", "d", "d_ff", "h", "h_kv", "h_d"} and "closed_form" in spec.family.blog_formulas:
         N, V, dff, h, hkv, hd = s["N"], s["V"], s["d_ff"], s["h"], s["h_kv"], s["h_d"]
         seed = N * (2 * d + 3 * d * dff + 2 * h * hd * d + 2 * hkv * hd * d + 2 * hd) + d * (2 * V + 1)
         if spec.tie_word_embeddings:

@@ -179,7 +179,7 @@ def _from_hub(repo_id: str) -> ModelSource:
 def load_spec(model: str, *, strict: bool = False):
     """``resolve`` + ``spec_from_config``: the ``ModelSpec`` of whatever ``model`` names; ``strict`` refuses a
     config that lacks keys (transformers' defaults) or holds keys that look misspelt."""
-    from trainmath.model import spec_from_config
+    from trainmath.families import spec_from_config
 
     src = resolve(model)
     return spec_from_config(src.config, name=src.name, source=src.name, strict=strict)

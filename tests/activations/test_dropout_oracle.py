@@ -16,9 +16,9 @@ transformers = pytest.importorskip("transformers")
 import test_hf_oracle as hf  # noqa: E402
 
 from trainmath.errors import TrainmathError  # noqa: E402
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.memory.activations import activation_bytes, logits_bytes  # noqa: E402
 from trainmath.memory.training import TrainingSetup, training_memory  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.tree import check_sums  # noqa: E402
 
 DROP = {"gpt2": {"n_inner": 96, "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1},
@@ -73,7 +73,7 @@ def _no_dropout(spec):
 
     from trainmath.ops.context import Family
 
-    fam = Family.from_config({**spec.options, "model_type": spec.model_type})
+    fam = Family.from_config(spec.options, spec.family.config_defaults)
     return dataclasses.replace(fam, attention_dropout=0.0, residual_dropout=0.0, embedding_dropout=0.0)
 
 

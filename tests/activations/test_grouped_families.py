@@ -16,8 +16,8 @@ transformers = pytest.importorskip("transformers")
 
 import test_hf_oracle as hf  # noqa: E402  (tests/activations is on sys.path under pytest)
 
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.memory.activations import activation_bytes, logits_bytes  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.tree import check_sums  # noqa: E402
 
 CASES = {

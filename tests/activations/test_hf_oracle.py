@@ -13,8 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from trainmath import families  # noqa: E402
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.memory.activations import Router, activation_bytes, logits_bytes  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.sources import catalog_entry  # noqa: E402
 from trainmath.tree import check_sums  # noqa: E402
 
@@ -226,7 +227,7 @@ def test_mla_exact(model_type, extra, mode, checkpoint):
     measured = _measure(model, mode, checkpoint=checkpoint)
     assert set(hit) == {data["n_routed_experts"]}, f"precondition: every expert receives tokens ({hit})"
     act, predicted = _predict_data(data, mode, recompute="full" if checkpoint else "none",
-                                   router=Router.from_config(data))
+                                   router=Router.from_config(data, families.get(data["model_type"]).config_defaults))
     if checkpoint:
         predicted -= act.child("recompute transient").value
     assert predicted == measured

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainmath.errors import TrainmathError
-from trainmath.memory.activations import HF_FAMILIES, activation_bytes, logits_bytes, megatron_layer_terms
+from trainmath.memory.activations import activation_bytes, logits_bytes, megatron_layer_terms
 from trainmath.sources import catalog_index, load_spec
 from trainmath.tree import check_sums
 
@@ -163,10 +163,10 @@ def test_hf_selective_raises_with_reason():
 
 @pytest.mark.parametrize("model", sorted(catalog_index()))
 def test_hf_catalog_modelled_or_raises(model):
-    """Every catalog model: a family in HF_FAMILIES gives a tree whose totals are sums; any other family raises
-    instead of returning a near-miss (the megatron profile still answers)."""
+    """Every catalog model: a family the hf profile models (``FamilyDef.modelled``) gives a tree whose totals are
+    sums; any other family raises instead of returning a near-miss (the megatron profile still answers)."""
     spec = load_spec(model)
-    if spec.model_type in HF_FAMILIES:
+    if spec.family.modelled:
         act = activation_bytes(spec, micro_batch=1, seq=16)
         assert check_sums(act) == [] and act.value > 0
         assert check_sums(logits_bytes(spec, 1, 16)) == []

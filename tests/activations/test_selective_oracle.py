@@ -27,6 +27,7 @@ transformers = pytest.importorskip("transformers")
 import test_hf_oracle as hf  # noqa: E402
 from sac_oracle import measure  # noqa: E402
 
+from trainmath import families  # noqa: E402
 from trainmath.errors import TrainmathError  # noqa: E402  (bad input below)
 
 B, S = hf.B, hf.S
@@ -88,6 +89,11 @@ def cache_rule(model_type: str, cfg: dict, mode: str, moe_layer: bool = True) ->
     return c * _kept_mms(attn + ffn) + sdpa
 
 
+def _router(data):
+    """The router switches of a config dict under its family's config-class defaults."""
+    return hf.Router.from_config(data, families.get(data["model_type"]).config_defaults)
+
+
 def _ids():
     return torch.randint(0, 128, (B, S), generator=torch.Generator().manual_seed(1))
 
@@ -140,8 +146,8 @@ def test_selective_kept_bytes_mla(mode):
     first = data["first_k_dense_replace"]
     assert m.cache_bytes == [cache_rule("deepseek_v3", data, mode, moe_layer=i >= first)
                              for i in range(data["num_hidden_layers"])]
-    assert m.total_bytes == _full_kept(None, mode, data, router=hf.Router.from_config(data)) + sum(m.cache_bytes)
-    act, predicted = hf._predict_data(data, mode, recompute="selective", router=hf.Router.from_config(data))
+    assert m.total_bytes == _full_kept(None, mode, data, router=_router(data)) + sum(m.cache_bytes)
+    act, predicted = hf._predict_data(data, mode, recompute="selective", router=_router(data))
     assert predicted - act.child("recompute transient").value == m.total_bytes
     assert act.child("recompute transient").value == max(m.transient_bytes)
     assert max(m.packed_bytes) - max(m.transient_bytes) == T * 2 * 2 * 8 + T * 1 * 8 + T * 4
@@ -268,13 +274,13 @@ FAMILY_CASES = _family_cases()
 @pytest.mark.parametrize("case", FAMILY_CASES, ids=[c[0] for c in FAMILY_CASES])
 def test_selective_family(case):
     """Kept bytes (layer inputs, attention masks, caches, what is saved outside the layers) and the recompute
-    transient of the fold equal the measurement, for every family of ``ops.families.STYLES``."""
+    transient of the fold equal the measurement, for every family the hf profile models."""
     _, build, attn, experts, mode = case
     data, model = build()
     hit = hf._experts_hit(model)
     m = measure(model, mode, _ids())
     assert set(hit) <= {4}, f"precondition: every expert of the (4-expert) MoE layers receives tokens ({hit})"
-    kw = {"router": hf.Router.from_config(data)} if data["model_type"].startswith("deepseek") else {}
+    kw = {"router": _router(data)} if data["model_type"].startswith("deepseek") else {}
     act, predicted = hf._predict_data(data, mode, profile="eager" if attn == "eager" else "hf",
                                       recompute="selective", experts=experts, **kw)
     assert predicted - act.child("recompute transient").value == m.total_bytes

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from trainmath.model import spec_from_config
+from trainmath.families import spec_from_config
 from trainmath.model.spec import named_tensors
 
 TINY_QWEN3 = {

@@ -33,7 +33,7 @@ def run_json(capsys, *argv):
 
 
 def tiny_ledger(config=TINY_QWEN3) -> int:
-    from trainmath.model import spec_from_config
+    from trainmath.families import spec_from_config
 
     return count_params(spec_from_config(config, name="t", source="t")).total_params
 

@@ -6,8 +6,8 @@ a post-norm (OLMo-2), and in an MoE block (every GEMM is run again); ``megatron`
 import pytest
 
 from trainmath.errors import TrainmathError
+from trainmath.families import spec_from_config
 from trainmath.flops import count_flops
-from trainmath.model import spec_from_config
 
 from .oracle import build_model, tiny_config, torch
 from .test_oracle import CASES

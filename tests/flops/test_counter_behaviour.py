@@ -6,8 +6,8 @@ is why the oracle runs eager attention, whose two matmuls the counter sees as bm
 ``causal="executed"`` reproduces exactly. (On GPU the flash/efficient SDPA kernels are counted, also as full s × s.)
 """
 
+from trainmath.families import spec_from_config
 from trainmath.flops import count_flops
-from trainmath.model import spec_from_config
 
 from .oracle import AutoConfig, AutoModelForCausalLM, measured_flops, tiny_config
 

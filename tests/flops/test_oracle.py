@@ -2,8 +2,8 @@
 
 import pytest
 
+from trainmath.families import spec_from_config
 from trainmath.flops import count_flops
-from trainmath.model import spec_from_config
 from trainmath.tree import check_sums
 
 from .oracle import build_model, measured_flops, tiny_config

@@ -11,8 +11,8 @@ executes differently from our convention; each difference is pinned exactly or b
 
 import pytest
 
+from trainmath.families import spec_from_config
 from trainmath.flops import count_flops
-from trainmath.model import spec_from_config
 
 from .oracle import build_model, measured_flops, tiny_config
 

@@ -5,9 +5,9 @@ with no note of a fallback, while ``trainmath memory``'s fold still refuses them
 import pytest
 
 from trainmath.errors import TrainmathError
+from trainmath.families import spec_from_config
 from trainmath.flops import count_flops
 from trainmath.memory.activations import activation_bytes
-from trainmath.model import spec_from_config
 
 from .oracle import build_model, measured_flops, tiny_config
 

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "activations"))
 import test_hf_oracle as hf  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.flops.model import count_flops  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.runtime.checkpointing import apply_selective  # noqa: E402
 from trainmath.sources import load_spec  # noqa: E402
 
@@ -118,7 +118,7 @@ def test_llama4_counts_active_experts():
 
 
 def test_selective_of_a_family_running_another_family_code():
-    """Kimi K2 runs DeepSeek-V3's modeling code (``ops.families.RUNS_AS``): its selective recompute is that op
+    """Kimi K2 runs DeepSeek-V3's modeling code (``FamilyDef.runs_as``): its selective recompute is that op
     list's, equal to the same spec counted as deepseek_v3, and more than none's zero."""
     import dataclasses
 

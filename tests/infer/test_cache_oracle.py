@@ -18,8 +18,8 @@ transformers = pytest.importorskip("transformers")
 
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.infer import CacheFormat, cache_tree  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.sources import catalog_entry  # noqa: E402
 
 transformers.logging.set_verbosity_error()

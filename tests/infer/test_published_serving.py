@@ -16,7 +16,7 @@ DATA = json.loads(PATH.read_text(encoding="utf-8"))
 RECORDS = DATA["records"]
 METRICS = ("ttft_s", "tpot_s", "output_tokens_per_s", "e2e_s")
 DTYPES = {"bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4"}
-SOURCE_KEYS = {"name", "location", "engine", "latency_convention", "notes"}
+SOURCE_KEYS = {"name", "location", "engine", "latency_convention", "notes", "kv_heads", "kv_heads_source"}
 RECORD_KEYS = {"id", "source", "where", "model", "gpu", "gpus", "tp", "ep", "weights_dtype", "kv_dtype", "batch",
                "concurrency", "input", "output", "published_raw"}
 
@@ -27,6 +27,7 @@ def test_top_level_shape():
     for sid, src in DATA["sources"].items():
         assert set(src) == SOURCE_KEYS, sid
         assert all(isinstance(src[k], str) and src[k].strip() for k in SOURCE_KEYS), sid
+        assert src["kv_heads"] in ("model-code", "kv-heads"), sid
 
 
 def test_enough_records_from_enough_sources():

@@ -32,7 +32,7 @@ def test_float_weights_equal_real_tiny_model_parameter_bytes():
     torch = pytest.importorskip("torch")
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainmath.model import spec_from_config
+    from trainmath.families import spec_from_config
 
     from .test_cache_oracle import tiny_config
 

@@ -15,8 +15,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trainmath.errors import TrainmathError  # noqa: E402
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.memory.training import TrainingSetup, check_setup, training_memory  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.sources import catalog_entry  # noqa: E402
 from trainmath.verify.simulate import simulate  # noqa: E402
 

@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.memory.training import TrainingSetup, training_memory  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.verify.fake_experts import grouped_mm_output, grouped_mm_rule, standin_text  # noqa: E402
 from trainmath.verify.simulate import simulate  # noqa: E402
 

@@ -5,9 +5,9 @@ router in a bf16 model wrapped as its own unit (``runtime.fsdp.shard_model``).""
 import pytest
 
 from tests.memory.fsdp2_oracle import B, S, config, run_fsdp2
+from trainmath.families import spec_from_config
 from trainmath.layout import ParallelLayout
 from trainmath.memory.training import TrainingSetup, training_memory
-from trainmath.model import spec_from_config
 
 pytest.importorskip("transformers")
 

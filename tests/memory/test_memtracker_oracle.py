@@ -20,8 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.memory.training import TrainingSetup, training_memory  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, head_dim=16)
@@ -166,7 +166,7 @@ def test_cli_simulate(capsys, tmp_path):
     d = json.loads(capsys.readouterr().out)["simulation"]
     assert d["difference_bytes"] == 0 and d["predicted_cpu_peak_event"] == "backward: loss"
     assert main(["memory", path, "--micro-batch", "2", "--seq", "64", "--simulate", "--dp", "2"]) == 2
-    assert "--simulate cannot run --precision mixed-bf16" in capsys.readouterr().err
+    assert "--simulate cannot run layout" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("world, precision", [(2, "fp32"), (4, "bf16")])

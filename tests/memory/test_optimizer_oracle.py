@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.memory.optimizers import optimizer_state_bytes  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.model.spec import named_tensors  # noqa: E402
 
 QWEN3_TINY = {

@@ -19,7 +19,6 @@ from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, layout_problems
 from trainmath.memory.activations import activation_bytes, logits_bytes
 from trainmath.memory.training import TrainingSetup, training_memory
-from trainmath.ops import families
 from trainmath.ops.ir import Degrees
 from trainmath.params import count_params
 from trainmath.placement import place
@@ -182,7 +181,7 @@ def test_timeline_uses_the_rank_figures(layout, recompute):
     assert ce == (3 if layout.vocab_parallel else 2) * 4 * tv  # its fused backward: three fp32 buffers at once
 
 
-@pytest.mark.parametrize("model", sorted(m for m in catalog_index() if load_spec(m).model_type in families.LAYERS))
+@pytest.mark.parametrize("model", sorted(m for m in catalog_index() if load_spec(m).family.layer is not None))
 def test_degree_one_is_the_single_device(model):
     """Every catalog model whose layers have op lists: degrees of 1 give the single-device tree, and at a tp that
     divides its heads every saved tensor is either whole or exactly 1/tp of it, the total smaller."""
@@ -192,7 +191,7 @@ def test_degree_one_is_the_single_device(model):
     tp = 2
     if layout_problems(ParallelLayout(tp=tp), spec):  # heads, KV heads, linear-attention or Mamba heads
         return
-    if families.style(spec.model_type).fused_projections:  # refused (tests/memory/test_cp_layouts.py)
+    if spec.family.style.fused_projections:  # refused (tests/memory/test_cp_layouts.py)
         with pytest.raises(TrainmathError, match="fused"):
             activation_bytes(spec, micro_batch=1, seq=32, tp=tp)
         return

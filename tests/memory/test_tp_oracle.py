@@ -141,8 +141,8 @@ def test_tp2_saved_bytes_equal_derivation(tp2, case):
 def fold(case, tp: int = 2) -> int:
     """The calculator's per-rank saved bytes (``activation_bytes`` + the saved part of ``logits_bytes``) for a
     case's tiny model, from its config as the CLI reads it."""
+    from trainmath.families import spec_from_config
     from trainmath.memory.activations import activation_bytes, logits_bytes
-    from trainmath.model import spec_from_config
 
     model_type, attn, mode, sp, vp = case
     model_type, _, experts = model_type.partition(":")
@@ -285,14 +285,14 @@ def test_apply_tp_refuses_what_it_cannot_split():
 
 
 def test_measured_families_are_the_plans_families():
-    """The calculator's "measured under TP" list (``ops.families.TP_MEASURED``, printed in the layout line) is the
+    """The calculator's "measured under TP" list (``FamilyDef.tp``, printed in the layout line) is the
     runtime's: every family ``apply_tp`` splits is in TP2 above, and nothing else is called measured."""
+    from trainmath.families import tp_measured_families
     from trainmath.layout import ParallelLayout
     from trainmath.memory.training import TrainingSetup, layout_text
-    from trainmath.ops.families import TP_MEASURED
     from trainmath.runtime.tensor_parallel import FAMILIES
 
-    assert set(TP_MEASURED) == set(FAMILIES) == {c[0].partition(":")[0] for c in TP2}
+    assert set(tp_measured_families()) == set(FAMILIES) == {c[0].partition(":")[0] for c in TP2}
     setup, layout = TrainingSetup(micro_batch=1, seq=16), ParallelLayout(tp=2)
     assert "olmo2: measured equal on gloo ranks" in layout_text(setup, layout, "olmo2")
     assert "deepseek_v3: derived from the op lists' axes, not measured" in layout_text(setup, layout, "deepseek_v3")

@@ -4,9 +4,8 @@ catalog configs pinned, every Linear weight a linear op, and per-rank folds deri
 
 import pytest
 
+from trainmath.families import spec_from_config
 from trainmath.memory.activations import activation_bytes, logits_bytes
-from trainmath.model import spec_from_config
-from trainmath.ops import families
 from trainmath.ops.context import Ctx, Family, Precision
 from trainmath.ops.fold import layer_node
 from trainmath.ops.ir import SINGLE, Degrees, Program
@@ -49,11 +48,11 @@ def test_catalog_pinned(model):
 
 
 def _emit(spec, layer, *, b=2, s=16, c=2, p=2, eager=False):
-    st = families.style(spec.model_type)
+    st = spec.family.style
     ctx = Ctx(b=b, s=s, d=spec.hidden_size, p=Precision(compute=c, param=p), eager=eager or st.attention == "eager",
-              family=Family.from_config({**spec.options, "model_type": spec.model_type}))
+              family=Family.from_config(spec.options, spec.family.config_defaults))
     prog = Program()
-    families.LAYERS[spec.model_type](prog, ctx, layer, st)
+    spec.family.layer(prog, ctx, layer, st)
     return prog.ops
 
 

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
+from trainmath import families
 from trainmath.errors import TrainmathError
-from trainmath.ops import families
 from trainmath.ops.flops import core_gemms_from_ops, layer_ops, layer_top_k, linear_gemms_from_ops
 from trainmath.ops.gemm import linear_gemms
 from trainmath.ops.ir import Degrees
@@ -16,12 +16,12 @@ from trainmath.sources import catalog_index, load_spec
 
 B, S = 2, 64
 ALL = sorted(catalog_index())
-EMITTED = [m for m in ALL if load_spec(m).model_type in families.LAYERS]
+EMITTED = [m for m in ALL if load_spec(m).family.layer is not None]
 
 
 def test_only_kimi_lacks_an_op_list():
     """The catalog models without a layer emitter of their own (they run another family's: ``RUNS_AS``)."""
-    assert sorted({load_spec(m).model_type for m in ALL} - set(families.LAYERS)) == ["kimi_k2"]
+    assert sorted({load_spec(m).model_type for m in ALL if load_spec(m).family.layer is None}) == ["kimi_k2"]
 
 
 def _fold(spec, layer, deg=Degrees(), **kw):
@@ -106,7 +106,8 @@ def test_count_flops_reads_the_op_lists(model):
 
 
 def test_kimi_k2_runs_deepseek_v3s_op_list():
-    assert families.emitter("kimi_k2") == (families.LAYERS["deepseek_v3"], families.style("deepseek_v3"))
+    v3 = families.get("deepseek_v3")
+    assert families.emitter("kimi_k2") == (v3.layer, v3.style)
     with pytest.raises(TrainmathError, match="no op list for model_type 'bert'; modelled: cohere, deepseek_v2"):
         families.emitter("bert")
 
@@ -143,7 +144,7 @@ def test_shapes_only_emits_what_the_saved_bytes_fold_refuses():
     """MLA with equal q/k and v head dims: the memory profile's emission refuses (SDPA's flash kernel's saved
     bytes are not modelled); the shapes-only op list has every linear of the spec's blocks and the attention op
     (FlopCounterMode checks its FLOPs in ``tests/flops/test_oracle_shapes_only.py``)."""
-    from trainmath.model import spec_from_config
+    from trainmath.families import spec_from_config
     from trainmath.ops.context import Ctx, Precision
     from trainmath.ops.ir import Program
 
@@ -155,8 +156,8 @@ def test_shapes_only_emits_what_the_saved_bytes_fold_refuses():
     spec = spec_from_config(cfg, name="tiny-mla", source="test")
     layer = spec.layers[0]
     with pytest.raises(TrainmathError, match="equal q/k and v head dims"):
-        families.LAYERS["deepseek_v3"](Program(), Ctx(b=B, s=S, d=64, p=Precision(compute=2, param=2)), layer,
-                                       families.style("deepseek_v3"))
+        v3 = families.get("deepseek_v3")
+        v3.layer(Program(), Ctx(b=B, s=S, d=64, p=Precision(compute=2, param=2)), layer, v3.style)
     ops = layer_ops(spec, layer, batch=B, seq=S)
     got = [(g.name, g.m, g.k, g.n) for g in _fold(spec, layer)]
     assert Counter(got) == Counter((g.name, g.m, g.k, g.n) for bl in layer.blocks for g in linear_gemms(bl, B * S))

@@ -8,7 +8,6 @@ import pytest
 from trainmath.errors import TrainmathError
 from trainmath.memory.activations import activation_bytes
 from trainmath.model.spec import MoEDims
-from trainmath.ops import families as F
 from trainmath.ops.context import Ctx, Family, Precision, Router
 from trainmath.ops.fold import layer_node, saved_storages
 from trainmath.ops.ir import Degrees, Program
@@ -24,18 +23,19 @@ B, S = 2, 96
 
 def _programs(model, mode="autocast", experts="eager", s=S):
     spec = load_spec(model)
-    config = {**spec.options, "model_type": spec.model_type}
+    config, defaults = spec.options, spec.family.config_defaults
     c, p = PREC[mode]
     ctx = Ctx(b=B, s=s, d=spec.hidden_size, p=Precision(compute=c, param=p), experts=experts,
-              router=Router.from_config(config), family=Family.from_config(config))
+              router=Router.from_config(config, defaults),
+              family=Family.from_config(config, defaults))
     for layer, _ in spec.layer_groups():
         prog = Program()
-        F.LAYERS[spec.model_type](prog, ctx, layer, F.style(spec.model_type))
+        spec.family.layer(prog, ctx, layer, spec.family.style)
         yield spec, layer, prog.ops
 
 
 def _paths(model):
-    return ["eager"] if load_spec(model).model_type in F.GROUPED_UNMODELLED else ["eager", "grouped"]
+    return ["eager"] if not load_spec(model).family.row.experts_grouped else ["eager", "grouped"]
 
 
 CASES = [(m, e) for m in MODELS for e in _paths(m)]
@@ -128,7 +128,7 @@ def test_sequence_parallelism_splits_the_norms_and_gathers_before_the_router(mod
                 assert 2 * st.nbytes(sp) == st.nbytes(), st.name
 
 
-@pytest.mark.parametrize("model", [m for m in MODELS if load_spec(m).model_type in F.GROUPED_UNMODELLED])
+@pytest.mark.parametrize("model", [m for m in MODELS if not load_spec(m).family.row.experts_grouped])
 def test_unmodelled_grouped_path_is_one_line(model):
     spec = load_spec(model)
     moe = any(isinstance(bl.dims, MoEDims) for layer in spec.layers for bl in layer.blocks)

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from trainmath.model import spec_from_config
+from trainmath.families import spec_from_config
 from trainmath.params import count_params
 from trainmath.sources import catalog_entry, catalog_index
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from trainmath.cli import main
-from trainmath.model import spec_from_config
+from trainmath.families import spec_from_config
 from trainmath.params import count_params
 from trainmath.sources import load_spec, resolve
 from trainmath.tree import check_sums

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from trainmath.model import spec_from_config
+from trainmath.families import spec_from_config
 from trainmath.params import count_params
 from trainmath.sources import catalog_entry
 
@@ -112,6 +112,6 @@ def test_mutated_config_matches_transformers(model_type, seed):
 
 
 def test_families_cover_every_supported_model_type():
-    from trainmath.model import supported_model_types
+    from trainmath.families import supported_model_types
 
     assert set(supported_model_types()) - {"llama4_text"} == set(BASE)

@@ -11,7 +11,7 @@ import pytest
 from trainmath.adapters import PeftJob, adapter_report, linear_modules
 from trainmath.cli import main
 from trainmath.errors import TrainmathError
-from trainmath.model import spec_from_config
+from trainmath.families import spec_from_config
 from trainmath.params import count_params
 from trainmath.sources import catalog_entry, catalog_index
 

@@ -9,9 +9,9 @@ import json
 import pathlib
 from functools import lru_cache
 
+from trainmath.families import spec_from_config
 from trainmath.hardware import Hardware, presets
 from trainmath.layout import ParallelLayout
-from trainmath.model import spec_from_config
 from trainmath.perf import Job, estimate
 from trainmath.sources import load_spec
 

@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.flops import count_flops  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.verify.train import _sdpa_math  # noqa: E402
 
 GPT2 = dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, n_inner=96, vocab_size=128, n_positions=64)

@@ -134,3 +134,21 @@ def test_report_with_gpus_shows_the_top_layouts_memory(tmp_path, capsys):
     assert f"micro-batch {top['micro_batch']} " in memory
     assert f"recompute {top['recompute']}" in memory
     assert f"{top['peak_bytes']:,}" in memory
+
+
+def test_offload_host_ram_and_verdict(tmp_path):
+    """--offload adds the host RAM per node (the calculator's ``host_bytes``) and the host to the verdict."""
+    from trainmath.memory.host import job_host_memory
+
+    out = tmp_path / "h.html"
+    args = ["meta-llama/Llama-3.1-8B", "--micro-batch", "1", "--seq", "2048", "--dp", "8", "--zero", "3",
+            "--offload", "optimizer", "--gpu", "h100"]
+    assert main(["report", *args, "--host-memory", "100GiB", "-o", str(out)]) == 0
+    page = out.read_text()
+    host = job_host_memory(load_spec("meta-llama/Llama-3.1-8B"),
+                           TrainingSetup(micro_batch=1, seq=2048, offload="optimizer"), ParallelLayout(dp=8, zero=3),
+                           gpus_per_node=gpu("h100").gpus_per_node)
+    assert _data_bytes(page, "host-bytes") == host.host_bytes > 100 * 2**30
+    assert 'class="verdict nofit"' in page and "host RAM exceeded" in page
+    assert main(["report", *args, "-o", str(out)]) == 0  # the default 2 TiB holds it
+    assert 'class="verdict fits"' in out.read_text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_strict, config_json, config_lines, count, positions_warning, tokens
+from trainmath.args import add_strict, config_json, config_lines, count, positions_warning, tokens
 from trainmath.vocabulary import RECOMPUTE
 
 

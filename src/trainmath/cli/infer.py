@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import (
+from trainmath.args import (
     add_mem_util,
     add_strict,
     byte_size,
@@ -14,7 +14,7 @@ from trainmath.cli.args import (
     integer,
     positions_warning,
 )
-from trainmath.cli.infer_speed import add_speed_arguments, run_speed, speed_requested
+from trainmath.cli.infer_speed import add_speed_arguments, kv_heads_of, run_speed, speed_requested
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,6 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tokens a sliding layer keeps (default window-1, as transformers' DynamicCache)")
     c.add_argument("--conv-tokens", choices=("kernel", "kernel-1"), default="kernel",
                    help="columns of a conv state (default kernel, as transformers)")
+    c.add_argument("--kv-heads", choices=("model-code", "kv-heads"), default=None,
+                   help="heads the K/V cache stores: model-code (as the model's transformers code caches them) or "
+                        "kv-heads (the config's K/V heads, as TensorRT-LLM and vLLM allocate it); default: model-code, "
+                        "kv-heads with --engine vllm or trtllm. They differ for Falcon's new decoder architecture")
     c.add_argument("--state-dtype", default="fp32", help="recurrent/SSM state format (default fp32)")
     c.add_argument("--conv-dtype", default="bf16", help="conv state format (default bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         weights=weights,
         cache=CacheFormat(
             kv_dtype=dtype_name(args.kv_dtype, KV_DTYPES, "kv dtype"), mla_cache=args.mla_cache,
-            sliding_tokens=args.sliding_tokens, conv_tokens=args.conv_tokens,
+            sliding_tokens=args.sliding_tokens, conv_tokens=args.conv_tokens, kv_heads=kv_heads_of(args),
             state_dtype=dtype_name(args.state_dtype, floats, "state dtype"),
             conv_dtype=dtype_name(args.conv_dtype, floats, "conv dtype")),
     )
@@ -125,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(report) -> str:
-    from trainmath.render import human_bytes, table
+    from trainmath.render import context_text, human_bytes, table
 
     s = report.setup
     per = f"per GPU of {s.ranks}: tp={s.tp}, ep={s.ep}" if s.ranks > 1 else "one device"
@@ -172,13 +176,3 @@ def render(report) -> str:
     lines.append("")
     lines.append("conventions: " + "; ".join(report.conventions))
     return "\n".join(lines)
-
-
-def context_text(f) -> str:
-    """The largest context at the batch, capped at the model's max_position_embeddings, with what the memory
-    alone would hold when that is more."""
-    if f.max_context is not None and f.max_context <= f.max_position_embeddings:
-        return f"{f.max_context:,}"
-    held = "any context (no layer's cache grows with it)" if f.max_context is None else f"{f.max_context:,}"
-    return (f"{f.usable_context:,}, the config's max_position_embeddings (the memory alone would hold {held}; "
-            f"going past it needs a rope scaling the config does not state)")

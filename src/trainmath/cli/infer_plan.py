@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_strict, count, number
+from trainmath.args import add_strict, count, number
 from trainmath.cli.infer_speed import MAX_TOKENS
 
 
@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--price-per-gpu-hour", type=number(0, 1e4, unit="$/GPU-hour"), default=None)
     p.add_argument("--dtype", default="auto", help="weights (default: the checkpoint's shipped format)")
     p.add_argument("--kv-dtype", default="bf16", help="K/V cache format (default bf16)")
+    p.add_argument("--kv-heads", choices=("kv-heads", "model-code"), default="kv-heads",
+                   help="heads the K/V cache stores: kv-heads (default: the config's K/V heads, as vLLM allocates "
+                        "it) or model-code (as the model's transformers code caches them)")
     p.add_argument("--max-num-batched-tokens", type=count(1, MAX_TOKENS, what="a token count"), default=8192)
     p.add_argument("--top", type=count(1, 100), default=5)
     p.add_argument("--json", action="store_true")
@@ -39,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainmath.cli.args import positions_warning
+    from trainmath.args import positions_warning
     from trainmath.hardware import gpu as find_gpu
     from trainmath.infer import CacheFormat, InferenceSetup, WeightFormat
     from trainmath.infer.batching import EngineMemory
@@ -55,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         weights = WeightFormat(dtype=dtype_name(args.dtype, what="weight dtype"))
     setup = InferenceSetup(batch=1, context=args.input + args.output, weights=weights,
-                           cache=CacheFormat(kv_dtype=dtype_name(args.kv_dtype, KV_DTYPES, "kv dtype")))
+                           cache=CacheFormat(kv_dtype=dtype_name(args.kv_dtype, KV_DTYPES, "kv dtype"),
+                                             kv_heads=args.kv_heads))
     engine = EngineMemory(max_num_batched_tokens=args.max_num_batched_tokens)
     found, closest = plan(spec, setup, gpu, qps=args.qps, input=args.input, output=args.output,
                           ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo, gpus_max=args.gpus_max, engine=engine,
@@ -64,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"model": spec.name, "gpu": gpu.name, "qps": args.qps, "input": args.input,
                           "output": args.output, "ttft_slo_s": args.ttft_slo, "tpot_slo_s": args.tpot_slo,
+                          "kv_heads": args.kv_heads,
                           "deployments": [d.to_dict(price, args.qps) for d in found],
                           "closest": closest.to_dict(price, args.qps) if closest else None,
                           "warnings": [warning] if warning else []}, indent=1))
@@ -86,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     print("")
     print("convention: Little's law (in flight = throughput x e2e); concurrency per instance is the largest meeting "
           "both SLOs within vLLM's KV capacity (gpu_memory_utilization 0.9, 16-token blocks) and max_num_seqs 256 "
-          f"per attention replica; chunked prefill budget {args.max_num_batched_tokens:,} tokens")
+          f"per attention replica; chunked prefill budget {args.max_num_batched_tokens:,} tokens; "
+          f"engine stores KV heads as: {args.kv_heads}")
     if warning:
         print(f"warning: {warning}")
     return 0

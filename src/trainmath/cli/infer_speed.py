@@ -6,11 +6,20 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import count, number
+from trainmath.args import count, number
 
 MAX_TOKENS = 1 << 24
 """16M tokens: longer prompts or outputs than any model serves are refused as absurd."""
 MAX_SEQS = 1 << 20
+ENGINES = ("transformers", "vllm", "trtllm")
+
+
+def kv_heads_of(args: argparse.Namespace) -> str:
+    """``--kv-heads``, else the ``--engine``'s: the model code's heads for transformers (and no engine), the
+    config's K/V heads for vLLM and TensorRT-LLM (``infer.kv.CacheFormat.kv_heads``)."""
+    if getattr(args, "kv_heads", None):
+        return args.kv_heads
+    return "kv-heads" if getattr(args, "engine", None) in ("vllm", "trtllm") else "model-code"
 
 
 def add_speed_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,8 +33,11 @@ def add_speed_arguments(p: argparse.ArgumentParser) -> None:
                         "(as `vllm bench serve --max-concurrency C` measures)")
     s.add_argument("--max-num-batched-tokens", type=count(1, MAX_TOKENS, what="a token count"), default=8192,
                    help="chunked-prefill token budget per step (default 8192, vLLM V1's default)")
-    s.add_argument("--engine", choices=("vllm",), default=None,
-                   help="also the KV capacity as vLLM computes it (gpu_memory_utilization 0.9, 16-token blocks)")
+    s.add_argument("--engine", choices=ENGINES, default=None,
+                   help="the engine whose conventions apply: transformers (default: the model code's cache), vllm "
+                        "(K/V heads as the config names them, and the KV capacity as vLLM computes it: "
+                        "gpu_memory_utilization 0.9, 16-token blocks) or trtllm (K/V heads as the config names them; "
+                        "no capacity model)")
     s.add_argument("--gpu-memory-utilization", type=number(0, 1, exclusive_minimum=True), default=0.9,
                    help="--engine vllm: vLLM's gpu_memory_utilization (default 0.9, vLLM's default)")
     s.add_argument("--device", choices=("cpu",), default=None,
@@ -50,7 +62,7 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         raise TrainmathError(f"--batch must be in 1..{MAX_SEQS:,} sequences for serving speed, got {args.batch:,}")
     if args.gpu is None and args.device is None:
         raise TrainmathError("serving speed needs --gpu G (or --device cpu)")
-    from trainmath.cli.args import positions_warning
+    from trainmath.args import positions_warning
 
     warning = positions_warning(spec, args.input + args.output, "--input + --output")
     if args.device == "cpu":
@@ -79,10 +91,13 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         f"{gpu.name}: peak bf16 {gpu.bf16_flops_per_s / 1e12:.1f} TFLOP/s, HBM {gpu.hbm_bytes_per_s / 1e12:.2f} TB/s; "
         f"efficiency compute {eff.compute}, memory {eff.memory}, link {eff.link}; overhead "
         f"{eff.step_s * 1e3:g} ms per step + {eff.layer_s * 1e6:g} us per layer (hardware/serving.json)",
-        "FLOPs: the op lists' forward fold of the new tokens (causal half), logits only where sampled, divided "
-        "evenly over the ranks (balanced routing); step = max(GEMM compute, weight bytes) + max(attention "
-        "compute, cache bytes) + communication + overhead",
+        "FLOPs: the op lists' forward fold of the new tokens (causal half), logits only where sampled; routed "
+        "experts divided evenly over the ranks (balanced routing), the rest over tp on the busiest attention "
+        "replica; step = max(GEMM compute, weight bytes) + max(routed-expert compute, expert bytes touched) + "
+        "max(attention compute, cache bytes) + communication + overhead",
         "memory: weights touched (routed experts E*[1-(1-k/E)^T]) + cache read + cache written, per rank",
+        f"engine: {args.engine or 'transformers'}",
+        *setup.cache.conventions(),
     ]
     if args.concurrency is not None:
         conventions.append("continuous batching: chunked prefill, max_num_batched_tokens "

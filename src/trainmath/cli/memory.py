@@ -5,10 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_mem_util, add_strict, config_json, config_lines, integer, positions_warning
-from trainmath.memory.optimizers import OPTIMIZERS
-from trainmath.memory.precision import RECIPES
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.args import add_mem_util, add_strict, byte_size, config_json, config_lines, integer, positions_warning
+from trainmath.vocabulary import (
+    ATTENTION,
+    DEVICES,
+    EXPERTS,
+    GRAD_LIFETIMES,
+    LOOP_KEEPS,
+    OFFLOAD,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PROFILES,
+    RECIPES,
+    RECOMPUTE,
+    ZERO_IMPLS,
+)
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
 PRECISIONS = tuple(RECIPES)
@@ -27,16 +38,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=integer, required=True, help="tokens per sequence")
     p.add_argument("--precision", choices=PRECISIONS, default="mixed-bf16")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--optimizer-impl", choices=("forloop", "foreach", "fused"), default="foreach",
+    p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach",
                    help="torch optimizer implementation: forloop (foreach=False), foreach (the default on CUDA; "
                         "its temporaries hold one state-sized tensor per parameter), fused (no temporaries; "
                         "keeps the step scalars on the GPU)")
-    p.add_argument("--grad-lifetime", choices=("set_to_none", "zero", "accumulate"), default="set_to_none",
+    p.add_argument("--grad-lifetime", choices=GRAD_LIFETIMES, default="set_to_none",
                    help="when gradients exist: set_to_none (torch's zero_grad default: none when the step starts), "
                         "zero (zero_grad(set_to_none=False)), accumulate (gradient accumulation: the whole step)")
     p.add_argument("--bucket-view", action="store_true",
                    help="DDP gradient_as_bucket_view=True (ZeRO-0, dp > 1): gradients are views of the buckets")
-    p.add_argument("--loop-keeps", choices=("loss", "output"), default="loss",
+    p.add_argument("--loop-keeps", choices=sorted(LOOP_KEEPS), default="loss",
                    help="what the training loop holds through backward: loss (loss = model(...).loss, the "
                         "default, as the HF Trainer, torchtitan and Lightning: the logits are freed after the "
                         "forward) or output (out = model(...); the logits until the step returns)")
@@ -44,24 +55,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the loop calls backward() inside the torch.autocast context (amp-bf16): autocast's cache "
                         "keeps the forward's bf16 weight casts to the end of backward (about 2 bytes per linear "
                         "parameter more); default: backward() after the context exits")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+    p.add_argument("--device", choices=DEVICES, default="cuda",
                    help="cuda: what torch.cuda.max_memory_allocated reports; cpu: what CPU kernels allocate "
                         "(MemTracker on a CPU step)")
-    p.add_argument("--experts", choices=("grouped", "eager"), default="grouped",
+    p.add_argument("--experts", choices=EXPERTS, default="grouped",
                    help="routed experts as transformers runs them: grouped (grouped_mm, its default) or eager "
                         "(the per-expert loop, which saves more)")
-    p.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
+    p.add_argument("--offload", choices=OFFLOAD, default="none",
                    help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
-                        "parameter shards")
+                        "parameter shards. Prints the host RAM per node (host_bytes) as DeepSpeed pins it")
+    p.add_argument("--host-memory", type=byte_size, default=None, metavar="BYTES",
+                   help="host RAM per node for the --gpu verdict with --offload (e.g. 2TiB, 512GB; default 2 TiB, "
+                        "a DGX H100's; docs/offload.md)")
     p.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
                         "; full = every decoder layer")
-    p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
-    p.add_argument("--profile", choices=("hf", "megatron"), default="hf",
+    p.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    p.add_argument("--profile", choices=PROFILES, default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")
     p.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
-    p.add_argument("--zero-impl", choices=("deepspeed", "trainmath", "fsdp2"), default="deepspeed",
+    p.add_argument("--zero-impl", choices=ZERO_IMPLS, default="deepspeed",
                    help="whose ZeRO: deepspeed (ZeRO-1/2 with a reduce bucket of min(5e8, params) elements for "
                         "the whole step; ZeRO-3 as FSDP2), trainmath (trainmath train --impl trainmath: flat "
                         "padded buffers at the reduce and the all-gather only; ZeRO-3 without prefetch) or fsdp2 "
@@ -98,7 +112,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also run one step of the real transformers code on fake tensors under MemTracker (CPU; "
                         "one device, rank 0 of FSDP2 with --zero 3 --dp W, or rank 0 of --tp N [--sp] "
                         "[--vocab-parallel]; needs torch and transformers) and print its peak beside the --device "
-                        "cpu prediction")
+                        "cpu prediction; progress per layer and a time estimate go to stderr)")
+    p.add_argument("--simulate-layers", type=integer, default=None, metavar="N",
+                   help="with --simulate: simulate N and N+1 decoder layers (N >= 4) and fold in the rest, each "
+                        "segment's peak extrapolated linearly (exact for a model of identical layers; said in "
+                        "the output)")
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--explain", "--verbose", dest="explain", action="store_true",
@@ -171,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
     bad = check_setup(setup) + layout_problems(layout)
     if bad:
         raise TrainmathError("; ".join(bad))
+    if args.simulate_layers is not None and not args.simulate:
+        raise TrainmathError("--simulate-layers needs --simulate")
     if args.simulate:
         from trainmath.verify.simulate import check_simulable
 
@@ -180,7 +200,14 @@ def run(args: argparse.Namespace) -> int:
         from trainmath.hardware import gpu as lookup_gpu
 
         gpu = lookup_gpu(args.gpu)
+    from trainmath.memory.host import HOST_MEMORY_BYTES, check_host_memory
+
+    host_memory = check_host_memory(args.host_memory if args.host_memory is not None else HOST_MEMORY_BYTES)
     spec = load_spec(args.model, strict=args.strict)
+    if args.simulate_layers is not None:
+        from trainmath.verify.fold import check_foldable
+
+        check_foldable(spec, args.simulate_layers)
     warning = positions_warning(spec, args.seq, "--seq")
     try:
         report = training_memory(spec, setup, layout)
@@ -195,10 +222,14 @@ def run(args: argparse.Namespace) -> int:
     if gpu is not None:
         from trainmath.memory.fit import fit
 
-        verdict = fit(spec, setup, layout, gpu, report=report, mem_util_percent=args.mem_util)
+        verdict = fit(spec, setup, layout, gpu, report=report, mem_util_percent=args.mem_util,
+                      host_memory_bytes=host_memory)
+    from trainmath.memory.host import job_host_memory
+
+    host = job_host_memory(spec, setup, layout, gpus_per_node=gpu.gpus_per_node if gpu is not None else None)
     sim = None
     if args.simulate:
-        sim = simulation(args.model, spec, setup, layout)
+        sim = simulation(args.model, spec, setup, layout, fold_layers=args.simulate_layers)
     if args.timeline and args.json:
         print(json.dumps(report.to_dict()["timeline"], indent=1))
         return 0
@@ -214,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
         out = report.to_dict()
         if summary is not None:
             out["peft"] = summary
+        if host is not None:
+            out.update(host.to_dict())
         if verdict is not None:
             out.update(verdict.to_dict())
         if sim is not None:
@@ -230,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
                         f"(managed memory, outside peak_bytes)" if summary["paged_optimizer_states_bytes"] else "")
               + (f"; largest dequantised weight {summary['qlora_dequant_transient_bytes'] / 2**20:.1f} MiB"
                  if summary["qlora_dequant_transient_bytes"] else ""))
+    if host is not None:
+        print(render_host(host))
     for line in config_lines(spec) + ([f"warning: {warning}"] if warning else []):
         print(line)
     if verdict is not None:
@@ -239,8 +274,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def simulation(model: str, spec, setup, layout) -> dict:
-    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures)."""
+def progress(line: str) -> None:
+    """A line of the simulation's progress on stderr."""
+    import sys
+
+    print(f"simulate: {line}", file=sys.stderr, flush=True)
+
+
+def simulation(model: str, spec, setup, layout, *, fold_layers: int | None = None) -> dict:
+    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures); with
+    ``fold_layers``, simulated on that many layers and one more and folded (``trainmath.verify.fold``)."""
     from dataclasses import replace
 
     from trainmath.memory.training import experts_path, training_memory
@@ -251,9 +294,22 @@ def simulation(model: str, spec, setup, layout) -> dict:
     moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
     if moe:  # simulate the path the prediction models (a grouped path not modelled is its eager loop)
         setup = replace(setup, experts=experts_path(spec, setup))
-    sim = simulate(resolve(model).config, setup, layout, moe=moe)
+    from trainmath.verify.fold import estimate_seconds, simulate_folded
+
+    config = resolve(model).config
+    layers = len(spec.layers)
+    folding = fold_layers is not None and fold_layers + 1 < layers
+    runs = [fold_layers, fold_layers + 1] if folding else [layers]
+    est, per_layer, rest = estimate_seconds(config, setup, layout, moe=moe, runs=runs)
+    progress(f"estimated {est:.0f} s for {' + '.join(map(str, runs))} layers (an estimate: {per_layer:.2f} s per "
+             f"layer and {rest:.1f} s for the rest, timed on a 2-layer run of the same width just now)")
+    if folding:
+        sim = simulate_folded(config, setup, layout, moe=moe, n=fold_layers, layers=layers, progress=progress)
+    else:
+        sim = simulate(config, setup, layout, moe=moe, progress=progress)
     cpu = training_memory(spec, replace(setup, device="cpu"), layout)
     out = sim.to_dict()
+    out["estimated_seconds"] = round(est, 1)
     out["predicted_cpu_peak_bytes"] = cpu.peak_bytes
     out["predicted_cpu_peak_event"] = cpu.stages[cpu.stage].phase
     out["difference_bytes"] = cpu.peak_bytes - (sim.peak_bytes - sim.buffers_bytes)
@@ -266,7 +322,7 @@ def simulate_only(args, spec, setup, layout, refusal: str) -> int:
     from trainmath.sources import resolve
     from trainmath.verify.simulate import simulate
 
-    sim = simulate(resolve(args.model).config, setup, layout).to_dict()
+    sim = simulate(resolve(args.model).config, setup, layout, progress=progress).to_dict()
     if args.json:
         print(json.dumps({"simulation": sim, "prediction_error": refusal, "config": config_json(spec)}, indent=1))
         return 0
@@ -292,6 +348,8 @@ def render_simulation(sim: dict) -> str:
         "",
         f"simulated (transformers on fake tensors under MemTracker, CPU, {sim['seconds']:.1f} s): peak "
         f"{sim['peak_bytes']:,} bytes ({human_bytes(sim['peak_bytes'])}): {kinds}",
+        f"  loop: {sim['loop']}; peak at {sim['peak_segment']}",
+        *([f"  {sim['folded']}"] if sim.get("folded") else []),
         f"  less module buffers ({sim['buffers_bytes']:,} bytes, not modelled): {measured:,}",
         f"  predicted with --device cpu: {sim['predicted_cpu_peak_bytes']:,} at "
         f"{sim['predicted_cpu_peak_event']!r}; difference {sim['difference_bytes']:+,} bytes ({rel:+.2f}%)",
@@ -324,10 +382,10 @@ def render(report, *, explain: bool = False) -> str:
     lines.append(f"  peak at {report.stages[report.stage].phase!r} (stage {report.stage}); --timeline prints "
                  f"every event")
     m = report.stages[report.stage]
-    fwd = [e for e in m.timeline if e.name.startswith("forward")]
+    fwd = [e for e in m.timeline if e.kind.in_forward]
     if fwd:  # what this rank has saved for backward when its forward ends (activations and, last stage, the head)
-        end = fwd[-1].parts
-        kept = end["activations_bytes"].value + end.get("logits_bytes", 0)
+        end = fwd[-1].live
+        kept = end.activations_bytes.value + end.logits_bytes
         lines.append(f"  saved for backward on this rank at {fwd[-1].name!r}: {kept:,} bytes ({human_bytes(kept)}): "
                      f"activations and the head's saved tensors and logits")
     lines.append("")
@@ -359,15 +417,38 @@ def render_timeline(report) -> str:
     return head + "\n" + table(["event", "bytes", "GiB (2**30)", ""], rows, align="lrrl")
 
 
+def render_host(host) -> str:
+    """The host RAM line of an offloaded job and its terms."""
+    from trainmath.render import human_bytes
+
+    terms = ", ".join(f"{n.name.removesuffix('_bytes')} {human_bytes(n.value)}" for n in host.per_rank.children
+                      if n.value)
+    return (f"host RAM per node: {host.host_bytes:,} bytes ({human_bytes(host.host_bytes)}) = {host.ranks_per_node} "
+            f"rank{'s' if host.ranks_per_node > 1 else ''} x {human_bytes(host.per_rank.value)} ({terms})\n"
+            + "\n".join(f"  {c}" for c in host.conventions))
+
+
 def render_fit(v) -> str:
-    """The verdict line, and when it does not fit, one line per lever re-run."""
+    """The verdict line (GPU and, with offload, host), and when it does not fit, one line per lever re-run."""
     from trainmath.render import human_bytes
 
     cap = f"{v.gpu.name} ({human_bytes(v.capacity_bytes)} = {v.capacity_bytes:,} bytes usable; GiB = 2**30 bytes, " \
           f"the datasheet's 'GB' read as GiB)"
+    host = []
+    if v.host is not None:
+        h = v.host
+        host = [(f"host RAM fits: margin {human_bytes(h.margin_bytes)} ({h.margin_bytes:,} bytes)" if h.fits else
+                 f"host RAM does NOT fit: short by {human_bytes(-h.margin_bytes)} ({-h.margin_bytes:,} bytes)"),
+                h.rule]
     if v.fits:
-        return f"fits {cap}: margin {human_bytes(v.margin_bytes)} ({v.margin_bytes:,} bytes)\n{v.rule}"
-    lines = [f"does NOT fit {cap}: short by {human_bytes(-v.margin_bytes)} ({-v.margin_bytes:,} bytes)", v.rule]
+        return "\n".join([f"fits {cap}: margin {human_bytes(v.margin_bytes)} ({v.margin_bytes:,} bytes)", v.rule,
+                          *host])
+    if v.gpu_fits:
+        lines = [f"does NOT fit: the host RAM is exceeded (the GPU fits {cap}: margin "
+                 f"{human_bytes(v.margin_bytes)})", v.rule, *host]
+    else:
+        lines = [f"does NOT fit {cap}: short by {human_bytes(-v.margin_bytes)} ({-v.margin_bytes:,} bytes)", v.rule,
+                 *host]
     good = [lv for lv in v.levers if lv.fits]
     lines.append("would fit with: " + (", ".join(f"{lv.name} ({human_bytes(lv.peak_bytes)})" for lv in good)
                                        if good else "none of the single levers below"))
@@ -375,5 +456,6 @@ def render_fit(v) -> str:
         if lv.peak_bytes is None:
             lines.append(f"  {lv.name}: cannot be built here: {lv.reason}")
         else:
-            lines.append(f"  {lv.name}: peak {human_bytes(lv.peak_bytes)} -> {'fits' if lv.fits else 'does not fit'}")
+            lines.append(f"  {lv.name}: peak {human_bytes(lv.peak_bytes)} -> {'fits' if lv.fits else 'does not fit'}"
+                         + (f" ({lv.reason})" if lv.reason else ""))
     return "\n".join(lines)

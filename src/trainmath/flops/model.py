@@ -22,7 +22,7 @@ Every GEMM of a decoder layer is a fold over its layer type's op list (``trainma
 ``trainmath memory`` folds too): the linears, the attention core (with the op's window), the depthwise convs and
 the chunked scans. The op list is emitted for shapes only (``Ctx.shapes_only``), so a config whose saved bytes
 are not modelled (MLA with equal q/k and v head dims, Falcon with biases, Nemotron-H's latent MoE) still counts;
-Kimi K2 runs DeepSeek-V3's op list (``ops.families.RUNS_AS``). The LM head is the linear of the head's op list
+Kimi K2 runs DeepSeek-V3's op list (``FamilyDef.runs_as``). The LM head is the linear of the head's op list
 (``ops.model.head_ops``, the one ``trainmath memory`` folds for the logits).
 
 Linear-attention (Gated DeltaNet) and Mamba-2 layers count their chunked cores as transformers' torch path runs

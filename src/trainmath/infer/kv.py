@@ -50,13 +50,23 @@ class CacheFormat:
     """Tokens a sliding/chunked layer keeps: ``window-1`` (transformers' DynamicCache) or ``window``."""
     conv_tokens: str = "kernel"
     """Columns of the conv state: ``kernel`` (transformers) or ``kernel-1`` (causal-conv1d, vLLM)."""
+    kv_heads: str = "model-code"
+    """Heads an attention layer's K/V cache holds: ``model-code`` (as the model's transformers code caches them:
+    ``num_heads`` for Falcon's new decoder architecture, whose ``FalconAttention`` broadcasts K/V before caching)
+    or ``kv-heads`` (the config's K/V heads, as serving engines allocate the cache: TensorRT-LLM's
+    ``FalconForCausalLM.prepare_inputs`` passes ``num_kv_heads`` to the cache, NVIDIA/TensorRT-LLM
+    tensorrt_llm/models/falcon/model.py@027cd518e3b63809a5c5799187991e7f1164fb12; vLLM's ``FalconAttention``
+    builds ``Attention(num_kv_heads=config.num_kv_heads // tp)``, vllm-project/vllm
+    vllm/model_executor/models/falcon.py@00620f91ea186ca295a1eb69f4acba9d0efaaaaa). The two differ only where
+    the model code caches more heads than the config's K/V heads."""
 
     def __post_init__(self) -> None:
         checks = [("kv dtype", self.kv_dtype, KV_DTYPES), ("conv dtype", self.conv_dtype, ("fp32", "bf16", "fp16")),
                   ("state dtype", self.state_dtype, ("fp32", "bf16", "fp16")),
                   ("mla cache", self.mla_cache, ("latent", "expanded")),
                   ("sliding tokens", self.sliding_tokens, ("window-1", "window")),
-                  ("conv tokens", self.conv_tokens, ("kernel", "kernel-1"))]
+                  ("conv tokens", self.conv_tokens, ("kernel", "kernel-1")),
+                  ("kv heads", self.kv_heads, KV_HEADS)]
         for what, value, allowed in checks:
             if value not in allowed:
                 raise TrainmathError(f"{what} {value!r} is not one of {', '.join(allowed)}")
@@ -72,6 +82,9 @@ class CacheFormat:
             + (" (transformers' DynamicSlidingWindowLayer)" if self.sliding_tokens == "window-1" else ""),
             f"conv state keeps {self.conv_tokens} columns"
             + (" (transformers)" if self.conv_tokens == "kernel" else ""),
+            f"engine stores KV heads as: {self.kv_heads}"
+            + (" (the heads the model's transformers code caches)" if self.kv_heads == "model-code"
+               else " (the config's K/V heads, as TensorRT-LLM and vLLM allocate the cache)"),
         )
 
 
@@ -93,6 +106,9 @@ def heads_per_rank(heads: int, tp: int, what: str) -> int:
     return heads // tp
 
 
+KV_HEADS = ("model-code", "kv-heads")
+"""``CacheFormat.kv_heads`` conventions."""
+
 STORE = {"kv": "kv_dtype", "latent": "kv_dtype", "expanded": "kv_dtype", "conv": "conv_dtype",
          "state": "state_dtype"}
 """The ``CacheFormat`` field that gives each cache store (``ops.cache.CACHE_KINDS``) its dtype."""
@@ -113,8 +129,23 @@ def layer_cache(spec: ModelSpec, layer: LayerSpec, *, batch: int, context: int, 
 
     fold = cache_fold(_ops(spec, layer, batch=batch, context=context), Degrees(tp=tp), mla=fmt.mla_cache,
                       sliding=fmt.sliding_tokens, conv=fmt.conv_tokens)
+    if fmt.kv_heads == "kv-heads":
+        fold = [(t, _as_kv_heads(layer, t, n, tp)) for t, n in fold]
     return tuple(Node(name=t.name, value=tensor_bytes(n, DTYPE_BITS[getattr(fmt, STORE[t.kind])]), unit="bytes")
                  for t, n in fold)
+
+
+def _as_kv_heads(layer: LayerSpec, t, elements: int, tp: int) -> int:
+    """Elements of a K/V cache tensor (b, heads, s, h_d) on one rank when the engine stores the config's K/V
+    heads: ``elements`` / (its heads per rank) · (the K/V heads per rank, ``kv_heads_per_rank``)."""
+    if t.kind != "kv":
+        return elements
+    stored = {b.dims.kv_heads for b in layer.blocks if b.kind == "attention"}
+    held = t.axes[1].size
+    if len(stored) != 1 or held in stored:
+        return elements
+    per_rank = -(-held // tp)
+    return elements // per_rank * kv_heads_per_rank(stored.pop(), tp)
 
 
 def validate_tp(spec: ModelSpec, tp: int) -> None:

@@ -22,13 +22,13 @@ core attention's own tensors, the 5as²b term, or flash's logsumexp); in
 in ``tests/activations/test_selective_oracle.py``.
 
 What is computed is described once, as op lists (``trainmath.ops``): each family's table row and layer emitter
-(``ops.families``: ``STYLES``, ``LAYERS``; the family modules there document each family's quirks: Phi-3's fused
+(``trainmath.families``: one ``FamilyDef`` each; the family modules there document each family's quirks: Phi-3's fused
 projections, OLMo-2's post-norms, Gemma's sandwich norms, Cohere's parallel block, GPT-2's Conv1D, Falcon's three
-variants, MLA, the routers and expert paths, gpt-oss's sinks, Llama 4's all-token experts, Gated DeltaNet and
-Mamba-2 on transformers' torch paths), the embedding, rotary tables and head (``ops.model``); this module folds
-them into the trees below. Config switches that change what is saved but not the parameters (partial rotary,
-soft-capping, logit scale, Llama 4's ``use_qk_norm`` and ``attn_temperature_tuning``) come from ``Family``, router
-switches from ``Router``; by default both are read from the switches the spec carries (``ModelSpec.options``).
+variants, MLA, the routers and expert paths, gpt-oss's sinks, Llama 4's all-token experts, Gated DeltaNet and Mamba-2 on
+transformers' torch paths), the embedding, rotary tables and head (``ops.model``); this module folds them into the trees
+below. Config switches that change what is saved but not the parameters (partial rotary, soft-capping, logit scale,
+Llama 4's ``use_qk_norm`` and ``attn_temperature_tuning``) come from ``Family``, router switches from ``Router``; by
+default both are read from the switches the spec carries (``ModelSpec.options``).
 Other families raise a ``TrainmathError``. The oracle counts storages still held by the autograd graph when the
 forward ends: nodes that cannot reach the loss (a router's group selection) free what they packed.
 
@@ -45,14 +45,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trainmath import families
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.memory.megatron import activations_megatron, layer_terms, megatron_layer_terms  # noqa: F401
-from trainmath.model import DROPOUT_OPTIONS
+from trainmath.model.options import DROPOUT_OPTIONS
 from trainmath.model.spec import (
     ModelSpec,
 )
-from trainmath.ops import families as op_families
 from trainmath.ops import model as model_ops
 from trainmath.ops.context import (  # noqa: F401
     DROPOUT_KEYS,
@@ -62,21 +62,17 @@ from trainmath.ops.context import (  # noqa: F401
     Family,
     Precision,
     Router,
-    _norm_topk_default,
 )
 from trainmath.ops.fold import layer_node, saved_leaves
-from trainmath.ops.ir import Axis, Degrees, Program, Tensor
+from trainmath.ops.ir import Axis, Degrees, Tensor
+from trainmath.ops.program import EmitJob, context, head_program, layer_program
 from trainmath.ops.selective import mask_arguments, selective_layer
 from trainmath.tree import Node, scaled
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.vocabulary import DEVICES, RECOMPUTE
 
 PROFILES = ("hf", "eager", "megatron")
 SCAN_KINDS = {"linear_attention": "Gated DeltaNet", "mamba": "Mamba-2"}
 """Sequence mixers that context parallelism cannot split (block kind: what the refusal calls it)."""
-HF_FAMILIES = tuple(op_families.STYLES)
-"""The families the hf profile models: every row of the family table (each has its layer emitter)."""
-GROUPED_UNMODELLED = op_families.GROUPED_UNMODELLED
-"""MoE families whose ``grouped_mm`` expert path is not modelled (only their eager loop is)."""
 
 
 def _check(name: str, value, allowed) -> None:
@@ -127,9 +123,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     autocast copies), not the routed rows: expert-parallel ranks are drawn from data parallelism, each brings its
     own micro-batch, and under balanced routing each receives T·k rows for its experts, as on one device (the
     all-to-all buffers are transients); ``cp`` also divides the routed rows (a rank routes its own T/cp tokens).
-    Measured per rank on 2 gloo ranks for ``ops.families.TP_MEASURED`` (``docs/tensor-parallel.md``); the other
-    families are folds of their op lists' axes. Refused in one line: ``--tp`` for fused projections that no plan
-    here splits by heads (``Style.fused_projections``: GPT-2, Falcon; Phi-3's are interleaved per rank by
+    Measured per rank on 2 gloo ranks for the families with a TP plan (``FamilyDef.tp``, ``docs/tensor-parallel.md``);
+    the other families are folds of their op lists' axes. Refused in one line: ``--tp`` for fused projections that
+    no plan here splits by heads (``Style.fused_projections``: GPT-2, Falcon; Phi-3's are interleaved per rank by
     ``runtime.tensor_parallel.interleave_fused`` and measured) and ``--cp`` for Gated DeltaNet / Mamba-2 layers
     (torch's ``context_parallel`` splits only SDPA; the scans carry their state along the sequence).
     """
@@ -138,7 +134,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     _check("compute_dtype_bytes", compute_dtype_bytes, (2, 4))
     _check("param_dtype_bytes", param_dtype_bytes, (2, 4))
     _check("experts", experts, ("eager", "grouped"))
-    _check("device", device, ("cuda", "cpu"))
+    _check("device", device, DEVICES)
     if micro_batch < 1 or seq < 1:
         raise TrainmathError(f"micro_batch ({micro_batch}) and seq ({seq}) must be positive")
     if param_dtype_bytes < compute_dtype_bytes:
@@ -146,7 +142,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                              f"({compute_dtype_bytes}) is not a transformers training setup")
     indices = _rank_layers(spec, layers, pp)
     if profile == "megatron":
-        fam = family or Family.from_config({**spec.options, "model_type": spec.model_type})
+        fam = family or Family.from_config(spec.options, spec.family.config_defaults)
         return activations_megatron(spec, micro_batch=micro_batch, seq=seq, recompute=recompute, tp=tp, sp=sp,
                                     cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes,
                                     attention=attention, attention_dropout=fam.attention_dropout,
@@ -155,24 +151,26 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if profile == "eager" and cp > 1:
         raise TrainmathError(f"--attention eager with --cp {cp} is not modelled: context parallelism (torch's "
                              f"context_parallel, ring attention) runs SDPA; pass --attention sdpa or --cp 1")
-    if spec.model_type not in HF_FAMILIES:
-        raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(HF_FAMILIES)}; "
+    if not spec.family.modelled:
+        raise TrainmathError(f"the {profile} activation profile is exact only for {', '.join(families.modelled())}; "
                              f"{spec.name} is {spec.model_type!r} (not yet modelled: use --profile megatron)")
-    style = op_families.style(spec.model_type)
+    style = spec.family.style
     if style.rope_layers == "windowed" and not any(model_ops.windowed(spec, range(spec.num_layers))):
         raise TrainmathError(f"{spec.name}: {spec.model_type} without attention_chunk_size is not modelled (the spec "
                              f"then cannot tell RoPE from no-RoPE layers); use --profile megatron")
-    config = {**spec.options, "model_type": spec.model_type}  # the config's switches, carried by the spec
+    defaults = spec.family.config_defaults  # the config's switches are carried by the spec
     if norm_topk_prob is None:
-        norm_topk_prob = Router.from_config(config).norm_topk_prob
-    router = router or Router(norm_topk_prob=norm_topk_prob, topk_method=Router.from_config(config).topk_method)
-    family = family or Family.from_config(config)
+        norm_topk_prob = Router.from_config(spec.options, defaults).norm_topk_prob
+    router = router or Router(norm_topk_prob=norm_topk_prob,
+                              topk_method=Router.from_config(spec.options, defaults).topk_method)
+    family = family or Family.from_config(spec.options, defaults)
     _check_dropout(spec, style, family)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     # Style.attention: the kernel transformers picks by default (Gemma-2: eager, as SDPA cannot soft-cap)
-    ctx = Ctx(b=b, s=s, d=d, p=p, eager=profile == "eager" or style.attention == "eager", experts=experts,
-              experts_hit=experts_hit, router=router, family=family, degrees=deg, device=device)
+    job = EmitJob(batch=b, seq=s, precision=p, attention="eager" if profile == "eager" else "sdpa", experts=experts,
+                  experts_hit=experts_hit, router=router, family=family, degrees=deg, device=device)
+    ctx = context(spec, job)
     groups = []
     largest: Node | None = None
     selective_transient: Node | None = None
@@ -180,8 +178,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         mine = [i for i in idx if i in indices]
         if not mine:
             continue
-        prog = Program()
-        op_families.LAYERS[spec.model_type](prog, ctx, layer, style)
+        prog = layer_program(spec, job, layer, ctx)
         if deg.cp > 1 and any(op.kind == "attention" and any(t.name.endswith("mask") for t in op.saved)
                               for op in prog.ops):
             raise TrainmathError(f"--cp {cp} with {spec.name}'s explicit attention mask (layer {layer.label!r}) is "
@@ -222,7 +219,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                    note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B{where}")
 
 
-def _check_dropout(spec: ModelSpec, style: op_families.Style, family: Family) -> None:
+def _check_dropout(spec: ModelSpec, style: families.Style, family: Family) -> None:
     """One ``TrainmathError`` for a nonzero training dropout that the family's emitters do not apply."""
     if style.dropout:
         return
@@ -230,7 +227,7 @@ def _check_dropout(spec: ModelSpec, style: op_families.Style, family: Family) ->
     keys += [f"{k}={getattr(family, k)}" for k in DROPOUT_KEYS if getattr(family, k) and k not in spec.options]
     if keys:
         raise TrainmathError(f"{spec.name}: dropout in training ({', '.join(keys)}) is modelled for "
-                             f"{', '.join(n for n, r in op_families.STYLES.items() if r.dropout)} only; set it to 0 in "
+                             f"{', '.join(families.dropout_families())} only; set it to 0 in "
                              f"the config or use --profile megatron")
 
 
@@ -255,8 +252,8 @@ def _degrees(spec: ModelSpec, seq: int, *, tp: int, sp: bool, cp: int, ep: int, 
         if seq % cp:
             bad.append(f"--seq ({seq}) must be a multiple of --cp ({cp}) (context parallelism gives every rank an "
                        f"equal slice); pass --seq {seq - seq % cp or cp}")
-        fused = op_families.style(spec.model_type).fused_projections
-        if tp > 1 and fused and spec.model_type in HF_FAMILIES:
+        fused = spec.family.row.fused_projections
+        if tp > 1 and fused and spec.family.modelled:
             bad.append(f"--tp {tp} with {spec.model_type}'s fused {' and '.join(fused)} is not modelled: "
                        f"parallelize_module's column-wise split of a fused weight gives a rank a contiguous slice "
                        f"of it, not its own heads of q, k and v (or columns of gate and up); pass --tp 1, or "
@@ -306,11 +303,10 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     """
     if tp < 1 or cp < 1:
         raise TrainmathError(f"tp ({tp}) and cp ({cp}) must be at least 1")
-    family = family or Family.from_config({**spec.options, "model_type": spec.model_type})
+    family = family or Family.from_config(spec.options, spec.family.config_defaults)
     p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
     deg = Degrees(tp=tp, sp=sp and tp > 1, cp=cp, vocab_parallel=vocab_parallel and tp > 1)
-    ctx = Ctx(b=micro_batch, s=seq, d=spec.hidden_size, p=p, family=family, degrees=deg)
-    prog, held = model_ops.head_ops(ctx, spec, op_families.style(spec.model_type))
+    prog, held = head_program(spec, EmitJob(batch=micro_batch, seq=seq, precision=p, family=family, degrees=deg))
     saved = saved_leaves(prog.ops, deg)
     alive = [Node(name=name, value=t.nbytes(deg), unit="bytes", note=note) for name, t, note in held]
     V = ceil_div(spec.vocab_size, tp) if deg.vocab_parallel else spec.vocab_size

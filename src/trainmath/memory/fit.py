@@ -2,7 +2,9 @@
 
 The verdict is the one fit rule of every command (``trainmath.usable``): ``peak_bytes`` (the largest event of the
 step's timeline, 512-byte blocks) plus the stated CUDA context must stay under ``--mem-util`` percent of the
-preset's memory. Preset capacities are the datasheet's "GB" read as GiB (``hardware/gpus.json``'s conventions:
+preset's memory; with offload, the node's host RAM (``memory.host.host_memory``) must also stay within
+``--host-memory``, and a verdict that fails on the host says so. Preset capacities are the datasheet's "GB"
+read as GiB (``hardware/gpus.json``'s conventions:
 "80GB" = 80 · 2**30 bytes); the margin is exact bytes, rendered in GiB.
 
 Levers are not guessed: each is the same model re-run with one change to the setup or layout, and its peak is
@@ -25,6 +27,7 @@ from dataclasses import dataclass, replace
 from trainmath.errors import TrainmathError
 from trainmath.hardware import GPU
 from trainmath.layout import ParallelLayout
+from trainmath.memory.host import HOST_MEMORY_BYTES, HostFit, job_host_memory
 from trainmath.memory.training import MemoryReport, TrainingSetup, training_memory
 from trainmath.model.spec import ModelSpec
 from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
@@ -54,14 +57,21 @@ class Fit:
     levers: tuple[Lever, ...]
     """Empty when the job fits as given."""
     mem_util_percent: int = MEM_UTIL_PERCENT
+    host: HostFit | None = None
+    """With offload: host RAM per node against ``--host-memory`` (``memory.host``); None without."""
 
     @property
     def rule(self) -> str:
         return rule_text(self.gpu.memory_bytes, self.mem_util_percent)
 
     @property
-    def fits(self) -> bool:
+    def gpu_fits(self) -> bool:
         return self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def fits(self) -> bool:
+        """The GPU and, with offload, the host."""
+        return self.gpu_fits and (self.host is None or self.host.fits)
 
     @property
     def margin_bytes(self) -> int:
@@ -71,7 +81,9 @@ class Fit:
     def to_dict(self) -> dict:
         return {"gpu": self.gpu.name, "capacity_bytes": self.capacity_bytes, "memory_bytes": self.gpu.memory_bytes,
                 "mem_util_percent": self.mem_util_percent, "fit_rule": self.rule, "fits": self.fits,
-                "margin_bytes": self.margin_bytes, "levers": [lv.to_dict() for lv in self.levers]}
+                "margin_bytes": self.margin_bytes, "gpu_fits": self.gpu_fits,
+                "levers": [lv.to_dict() for lv in self.levers],
+                **(self.host.to_dict() if self.host is not None else {})}
 
 
 def candidate_changes(setup: TrainingSetup, layout: ParallelLayout) -> list[tuple[str, TrainingSetup, ParallelLayout]]:
@@ -118,21 +130,32 @@ def candidate_changes(setup: TrainingSetup, layout: ParallelLayout) -> list[tupl
 
 
 def fit(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, gpu: GPU, *,
-        report: MemoryReport | None = None, activation_model=None, mem_util_percent: int = MEM_UTIL_PERCENT) -> Fit:
-    """The verdict for ``gpu`` under the fit rule and, when the job does not fit, every lever re-run."""
+        report: MemoryReport | None = None, activation_model=None, mem_util_percent: int = MEM_UTIL_PERCENT,
+        host_memory_bytes: int = HOST_MEMORY_BYTES) -> Fit:
+    """The verdict for ``gpu`` under the fit rule (with offload: and the host's, ``memory.host``) and, when the
+    job does not fit, every lever re-run. A lever that offloads fits only if its host RAM fits too."""
     report = report or training_memory(spec, setup, layout, activation_model=activation_model)
     capacity = usable_bytes(gpu.memory_bytes, mem_util_percent)
+
+    def host_fit(s: TrainingSetup, lay: ParallelLayout) -> HostFit | None:
+        h = job_host_memory(spec, s, lay, gpus_per_node=gpu.gpus_per_node)
+        return None if h is None else HostFit(host_bytes=h.host_bytes, host_memory_bytes=host_memory_bytes)
+
+    host = host_fit(setup, layout)
     levers: list[Lever] = []
-    if report.peak_bytes > capacity:
+    if report.peak_bytes > capacity or (host is not None and not host.fits):
         for name, s, lay in candidate_changes(setup, layout):
             try:
                 peak = training_memory(spec, s, lay, activation_model=activation_model).peak_bytes
+                h = host_fit(s, lay)
             except TrainmathError as e:
                 levers.append(Lever(name=name, peak_bytes=None, fits=False, reason=str(e)))
                 continue
-            levers.append(Lever(name=name, peak_bytes=peak, fits=peak <= capacity))
+            ok = peak <= capacity and (h is None or h.fits)
+            reason = "" if h is None or h.fits else f"host RAM {h.host_bytes:,} bytes per node > --host-memory"
+            levers.append(Lever(name=name, peak_bytes=peak, fits=ok, reason=reason))
     return Fit(gpu=gpu, peak_bytes=report.peak_bytes, capacity_bytes=capacity, levers=tuple(levers),
-               mem_util_percent=mem_util_percent)
+               mem_util_percent=mem_util_percent, host=host)
 
 
 def derive_dp(world_size: int, *, tp: int, pp: int, cp: int) -> int:

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainmath.adapters import ADAPTER_DTYPES, LINEAR_ROUTERS, PeftJob, adapter_report, select
+from trainmath import families
+from trainmath.adapters import ADAPTER_DTYPES, PeftJob, adapter_report, select
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.memory import states as st
 from trainmath.memory.optimizers import state_tensors, step_temporary_bytes
-from trainmath.ops import families as op_families
+from trainmath.memory.step import Persistent
 from trainmath.ops.fold import saved_storages
 from trainmath.ops.lora import LoraRun, frozen_head, lora_layer
 from trainmath.qlora import nf4_storage
@@ -68,9 +69,9 @@ def check(spec, setup, layout, run: PeftRun) -> None:
         raise TrainmathError("--peft is modelled with the hf activation profile and --recompute none|full")
     if setup.offload != "none" or setup.zero_impl == "trainmath" or setup.backward_in_autocast:
         raise TrainmathError("--peft with --offload, --zero-impl trainmath or --backward-in-autocast is not modelled")
-    if spec.model_type not in op_families.LAYERS:
+    if spec.family.layer is None:
         raise TrainmathError(f"--peft memory needs {spec.model_type}'s op list (families: "
-                             f"{', '.join(sorted(op_families.LAYERS))})")
+                             f"{', '.join(families.modelled())})")
     if any(b.kind in ("moe", "mamba", "linear_attention", "mla") for ly in spec.layers for b in ly.blocks):
         raise TrainmathError(f"--peft memory is modelled for dense attention layers; {spec.name} has MoE, MLA, "
                              f"Mamba or linear-attention blocks")
@@ -82,7 +83,7 @@ def check(spec, setup, layout, run: PeftRun) -> None:
     if run.paged and setup.optimizer not in PAGED:
         raise TrainmathError(f"--paged-optimizer needs --optimizer {' or '.join(PAGED)} (bitsandbytes' paged "
                              f"8-bit optimizers), got {setup.optimizer}")
-    if setup.attention != "sdpa" and op_families.style(spec.model_type).attention != "eager":
+    if setup.attention != "sdpa" and spec.family.style.attention != "eager":
         raise TrainmathError("--peft memory is modelled with --attention sdpa")
 
 
@@ -91,7 +92,7 @@ def quantised(spec, t) -> bool:
     ``get_keys_to_not_convert``); routed experts (3-d Parameters) and bare router weights stay in bf16."""
     s = t.spec
     return (s.kind == "linear" and t.unit.startswith("layer.") and not s.experts
-            and (s.component != "router" or spec.model_type in LINEAR_ROUTERS))
+            and (s.component != "router" or spec.family.linear_router))
 
 
 def base_weight_bytes(spec, pl, prec, method: str, gran: int) -> int:
@@ -126,18 +127,13 @@ def largest_dequant(spec, pl, prec, gran: int) -> int:
                default=0)
 
 
-def _ctx(spec, setup, prec):
-    from trainmath.ops.context import Ctx, Family, Router
+def _job(setup, prec):
     from trainmath.ops.context import Precision as OpPrecision
+    from trainmath.ops.program import EmitJob
 
-    style = op_families.style(spec.model_type)
-    config = {**spec.options, "model_type": spec.model_type}
-    return style, Ctx(b=setup.micro_batch, s=setup.seq, d=spec.hidden_size,
-                      p=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
-                      eager=setup.attention == "eager" or style.attention == "eager",
-                      experts=setup.experts,  # dense layers only (``check``)
-                      router=Router.from_config(config),
-                      family=Family.from_config(config), device=setup.device)
+    return EmitJob(batch=setup.micro_batch, seq=setup.seq,
+                   precision=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
+                   attention=setup.attention, experts=setup.experts, device=setup.device)  # dense layers (``check``)
 
 
 def _bytes(ops) -> int:
@@ -146,14 +142,14 @@ def _bytes(ops) -> int:
 
 def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int, int]]:
     """layer index → (saved bytes in full training, saved bytes under peft), folded from its op list."""
-    from trainmath.ops.ir import Program
+    from trainmath.ops.program import context, layer_program
 
-    style, ctx = _ctx(spec, setup, prec)
+    job = _job(setup, prec)
+    ctx = context(spec, job)
     targets = frozenset(m.name for m in select(spec, run.job))
     out = {}
     for i in layers:
-        prog = Program()
-        op_families.LAYERS[spec.model_type](prog, ctx, spec.layers[i], style)
+        prog = layer_program(spec, job, spec.layers[i], ctx)
         lr = LoraRun(targets=targets, rank=run.job.rank, adapter_bytes=ADAPTER_DTYPES[run.job.dtype],
                      dropout=run.dropout, input_grad=i > 0 or run.input_grad(setup.recompute), device=setup.device)
         out[i] = (_bytes(prog.ops), _bytes(lora_layer(prog.ops, lr, autocast=ctx.p.autocast,
@@ -164,10 +160,9 @@ def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int,
 def head_saved_delta(spec, setup, prec) -> int:
     """Bytes the frozen final norm and LM head do not save (their inputs, kept in full training for the
     weights' gradients)."""
-    from trainmath.ops.model import head_ops
+    from trainmath.ops.program import head_program
 
-    style, ctx = _ctx(spec, setup, prec)
-    ops = head_ops(ctx, spec, style)[0].ops
+    ops = head_program(spec, _job(setup, prec))[0].ops
     return _bytes(ops) - _bytes(frozen_head(ops))
 
 
@@ -223,7 +218,7 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
         resident.append(Node(name="embedding output (leaf requiring grad)", unit="bytes",
                              value=st.alloc_bytes(tokens * spec.hidden_size * prec.weight_bytes, gran),
                              note="enable_input_require_grads(): held by autograd's AccumulateGrad node"))
-    bucket = inp.persistent.get("framework_overhead_bytes", 0) // prec.grad_bytes if layout.zero in (1, 2) else 0
+    bucket = inp.persistent.framework_overhead_bytes // prec.grad_bytes if layout.zero in (1, 2) else 0
     ad = adapter_states(spec, setup, layout, prec, run, gran, bucket)
     weights = base_weight_bytes(spec, pl, prec, run.job.method, gran) + ad["weights"]
     transient = largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora" else 0
@@ -233,8 +228,8 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
         inp, saved=saved, recomputed=recomputed, resident=resident,
         other_micro_batches=0 if not inp.other_micro_batches else inp.other_micro_batches,
         head_saved=max(0, inp.head_saved - head), unit_grads=units, tied_grad=0,
-        persistent={"weights_bytes": weights, "master_weights_bytes": ad["master"],
-                    "optimizer_states_bytes": ad["states"], "framework_overhead_bytes": ad["overhead"]},
+        persistent=Persistent(weights_bytes=weights, master_weights_bytes=ad["master"],
+                              optimizer_states_bytes=ad["states"], framework_overhead_bytes=ad["overhead"]),
         optimizer_temporaries=ad["temps"], fp32_grad_copies=0, weight_copies=copies + transient,
         ffn_transient={i: 0 for i in inp.ffn_transient})
 
@@ -253,8 +248,8 @@ def peft_summary(spec, setup, layout, pl, prec, gran: int) -> dict:
 
 def report_summary(spec, setup, layout) -> dict:
     """``peft_summary`` for the first stage's placement (the CLI's ``peft`` figures)."""
-    from trainmath.memory.precision import get_precision
     from trainmath.placement import place
+    from trainmath.vocabulary import get_precision
 
     gran = 1 if setup.device == "cpu" else setup.granularity
     return peft_summary(spec, setup, layout, place(spec, layout, 0, vocab_parallel=False),

@@ -1,6 +1,6 @@
 """The single-device structure of a model: which tensors exist, their shapes, and the dimensions of each block.
 
-A ``ModelSpec`` is built from a Hugging Face ``config.json`` by one family module (``trainmath.model.families``)
+A ``ModelSpec`` is built from a Hugging Face ``config.json`` by one family module (``trainmath.families``)
 and is the one source every later figure derives from: parameter counts (``trainmath.params``), FLOPs,
 activation and KV-cache bytes, and the placement of tensors on ranks. Nothing here knows about parallelism:
 a tensor carries a *sharding hint* (how tensor parallelism would split it), but no count depends on a degree.
@@ -231,6 +231,9 @@ class ModelSpec:
     config_report: object = field(default=None, compare=False, hash=False)
     """How the config was read (``trainmath.model.config.ConfigReport``): keys taken from transformers' defaults
     and keys that look misspelt; None for a spec not built from a config."""
+    family: object = field(default=None, compare=False, hash=False, repr=False)
+    """The family's definition (``trainmath.families.FamilyDef``), attached by ``spec_from_config``: what generic
+    code asks instead of comparing ``model_type``."""
 
     @property
     def num_layers(self) -> int:

@@ -8,9 +8,9 @@
   expert path, router and family switches, the scans' chunks; ``shapes_only`` for the folds that read shapes).
 - ``kernels``: one module per op kind (linears and casts, norms, attention and its variants, MLPs, routers,
   routed experts, MLA, scans), never naming a family.
-- ``families``: the only place that names a family: its table row (``Style``) and its layer emitter (``LAYERS``;
-  ``RUNS_AS`` for a family that runs another's code).
-- ``emit``: one layer's (or the head's) op list for the shape folds.
+- ``style``: ``Style``, the columns of a family's table row that emitters read. The families themselves (their
+  rows and layer emitters) are ``trainmath.families``, the only place that names one.
+- ``emit``: one layer's (or the head's) op list for the shape folds, from the spec's family.
 - ``model``: the ops around the layers (embedding, the rotary tables every layer shares, final norm, LM head and
   loss), driven by the family's ``Style`` row.
 - ``fold``: saved bytes (distinct storages) and the per-layer tree, on one rank of a layout.

@@ -48,9 +48,10 @@ class Router:
     group sizes (``n_group``, ``topk_group``) change nothing that is kept (``kernels.router.sigmoid_noaux``)."""
 
     @classmethod
-    def from_config(cls, config: dict) -> Router:
-        """The router switches of a Hugging Face config dict (missing keys: transformers' defaults)."""
-        base = config_defaults(config.get("model_type", ""))
+    def from_config(cls, config: dict, defaults: dict | None = None) -> Router:
+        """The router switches of a Hugging Face config dict; missing keys: ``defaults`` (the family's
+        transformers config-class defaults, ``FamilyDef.config_defaults``), then this class's."""
+        base = defaults or {}
         return cls(norm_topk_prob=bool(config.get("norm_topk_prob", base.get("norm_topk_prob", True))),
                    topk_method=config.get("topk_method") or base.get("topk_method", "noaux_tc"))
 
@@ -58,8 +59,8 @@ class Router:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Family:
     """Config switches that change what is saved but that the ``ModelSpec`` does not carry (read from a Hugging
-    Face config by ``Family.from_config``; ``Family.default(model_type)`` gives transformers' config-class
-    defaults, which ``activation_bytes``/``logits_bytes`` use when none is given)."""
+    Face config by ``Family.from_config``; ``Family.default(defaults)`` gives a family's transformers config-class
+    defaults, ``FamilyDef.config_defaults``)."""
 
     partial_rotary_factor: float = 1.0
     """Fraction of the head dim that RoPE rotates (Phi-4-mini 0.75, GLM-4.5 0.5): cos/sin are that wide."""
@@ -84,15 +85,14 @@ class Family:
     """Dropout on the embedding output (``embedding_dropout``; GPT-2's ``embd_pdrop``)."""
 
     @classmethod
-    def default(cls, model_type: str) -> Family:
-        """transformers 5.24's config-class defaults for ``model_type`` (its row of the family table)."""
-        base = config_defaults(model_type)
-        return cls(**{k: v for k, v in base.items() if k in cls.__dataclass_fields__})
+    def default(cls, defaults: dict | None = None) -> Family:
+        """The switches under a family's config-class ``defaults`` (``FamilyDef.config_defaults``)."""
+        return cls(**{k: v for k, v in (defaults or {}).items() if k in cls.__dataclass_fields__})
 
     @classmethod
-    def from_config(cls, config: dict) -> Family:
-        """The switches of a Hugging Face config dict (missing keys: ``Family.default``)."""
-        base = cls.default(config.get("model_type", ""))
+    def from_config(cls, config: dict, defaults: dict | None = None) -> Family:
+        """The switches of a Hugging Face config dict (missing keys: ``Family.default(defaults)``)."""
+        base = cls.default(defaults)
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         prf = config.get("partial_rotary_factor", rope.get("partial_rotary_factor", base.partial_rotary_factor))
         return cls(partial_rotary_factor=float(prf),
@@ -114,20 +114,6 @@ DROPOUT_KEYS = {"attention_dropout": ("attention_dropout", "attn_pdrop"),
 def _first(config: dict, keys: tuple[str, ...], default):
     """The value of the first of ``keys`` the config sets (not None), else ``default``."""
     return next((config[k] for k in keys if config.get(k) is not None), default)
-
-
-def config_defaults(model_type: str) -> dict:
-    """transformers' config-class defaults of the switches ``Family`` and ``Router`` read, from the family's row
-    (``ops.families.Style.config_defaults``; empty for a family not in the table)."""
-    from trainmath.ops.families import STYLES  # the family table imports the kernels, which import this module
-
-    row = STYLES.get(model_type)
-    return dict(row.config_defaults) if row is not None else {}
-
-
-def _norm_topk_default(model_type: str) -> bool:
-    """transformers' config-class default of ``norm_topk_prob`` (False for Qwen2-MoE and DeepSeek-V2)."""
-    return bool(config_defaults(model_type).get("norm_topk_prob", True))
 
 
 @dataclass(frozen=True, kw_only=True)

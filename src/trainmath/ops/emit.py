@@ -1,28 +1,16 @@
 """The op list of one decoder layer for the folds that read only shapes: the FLOPs (``ops.flops``) and the
-inference cache (``ops.cache``, ``infer.kv``)."""
+inference cache (``ops.cache``, ``infer.kv``), through ``ops.program`` with ``shapes_only``."""
 
 from __future__ import annotations
 
 from trainmath.model.spec import LayerSpec, ModelSpec
-from trainmath.ops import families
-from trainmath.ops.context import Ctx, Family, Precision, Router
-from trainmath.ops.ir import Op, Program
-
-
-def _ctx(spec: ModelSpec, style, *, batch: int, seq: int, experts: str = "eager", gdn_chunk: int = 64,
-         mamba_chunk: int | None = None) -> Ctx:
-    config = {**spec.options, "model_type": spec.model_type}
-    return Ctx(b=batch, s=seq, d=spec.hidden_size, p=Precision(compute=2, param=2),
-               eager=style.attention == "eager", experts=experts, router=Router.from_config(config),
-               family=Family.from_config(config), gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk, shapes_only=True)
+from trainmath.ops.ir import Op
+from trainmath.ops.program import EmitJob, head_program, layer_program
 
 
 def head_ops(spec: ModelSpec, *, batch: int, seq: int) -> list[Op]:
     """The final norm, LM head and loss of ``spec`` (``ops.model.head_ops``) for the shape folds."""
-    from trainmath.ops.model import head_ops as emit_head  # the head reads the family table's norm column
-
-    style = families.style(families.RUNS_AS.get(spec.model_type, spec.model_type))
-    return emit_head(_ctx(spec, style, batch=batch, seq=seq), spec, style)[0].ops
+    return head_program(spec, EmitJob(batch=batch, seq=seq, shapes_only=True))[0].ops
 
 
 def layer_ops(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, experts: str = "eager",
@@ -31,11 +19,9 @@ def layer_ops(spec: ModelSpec, layer: LayerSpec, *, batch: int, seq: int, expert
     a bf16 model (dtypes change no FLOPs; the cache's are a serving format), the kernel transformers picks, the
     family switches of the spec's config (``spec.options``), every op emitted even where the config's saved bytes
     are not modelled (``Ctx.shapes_only``)."""
-    emit, style = families.emitter(spec.model_type)
-    ctx = _ctx(spec, style, batch=batch, seq=seq, experts=experts, gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk)
-    prog = Program()
-    emit(prog, ctx, layer, style)
-    return prog.ops
+    job = EmitJob(batch=batch, seq=seq, experts=experts, gdn_chunk=gdn_chunk, mamba_chunk=mamba_chunk,
+                  shapes_only=True)
+    return layer_program(spec, job, layer).ops
 
 
 def layer_top_k(layer: LayerSpec) -> int | None:

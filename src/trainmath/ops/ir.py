@@ -1,6 +1,6 @@
 """The op list: what one block computes, as ordered ops over named tensors with their sharding rules.
 
-A family emits, per decoder layer, a list of ``Op`` (``trainmath.ops.families``); every quantity that depends on
+A family emits, per decoder layer, a list of ``Op`` (``trainmath.families``); every quantity that depends on
 what is computed is a fold over that list: the bytes autograd saves for backward and the autocast weight copies
 (``trainmath.ops.fold``), the GEMM FLOPs (``trainmath.ops.flops``), the inference cache (``trainmath.ops.cache``),
 and what one rank of a parallel layout holds of each. Model code is single-device: a

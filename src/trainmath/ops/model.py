@@ -32,11 +32,11 @@ from collections.abc import Sequence
 
 from trainmath.model.spec import AttentionDims, MLADims, ModelSpec, TensorSpec
 from trainmath.ops.context import FP32, INT64, Ctx
-from trainmath.ops.families import Style
 from trainmath.ops.ir import Axis, Program, Tensor
 from trainmath.ops.kernels.dropout import dropout
 from trainmath.ops.kernels.linear import cast, gather_seq, linear
 from trainmath.ops.kernels.norms import norm
+from trainmath.ops.style import Style
 
 COMPLEX64 = 8
 

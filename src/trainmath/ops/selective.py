@@ -22,7 +22,7 @@ cached ones, not new, and the checkpoint stores a recomputed tensor only for a f
 forward (nodes that cannot reach the loss, e.g. the DeepSeek-V3 router's group top-k and masked_fill, died with
 their holders; ``kernels.scans.UNREACHED``). That difference, the largest over layers, is the ``recompute
 transient``. Checked against ``sac_oracle.measure`` in ``tests/activations/test_selective_oracle.py``, exactly,
-for every family of ``ops.families.STYLES``.
+for every family the hf profile models (``FamilyDef.modelled``).
 """
 
 from __future__ import annotations
@@ -45,9 +45,7 @@ counts."""
 
 def check_family(spec) -> None:
     """One line for a family without an op list (the hf profile refuses it the same way)."""
-    from trainmath.ops.families import LAYERS
-
-    if spec.model_type not in LAYERS:
+    if spec.family.layer is None:
         raise TrainmathError(f"--recompute selective (torchtitan's op-level policy on transformers' layers) folds "
                              f"the hf profile's op lists; {spec.name} is {spec.model_type!r}, which has none: use "
                              f"--profile megatron for Korthikanti's selective recompute")

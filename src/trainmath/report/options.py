@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import argparse
 
-from trainmath.cli.args import add_mem_util, integer
+from trainmath.args import add_mem_util, byte_size, integer
 from trainmath.errors import TrainmathError
 from trainmath.infer.dtypes import KV_DTYPES, WEIGHT_DTYPES
-from trainmath.memory.optimizers import OPTIMIZERS
-from trainmath.memory.precision import RECIPES
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.vocabulary import ATTENTION, OFFLOAD, OPTIMIZERS, PROFILES, RECIPES, RECOMPUTE
 
 # The choices are the calculator's own tables (pure Python, no heavy import); the serving formats are
 # `trainmath infer`'s (WEIGHT_DTYPES, KV_DTYPES from trainmath.infer.dtypes).
@@ -39,9 +37,12 @@ def add_training_flags(p: argparse.ArgumentParser, *, required: bool = True) -> 
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     g.add_argument("--optimizer-impl", choices=("foreach", "fused"), default="foreach")
     g.add_argument("--recompute", choices=RECOMPUTE, default="none")
-    g.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
-    g.add_argument("--profile", choices=("hf", "megatron"), default="hf")
+    g.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    g.add_argument("--profile", choices=PROFILES, default="hf")
     g.add_argument("--micro-batches", type=integer, default=None, help="micro-batches per step (default: at least pp)")
+    g.add_argument("--offload", choices=OFFLOAD, default="none",
+                   help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
+                        "parameter shards (adds the host RAM per node)")
     lay = p.add_argument_group("parallel layout")
     lay.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
     for name in ("dp", "tp", "pp", "cp", "ep"):
@@ -49,6 +50,8 @@ def add_training_flags(p: argparse.ArgumentParser, *, required: bool = True) -> 
     lay.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with tp > 1)")
     p.add_argument("--gpu", default=None, help="GPU preset to fit against (h100, h200, a100, b200, ...)")
     add_mem_util(p)
+    p.add_argument("--host-memory", type=byte_size, default=None, metavar="BYTES",
+                   help="host RAM per node for the verdict with --offload (e.g. 2TiB; default 2 TiB, a DGX H100's)")
 
 
 def add_serving_flags(p: argparse.ArgumentParser) -> None:
@@ -90,7 +93,8 @@ def training_from_args(args: argparse.Namespace):
 
     setup = TrainingSetup(micro_batch=args.micro_batch, seq=args.seq, precision=args.precision,
                           optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
-                          attention=args.attention, profile=args.profile, micro_batches=args.micro_batches)
+                          attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
+                          offload=getattr(args, "offload", "none"))
     layout = ParallelLayout(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp, zero=args.zero)
     bad = check_setup(setup) + layout_problems(layout)
     if bad:

@@ -25,7 +25,8 @@ calling conventions of transformers' modules:
   are re-tied after parallelisation (torchtitan's qwen3 ``parallelize_qwen3``: "Enable weight tying after applying
   parallelisms").
 
-Families (``FAMILIES``; the plan of a layer is built from the modules it has, ``_layer_plan``): llama, mistral,
+Families (those with a ``TPPlan`` in ``trainmath.families``, the same definition the calculator reads; the plan of
+a layer is built from the modules it has and the family's plan, ``_layer_plan``): llama, mistral,
 qwen2 (q/k/v biases are sharded with their weights by ``ColwiseParallel``), qwen3 and qwen3_moe (per head
 ``q_norm``/``k_norm``: ``SequenceParallel(sequence_dim=2, use_local_output=True)``, torchtitan's qwen3 note "QK
 norms: shard on head dim (dim=2) — independent of SP": the norm's replicated weight sees the rank's own heads, so
@@ -43,11 +44,11 @@ not read. Column-wise outputs are therefore handed on as local tensors (``use_lo
 
 from __future__ import annotations
 
+from trainmath import families
 from trainmath.errors import TrainmathError
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "starcoder2", "cohere", "qwen3_moe",
-            "phi3")
-"""model_types whose decoder layers ``apply_tp`` splits (module names below)."""
+FAMILIES = families.tp_measured_families()
+"""model_types whose decoder layers ``apply_tp`` splits (``FamilyDef.tp``; module names below)."""
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "c_fc", "qkv_proj", "gate_up_proj")
 """Linears split on their output features (``ColwiseParallel``): StarCoder2's MLP is ``c_fc`` → ``c_proj``."""
@@ -57,21 +58,18 @@ STREAM_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_
                 "post_feedforward_layernorm")
 """Norms on the residual stream (``SequenceParallel`` under SP; whole otherwise). Gemma-3's post-norms and
 OLMo-2's read a row-wise output, reduce-scattered under SP, so they too see the rank's sequence slice."""
-HEAD_NORM_DIM = {"qwen3": 2, "qwen3_moe": 2, "gemma3_text": 1}
-"""Per-head q/k norms and the heads dimension of the tensor they read: qwen3 norms (b, s, h, h_d) before the
-transpose, Gemma-3 (b, h, s, h_d) after it. Their weight (h_d) is replicated; they run on the rank's heads."""
-FEATURE_NORMS = ("olmo2",)
-"""q/k norms over the whole projection (OLMo-2's ``RMSNorm(heads·head_dim)`` on q_proj's output): see
-``FeatureShardedNorm``."""
 
 
 def check_tp(config, tp: int) -> None:
     """One ``TrainmathError`` if ``config`` (a transformers config) cannot be split ``tp`` ways here."""
     bad = []
-    if config.model_type not in FAMILIES:
-        bad.append(f"model_type {config.model_type!r} (tensor parallelism is applied to {', '.join(FAMILIES)})")
-    if getattr(config, "use_qk_norm", False) and config.model_type == "cohere":
-        bad.append("cohere with use_qk_norm (its (heads, head_dim) q/k norm weights are not split here)")
+    fam = families.get(config.model_type)
+    plan = fam.tp if fam is not None else None
+    if plan is None:
+        bad.append(f"model_type {config.model_type!r} (tensor parallelism is applied to "
+                   f"{', '.join(families.tp_measured_families())})")
+    elif plan.refuses(config):
+        bad.append(f"{config.model_type} with {plan.refused_with} ({plan.refused_why})")
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     if heads % tp or kv % tp:
         bad.append(f"--tp {tp} must divide the attention heads ({heads}) and KV heads ({kv})")
@@ -213,10 +211,12 @@ def _layer_plan(layer, model_type: str, *, sp: bool) -> dict:
                 plan[f"{block}.{name}"] = ColwiseParallel() if name in COLWISE else (
                     RowwiseParallel(output_layouts=seq, use_local_output=False) if sp else RowwiseParallel())
     attn = layer.self_attn
-    if getattr(attn, "q_norm", None) is not None and model_type in HEAD_NORM_DIM:
+    tp_plan = families.get(model_type).tp  # per-head q/k norms (their weight h_d replicated, run on the rank's
+    # heads) read (b, s, h, h_d) before the transpose (Qwen3) or (b, h, s, h_d) after it (Gemma-3)
+    if getattr(attn, "q_norm", None) is not None and tp_plan.head_norm_dim is not None:
         for n in ("q_norm", "k_norm"):  # on the rank's heads
-            plan[f"self_attn.{n}"] = SequenceParallel(sequence_dim=HEAD_NORM_DIM[model_type], use_local_output=True)
-    if getattr(attn, "q_norm", None) is not None and model_type in FEATURE_NORMS:
+            plan[f"self_attn.{n}"] = SequenceParallel(sequence_dim=tp_plan.head_norm_dim, use_local_output=True)
+    if getattr(attn, "q_norm", None) is not None and tp_plan.feature_norms:
         for n in ("q_norm", "k_norm"):
             plan[f"self_attn.{n}"] = feature_sharded_norm()
         # q_proj/k_proj hand the norms their local features (use_local_output=True, the default)

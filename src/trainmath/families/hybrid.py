@@ -6,14 +6,40 @@ them up.
 The layer pattern is read as transformers reads it: Qwen3-Next's ``layer_types`` (default: full attention every
 ``full_attention_interval``-th layer), Nemotron-H's ``layers_block_type`` or ``hybrid_override_pattern``
 (M = Mamba-2, * = attention, - = MLP, E = MoE).
+
+The op lists: layers whose mixer is not always attention (derived from the code, checked by
+``tests/activations``).
+
+Qwen3-Next (``Qwen3NextDecoderLayer``): (1 + w) RMSNorms; the mixer is a Gated DeltaNet (``scans.gated_deltanet``)
+or gated full attention (q_proj emits query and gate, per-head q/k norms, partial rotary ending in ``torch.cat``:
+``attention_ext.sdpa_attention`` with ``project_gate``); then a Qwen2-MoE-style sparse block (softmax router, routed
+experts, sigmoid-gated shared expert, ``moe.moe_block``) or a gated MLP.
+
+Nemotron-H (``NemotronHBlock``): each layer is one Nemotron RMSNorm and one mixer: Mamba-2 (``scans.mamba2``),
+attention without rotary (SDPA), a relu² MLP, or a MoE with DeepSeek-V3's sigmoid router (fp32 linear, group
+selection, renormalised top-k) over non-gated relu² experts (eager loop) plus a relu² shared expert.
+``moe_latent_size`` raises. Neither family's eager attention is modelled, nor Nemotron-H's grouped_mm expert
+path (Qwen3-Next's is the standard one, ``experts.grouped_experts``).
 """
 
 from __future__ import annotations
 
+from trainmath.errors import TrainmathError
+from trainmath.families.base import FamilyDef
+from trainmath.families.common import (
+    architecture,
+    embeddings,
+    head,
+    head_dim,
+    int_list,
+    kv_heads,
+    layer_parts,
+    layer_types,
+    residual,
+)
+from trainmath.families.moe import QWEN_MOE_LORA, check_experts_path, ffn, moe_block
 from trainmath.model import blocks
 from trainmath.model.config import MAX_LAYERS, ConfigView, show
-from trainmath.model.families.common import embeddings, head, head_dim, int_list, kv_heads, layer_types
-from trainmath.model.families.dense import _arch
 from trainmath.model.spec import (
     Block,
     LayerSpec,
@@ -23,8 +49,14 @@ from trainmath.model.spec import (
     MoEDims,
     TensorSpec,
 )
-
-FAMILIES = ("qwen3_next", "nemotron_h")
+from trainmath.ops.context import Ctx
+from trainmath.ops.ir import Program
+from trainmath.ops.kernels.attention import find, gqa_attention
+from trainmath.ops.kernels.attention_ext import sdpa_attention
+from trainmath.ops.kernels.mlp import plain_mlp
+from trainmath.ops.kernels.norms import norm
+from trainmath.ops.kernels.scans import gated_deltanet, mamba2
+from trainmath.ops.style import Style
 
 
 def _qwen3_next(cfg: ConfigView, name: str) -> ModelSpec:
@@ -74,7 +106,7 @@ def _qwen3_next(cfg: ConfigView, name: str) -> ModelSpec:
     tied = cfg.bool("tie_word_embeddings")
     cfg.check()
     return ModelSpec(
-        name=name, model_type="qwen3_next", architecture=_arch(cfg), vocab_size=vocab, hidden_size=d,
+        name=name, model_type="qwen3_next", architecture=architecture(cfg), vocab_size=vocab, hidden_size=d,
         max_position_embeddings=cfg.int("max_position_embeddings"), layer_prefix="model.layers.{i}.",
         pre=embeddings(vocab, d), layers=tuple(layers), post=head(vocab, d, tied), tie_word_embeddings=tied,
         notes=("qwen3_next: the checkpoint's multi-token-prediction tensors (mtp.*) are not modelled",),
@@ -156,7 +188,7 @@ def _nemotron_h(cfg: ConfigView, name: str) -> ModelSpec:
         notes.append("nemotron_h: tie_word_embeddings is set, but transformers never ties lm_head for this family")
     cfg.check()
     return ModelSpec(
-        name=name, model_type="nemotron_h", architecture=_arch(cfg), vocab_size=vocab, hidden_size=d,
+        name=name, model_type="nemotron_h", architecture=architecture(cfg), vocab_size=vocab, hidden_size=d,
         max_position_embeddings=cfg.int("max_position_embeddings"), layer_prefix="backbone.layers.{i}.",
         pre=embeddings(vocab, d, "backbone.embeddings.weight"), layers=tuple(by_type[t] for t in types),
         post=head(vocab, d, tied, final_norm="backbone.norm_f"), tie_word_embeddings=tied,
@@ -165,5 +197,55 @@ def _nemotron_h(cfg: ConfigView, name: str) -> ModelSpec:
     )
 
 
-def build(cfg: ConfigView, name: str) -> ModelSpec:
-    return _qwen3_next(cfg, name) if cfg.model_type == "qwen3_next" else _nemotron_h(cfg, name)
+def qwen3_next_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> None:
+    if ctx.eager:
+        raise TrainmathError("qwen3_next: the eager profile is not modelled; use profile='hf' (SDPA)")
+    mixer, block, norms = layer_parts(layer)
+    if mixer is None or mixer.kind not in ("attention", "linear_attention") or block is None:
+        raise TrainmathError(f"qwen3_next layer {layer.label!r} has blocks {[bl.kind for bl in layer.blocks]}")
+    if isinstance(block.dims, MoEDims):
+        check_experts_path(ctx, style, "qwen3_next")
+    x = residual(ctx, "layer.input")
+    h = norm(prog, ctx, style.norm, "input_layernorm", x, find(norms, "input_layernorm"))
+    if mixer.kind == "linear_attention":
+        gated_deltanet(prog, ctx, mixer, h)
+    else:
+        sdpa_attention(prog, ctx, mixer, h, rotary=style.rotary, qk_norm=style.qk_norm_kind or style.norm,
+                       project_gate=True)
+    h = norm(prog, ctx, style.norm, "post_attention_layernorm", residual(ctx, "attention.residual"),
+             find(norms, "post_attention_layernorm"))
+    ffn(prog, ctx, block, h, style)
+
+
+def nemotron_h_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> None:
+    if ctx.eager:
+        raise TrainmathError("nemotron_h: the eager profile is not modelled; use profile='hf' (SDPA)")
+    mixer = next(bl for bl in layer.blocks if bl.kind != "norm")
+    norms = next((bl for bl in layer.blocks if bl.kind == "norm"), None)
+    x = residual(ctx, "layer.input")
+    h = norm(prog, ctx, style.norm, "norm", x, find(norms, "norm.weight") if norms else None)
+    if mixer.kind == "mamba":
+        mamba2(prog, ctx, mixer, h)
+    elif mixer.kind == "attention":
+        gqa_attention(prog, ctx, mixer, h, rotary=style.rotary, prefix="mixer")
+    elif mixer.kind == "mlp":
+        plain_mlp(prog, ctx, mixer, h, width=mixer.dims.intermediate, up="up_proj", down="down_proj",
+                  prefix="mixer", act=style.act)
+    elif mixer.kind == "moe":
+        latent = any("latent" in t.name for t in mixer.tensors)
+        if latent:
+            ctx.unmodelled("nemotron_h with moe_latent_size is not yet modelled (use --profile megatron)")
+        check_experts_path(ctx, style, "nemotron_h")
+        moe_block(prog, ctx, mixer, h, style, latent=latent)
+    else:
+        raise TrainmathError(f"nemotron_h layer {layer.label!r} has an unknown mixer {mixer.kind!r}")
+
+
+QWEN3_NEXT = FamilyDef(model_type="qwen3_next", build=_qwen3_next, layer=qwen3_next_layer,
+                       style=Style(norm="gemma", rotary="rotate_half_cat",
+                                   config_defaults=(("partial_rotary_factor", 0.25),)),
+                       lora_moe_conversion=QWEN_MOE_LORA)
+NEMOTRON_H = FamilyDef(model_type="nemotron_h", build=_nemotron_h, layer=nemotron_h_layer,
+                       style=Style(norm="nemotron", act="relu2", rotary="none", positions="none",
+                                   router="sigmoid_noaux", router_fp32=True, experts_grouped=False),
+                       lora_mamba=True)

@@ -12,13 +12,19 @@
 
 from __future__ import annotations
 
+from trainmath.families.base import FamilyDef
+from trainmath.families.common import (
+    architecture,
+    embeddings,
+    head,
+    head_dim,
+    kv_heads,
+)
+from trainmath.families.moe import QWEN_MOE_LORA, moe_layer
 from trainmath.model import blocks
 from trainmath.model.config import ConfigView
-from trainmath.model.families.common import embeddings, head, head_dim, kv_heads
-from trainmath.model.families.dense import _arch
 from trainmath.model.spec import ExtraTensors, LayerSpec, MLADims, ModelSpec, MoEDims, TensorSpec
-
-FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe")
+from trainmath.ops.style import Style
 
 
 def _mixer(cfg: ConfigView, mt: str, d: int) -> blocks.Block:
@@ -98,8 +104,23 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
         symbols.update(h_kv=mixer.dims.kv_heads, h_d=mixer.dims.head_dim)
     cfg.check()
     return ModelSpec(
-        name=name, model_type=mt, architecture=_arch(cfg), vocab_size=vocab, hidden_size=d,
+        name=name, model_type=mt, architecture=architecture(cfg), vocab_size=vocab, hidden_size=d,
         max_position_embeddings=cfg.int("max_position_embeddings"), layer_prefix="model.layers.{i}.",
         pre=embeddings(vocab, d), layers=layers, post=head(vocab, d, tied), tie_word_embeddings=tied,
         extras=tuple(extras), symbols=symbols,
     )
+
+
+DEEPSEEK_V2 = FamilyDef(model_type="deepseek_v2", build=build, layer=moe_layer,
+                        style=Style(positions="freqs_cis", router="softmax_greedy", router_fp32=True,
+                                    config_defaults=(("norm_topk_prob", False), ("topk_method", "greedy"))),
+                        lora_moe_conversion=QWEN_MOE_LORA)
+DEEPSEEK_V3 = FamilyDef(model_type="deepseek_v3", build=build, layer=moe_layer,
+                        style=Style(router="sigmoid_noaux", router_fp32=True), lora_moe_conversion=QWEN_MOE_LORA)
+KIMI_K2 = FamilyDef(model_type="kimi_k2", build=build, config_as="deepseek_v3",
+                    note="kimi_k2 is DeepSeek-V3's architecture (DeepseekV3ForCausalLM)", runs_as=DEEPSEEK_V3,
+                    lora_moe_conversion=QWEN_MOE_LORA)
+GLM4_MOE = FamilyDef(model_type="glm4_moe", build=build, layer=moe_layer,
+                     style=Style(rotary="rotate_half_cat", router="sigmoid_noaux", router_fp32=True,
+                                 config_defaults=(("partial_rotary_factor", 0.5),)),
+                     lora_moe_conversion=QWEN_MOE_LORA)

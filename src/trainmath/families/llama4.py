@@ -1,5 +1,6 @@
-"""Llama 4's text decoder layer (``Llama4TextDecoderLayer``, SDPA), derived from the code, checked by
-``tests/activations``.
+"""Llama 4: the multimodal wrapper (``llama4``, whose text model is counted) and its text decoder layer
+(``Llama4TextDecoderLayer``, SDPA), derived from the code, checked by ``tests/activations``. The config reads as
+the MoE builder's (``families.moe``).
 
 Attention: RoPE layers are the chunked ones (``attention_chunk_size``, carried as the sliding window); the others
 (every ``no_rope_layer_interval``-th) use no RoPE and full causal attention. RoPE multiplies ``q.float()`` as
@@ -16,11 +17,12 @@ kernel and the grouped_mm expert path are not modelled."""
 from __future__ import annotations
 
 from trainmath.errors import TrainmathError
+from trainmath.families import moe
+from trainmath.families.base import FamilyDef
+from trainmath.families.common import layer_parts, residual
+from trainmath.families.moe import check_experts_path, router_weight, shared_prefix
 from trainmath.model.spec import AttentionDims, LayerSpec, MoEDims
 from trainmath.ops.context import Ctx
-from trainmath.ops.families import LAYERS, Style
-from trainmath.ops.families.dense import blocks, residual
-from trainmath.ops.families.moe import check_experts_path, router_weight, shared_prefix
 from trainmath.ops.ir import Axis, Program
 from trainmath.ops.kernels.attention import find
 from trainmath.ops.kernels.attention_ext import sdpa_attention
@@ -29,17 +31,18 @@ from trainmath.ops.kernels.linear import gather_seq, linear
 from trainmath.ops.kernels.mlp import gated_mlp
 from trainmath.ops.kernels.norms import norm
 from trainmath.ops.kernels.router import sigmoid_scatter
+from trainmath.ops.style import Style
 
 
 def llama4_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> None:
     if ctx.eager:
         raise TrainmathError("llama4_text: the eager profile is not modelled; use profile='hf' (SDPA)")
-    mixer, ffn, norms = blocks(layer)
+    mixer, ffn, norms = layer_parts(layer)
     if mixer is None or not isinstance(mixer.dims, AttentionDims) or ffn is None:
         raise TrainmathError(f"llama4_text layer {layer.label!r} is not attention + MLP/MoE")
     moe = isinstance(ffn.dims, MoEDims)
     if moe:
-        check_experts_path(ctx, "llama4_text")
+        check_experts_path(ctx, style, "llama4_text")
     chunk = mixer.dims.sliding_window
     rope = chunk is not None
     fam = ctx.family
@@ -64,4 +67,20 @@ def llama4_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> Non
               gather=False)
 
 
-LAYERS["llama4_text"] = llama4_layer
+def text_config(data: dict, source: str) -> dict:
+    """The text model's config inside the multimodal wrapper (``text_config``), with the wrapper's architectures
+    and tying."""
+    text = data.get("text_config")
+    if not isinstance(text, dict):
+        raise TrainmathError(f"{source}: model_type llama4 needs a text_config object")
+    return {**text, "architectures": data.get("architectures"), "model_type": "llama4_text",
+            "tie_word_embeddings": text.get("tie_word_embeddings", data.get("tie_word_embeddings", False))}
+
+
+LLAMA4_TEXT = FamilyDef(model_type="llama4_text", build=moe.build, layer=llama4_layer,
+                        style=Style(positions="freqs_cis", rope_layers="windowed", router="sigmoid_scatter",
+                                    qk_norm_kind="l2", experts_grouped=False, layer_mask="bool_chunked",
+                                    expert_slices=False),
+                        linear_router=True)
+LLAMA4 = FamilyDef(model_type="llama4", unwrap=text_config, linear_router=True,
+                   note="llama4: the text model (Llama4ForCausalLM) is counted; the vision tower and projector are not")

@@ -1,10 +1,13 @@
-"""Pieces every family shares: the model-level tensors, head_dim, layer types, validation of heads."""
+"""Pieces every family shares: the model-level tensors, head_dim, layer types, validation of heads, and the
+layer parts and residual stream the emitters read."""
 
 from __future__ import annotations
 
 from trainmath.model.blocks import norm
 from trainmath.model.config import ConfigView, show
-from trainmath.model.spec import TensorSpec
+from trainmath.model.spec import LayerSpec, TensorSpec
+from trainmath.ops.context import Ctx
+from trainmath.ops.ir import Axis, Tensor
 
 
 def head_dim(cfg: ConfigView, d: int, heads: int) -> int:
@@ -71,3 +74,23 @@ def int_list(cfg: ConfigView, key: str, n: int, default: list[int] | None = None
 def window_for(kind: str, window: int | None) -> int | None:
     """The attention window of a layer type: the sliding window for sliding/chunked layers, else None."""
     return window if kind in ("sliding_attention", "chunked_attention") else None
+
+
+def architecture(cfg: ConfigView) -> str:
+    archs = cfg.data.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        cfg.invalid.append(f"architectures must be a list of class names, got {show(archs)}")
+        return cfg.model_type
+    return archs[0] if archs else cfg.model_type
+
+def layer_parts(layer: LayerSpec):
+    """(mixer, ffn, norm block) of a layer (None where absent)."""
+    mixer = next((bl for bl in layer.blocks if bl.kind in ("attention", "mla", "linear_attention", "mamba")), None)
+    ffn = next((bl for bl in layer.blocks if bl.kind in ("mlp", "moe")), None)
+    norms = next((bl for bl in layer.blocks if bl.kind == "norm"), None)
+    return mixer, ffn, norms
+
+
+def residual(ctx: Ctx, name: str) -> Tensor:
+    """A (b, s, d) tensor of the residual stream (in the embedding's dtype: fp32 under autocast)."""
+    return Tensor(name=name, axes=(*ctx.rows(), Axis(ctx.d)), dtype_bytes=ctx.p.residual)

@@ -1,24 +1,27 @@
-"""Layers whose norms are not the standard pre-norm pair: OLMo-2 (post-norms), Gemma-2/3 (sandwich norms) and
-Cohere (one norm feeding attention and MLP in parallel). Derived from transformers 5.24's modeling code, checked
-by ``tests/activations``. Residual adds keep nothing."""
+"""Dense families whose norms are not the standard pre-norm pair: OLMo-2 (post-norms), Gemma-2/3 (sandwich norms)
+and Cohere (one norm feeding attention and MLP in parallel); their configs read as the dense builder's rows. The
+layers are derived from transformers 5.24's modeling code, checked by ``tests/activations``. Residual adds keep
+nothing."""
 
 from __future__ import annotations
 
 from trainmath.errors import TrainmathError
+from trainmath.families.base import FamilyDef, TPPlan
+from trainmath.families.common import layer_parts, residual
+from trainmath.families.dense import LAYER_NORMS_4, builder
 from trainmath.model.spec import LayerSpec, MLPDims
 from trainmath.ops.context import Ctx
-from trainmath.ops.families import LAYERS, Style
-from trainmath.ops.families.dense import blocks, residual
 from trainmath.ops.ir import Program
 from trainmath.ops.kernels.attention import find, gqa_attention
 from trainmath.ops.kernels.linear import reduce_seq
 from trainmath.ops.kernels.mlp import gated_mlp
 from trainmath.ops.kernels.norms import norm
+from trainmath.ops.style import Style
 
 
 def _parts(layer: LayerSpec, norms: list[str]):
     """(attention block, gated MLP block, norm block) of ``layer``, checking it has ``norms`` (weights)."""
-    mixer, ffn, nb = blocks(layer)
+    mixer, ffn, nb = layer_parts(layer)
     names = [t.name.removesuffix(".weight") for t in nb.tensors if t.name.endswith(".weight")] if nb else []
     if mixer is None or mixer.kind != "attention" or not isinstance(getattr(ffn, "dims", None), MLPDims) \
             or not ffn.dims.gated or names != norms:
@@ -77,7 +80,23 @@ def parallel_layer(prog: Program, ctx: Ctx, layer: LayerSpec, style: Style) -> N
     gated_mlp(prog, ctx, ffn, h, width=ffn.dims.intermediate, act=style.act)
 
 
-LAYERS["olmo2"] = olmo2_layer
-LAYERS["gemma2"] = gemma_layer
-LAYERS["gemma3_text"] = gemma_layer
-LAYERS["cohere"] = parallel_layer
+OLMO2 = FamilyDef(model_type="olmo2", build=builder(qkv_bias="attention_bias", o_bias="attention_bias", qk_norm="full",
+                                                    norms=("post_attention_layernorm", "post_feedforward_layernorm")),
+                  layer=olmo2_layer, style=Style(norm="rms_fp32_weight", qk_norm="full", rope_fp32=True),
+                  tp=TPPlan(feature_norms=True))
+GEMMA2 = FamilyDef(model_type="gemma2", build=builder(qkv_bias="attention_bias", o_bias="attention_bias",
+                                                      norms=LAYER_NORMS_4),
+                   layer=gemma_layer,
+                   style=Style(norm="gemma", act="gelu_tanh", embed_scale=True, attention="eager",
+                               config_defaults=(("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0))))
+GEMMA3_TEXT = FamilyDef(model_type="gemma3_text", build=builder(qkv_bias="attention_bias", o_bias="attention_bias",
+                                                                qk_norm="head", norms=LAYER_NORMS_4),
+                        layer=gemma_layer,
+                        style=Style(norm="gemma", act="gelu_tanh", embed_scale=True, rope_sets_by_window=True),
+                        tp=TPPlan(head_norm_dim=1))
+COHERE = FamilyDef(model_type="cohere", build=builder(qkv_bias="attention_bias", o_bias="attention_bias",
+                                                      qk_norm="per_head:use_qk_norm", norms=("input_layernorm",)),
+                   layer=parallel_layer,
+                   style=Style(norm="cohere", rotary="interleaved_fp32", config_defaults=(("logit_scale", 0.0625),)),
+                   tp=TPPlan(refused_with="use_qk_norm",
+                             refused_why="its (heads, head_dim) q/k norm weights are not split here"))
