@@ -1,5 +1,6 @@
-"""What one training step runs, everything but the parallel layout: the calculator's training configuration, from
-which the runtime's is checked (``runtime.train.config``)."""
+"""What one training step runs, everything but the parallel layout: the calculator's training configuration
+(``verify.train.predict`` builds it from a run's ``runtime.train.config.TrainConfig``; the words both use are
+``trainmath.vocabulary``'s)."""
 
 from __future__ import annotations
 
