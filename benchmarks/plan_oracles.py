@@ -7,6 +7,11 @@ Columns: the run, its GPU, the figure the paper reports (its own FLOP convention
 recompute, Llama 3's TFLOPs/GPU 6N + causal attention; Korthikanti et al. report seconds), the prediction, and
 predicted / published. The efficiency curves are per GPU generation (gpus.json 'generations',
 benchmarks/plan_calibrate.py), never per run.
+
+With ``--more`` the per-source table also prints the leave-one-source-out error: the constants fitted on these
+runs (the FSDP overhead, ``benchmarks/fsdp_fit.py``; the MoE dispatcher overhead, ``benchmarks/moe_fit.py``) are
+refitted per generation without the source's runs, and the source is predicted with them. The generation curves
+are fitted on published_runs.json, none of which is in --more, so they are out-of-sample for every row already.
 """
 
 from __future__ import annotations
@@ -33,6 +38,47 @@ def speed_ratio(run: dict, predicted: float) -> float:
     return run["published"] / predicted if run["metric"] == "step_time_s" else predicted / run["published"]
 
 
+def _source_errors(runs: list[dict]) -> list[float]:
+    from published_more import try_predict
+
+    out = []
+    for r in runs:
+        p, _ = try_predict(r)
+        if p is not None:
+            out.append(abs(speed_ratio(r, p) - 1))
+    return out
+
+
+def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
+    """Per source: its runs' |speed − 1| with the FSDP and MoE overheads refitted per generation on the other
+    sources only (a generation left with no runs to fit gets no overhead). Generations whose constant in the
+    code is zero stay zero (the code chose not to use their fit)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import fsdp_fit
+    import moe_fit
+
+    from trainmath.perf import fsdp, moe
+
+    fsdp_rows, moe_rows = fsdp_fit.rows(), moe_fit.rows()
+    saved_f, saved_m = dict(fsdp.OVERHEAD), dict(moe.OVERHEAD)
+    out: dict[str, list[float]] = {}
+    try:
+        for src in sorted({r["paper"] for r in runs}):
+            for gen, const in saved_f.items():
+                rest = [r for r in fsdp_rows if r["gen"] == gen and r["source"] != src]
+                fsdp.OVERHEAD[gen] = fsdp_fit.fit(rest) if rest and any(const) else (0.0, 0.0)
+            for gen, const in saved_m.items():
+                rest = [r for r in moe_rows if r["gen"] == gen and r["source"] != src and not r["suspect"]]
+                moe.OVERHEAD[gen] = moe_fit.fit(rest) if rest and const else 0.0
+            out[src] = _source_errors([r for r in runs if r["paper"] == src])
+    finally:
+        fsdp.OVERHEAD.clear()
+        fsdp.OVERHEAD.update(saved_f)
+        moe.OVERHEAD.clear()
+        moe.OVERHEAD.update(saved_m)
+    return out
+
+
 def more() -> None:
     """Every run of published_runs_more.json through the current model; per-source median |error| and share within
     15%. Runs the model refuses are listed as not priced, with its reason."""
@@ -56,11 +102,18 @@ def more() -> None:
         print(f"{r['id']:64s} {r['gpu']:14s} {r['precision']:4s} {metric:9s} {r['published']:10.2f} {p:10.2f} "
               f"{ratio:6.3f}")
     print("\nspeed = predicted / published throughput (step times inverted); error = |speed - 1|")
-    print(f"{'source':26s} {'priced':>6s} {'median |err|':>12s} {'within 15%':>10s}")
+    loso = leave_one_source_out(MORE)
+    loso["all"] = [e for v in loso.values() for e in v]
+    print(f"{'source':26s} {'priced':>6s} {'median |err|':>12s} {'within 15%':>10s} {'LOSO median':>11s} "
+          f"{'LOSO 15%':>8s}")
     rows = list(errors.items()) + [("all", [e for v in errors.values() for e in v])]
     for name, errs in rows + [("-- " + k, v) for k, v in sorted(groups.items())]:
         within = sum(e <= 0.15 for e in errs) / len(errs)
-        print(f"{name:26s} {len(errs):6d} {100 * statistics.median(errs):11.1f}% {100 * within:9.0f}%")
+        held = loso.get(name)
+        tail = (f" {100 * statistics.median(held):10.1f}% {100 * sum(e <= 0.15 for e in held) / len(held):7.0f}%"
+                if held else "")
+        print(f"{name:26s} {len(errs):6d} {100 * statistics.median(errs):11.1f}% {100 * within:9.0f}%{tail}")
+    print("LOSO: the FSDP and MoE overheads refitted without the source (leave-one-source-out); groups: in-sample")
     for run_id, why in skipped:
         print(f"not priced: {run_id}: {why}")
 

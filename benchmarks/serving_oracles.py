@@ -62,8 +62,8 @@ def _setup(r: dict, kv_heads: str = "model-code"):
 
 
 def raw(r: dict, kv_heads: str = "model-code") -> dict:
-    """The record's steps at compute and memory efficiency 1, without overhead: (GEMM compute, weight memory,
-    communication, attention compute, cache memory) of each."""
+    """The record's steps at compute and memory efficiency 1, without overhead: (other GEMM compute, other weight
+    memory, communication, attention compute, cache memory, routed-expert compute, routed-expert memory) of each."""
     from dataclasses import replace
 
     from trainmath.hardware import gpu as find_gpu
@@ -74,9 +74,10 @@ def raw(r: dict, kv_heads: str = "model-code") -> dict:
     spec, gpu, setup = load_spec(r["model"]), find_gpu(r["gpu"]), _setup(r, kv_heads)
     unit = replace(Efficiency.of(gpu), compute=1.0, memory=1.0, step_s=0.0, layer_s=0.0)
 
-    def trip(s) -> tuple[float, float, float, float, float]:
-        return (s.compute_s - s.attention_compute_s, s.memory_s - s.cache_memory_s, s.comm_s,
-                s.attention_compute_s, s.cache_memory_s)
+    def trip(s) -> tuple[float, ...]:
+        return (s.compute_s - s.attention_compute_s - s.expert_compute_s,
+                s.memory_s - s.cache_memory_s - s.expert_memory_s, s.comm_s,
+                s.attention_compute_s, s.cache_memory_s, s.expert_compute_s, s.expert_memory_s)
 
     inp, out = r["input"], r["output"]
     if r.get("batch"):
@@ -106,8 +107,9 @@ def predict(x: dict, compute: float, memory: float, step_s: float = 0.0, layer_s
     over = step_s + x["layers"] * layer_s
 
     def t(trip) -> float:
-        c, m, k, ac, cm = trip
-        return max(c / compute, m / memory) + max(ac / compute, cm / memory) + k + over
+        c, m, k, ac, cm, ec, em = trip
+        return (max(c / compute, m / memory) + max(ec / compute, em / memory) + max(ac / compute, cm / memory)
+                + k + over)
 
     if x["kind"] == "batch":
         ttft = t(x["prefill"])

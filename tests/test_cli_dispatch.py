@@ -25,7 +25,7 @@ def test_full_parser_builds():
 
 def test_params_run_imports_no_other_command():
     code = ("import sys; from trainmath.cli import main; main(['params', 'qwen3-0.6b', '--json']); "
-            "print(sorted(m for m in sys.modules if m.startswith('trainmath.cli.') and m != 'trainmath.cli.args'))")
+            "print(sorted(m for m in sys.modules if m.startswith('trainmath.cli.') and m != 'trainmath.args'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "['trainmath.cli.params']"
 

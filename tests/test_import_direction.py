@@ -23,7 +23,7 @@ FLOORS = {
     "params": 5, "sources": 5, "explain": 5, "checkpoint": 5, "usable": 5, "adapters": 5, "qlora": 5,
     "flops": 6, "comm": 6, "memory": 7, "infer": 7, "perf": 8, "plan": 9,
     "runtime": 10, "verify": 11,
-    "render": 12, "plot": 12, "report": 13, "serve": 14, "cli": 15, "__main__": 16,
+    "render": 12, "args": 12, "plot": 12, "report": 13, "serve": 14, "cli": 15, "__main__": 16,
 }
 """Room (the first name under ``trainmath``) → floor."""
 CALCULATOR_TOP = FLOORS["plan"]
@@ -32,16 +32,9 @@ kernels) and below every room that reads a ``ModelSpec`` built through it."""
 
 KNOWN_UPWARD = {
     ("trainmath.model", "trainmath.families"),  # spec_from_config forwarded for callers not yet moved
-    ("trainmath.comm.volume", "trainmath.memory.flat_zero"),
-    ("trainmath.comm.volume", "trainmath.memory.precision"),
-    ("trainmath.report.options", "trainmath.cli.args"),
-    ("trainmath.report.html", "trainmath.cli.infer"),
-    ("trainmath.serve.app", "trainmath.cli.args"),
 }
 """Imports from a lower floor to a higher one not yet removed."""
-KNOWN_CYCLES = {
-    frozenset({"trainmath.memory.terms", "trainmath.memory.training"}),
-}
+KNOWN_CYCLES: set = set()
 """Module cycles not yet removed."""
 
 
@@ -155,9 +148,36 @@ def test_the_checker_sees_what_it_checks():
     assert FLOORS[_room("trainmath.verify.simulate")] > FLOORS[_room("trainmath.runtime.fsdp")]
 
 
-def test_recompute_is_defined_once():
-    """One vocabulary: the recompute choices are ``trainmath.vocabulary.RECOMPUTE``, imported everywhere else."""
+def _words() -> dict[str, tuple]:
     from trainmath import vocabulary
 
-    spelled = [p for p in MODULES.values() if '("none", "selective", "full")' in p.read_text()]
-    assert spelled == [Path(vocabulary.__file__).resolve()]
+    return {k: v for k, v in vars(vocabulary).items()
+            if k.isupper() and isinstance(v, tuple) and all(isinstance(x, str) for x in v)}
+
+
+def test_the_words_are_pinned():
+    """The spellings users type: a word that changes here changes every command's choices."""
+    w = _words()
+    assert w["RECOMPUTE"] == ("none", "selective", "full")
+    assert w["TRAIN_OPTIMIZERS"] == ("sgd", "momentum", "adam", "adamw")
+    assert {"sgd", "sgd-momentum", "adam", "adamw"} <= set(w["OPTIMIZERS"])
+    assert len(w) >= 13
+
+
+@pytest.mark.parametrize("word", sorted(_words()))
+def test_each_word_is_defined_once(word):
+    """One vocabulary: each choice tuple is ``trainmath.vocabulary``'s, imported everywhere else (the recompute
+    choices, the optimizers, precisions, attention, experts, ...), never spelled again in the source."""
+    from trainmath import vocabulary
+
+    spelled = repr(_words()[word]).replace("'", '"')
+    found = [p for p in MODULES.values() if spelled in " ".join(p.read_text().split())]
+    assert found == [Path(vocabulary.__file__).resolve()]
+
+
+def test_every_optimizer_the_runtime_runs_is_one_the_calculator_counts():
+    from trainmath.vocabulary import OPTIMIZERS, RECIPES, TRAIN_OPTIMIZERS, TRAIN_PRECISIONS, optimizer_name
+
+    assert [optimizer_name(o) for o in TRAIN_OPTIMIZERS] == ["sgd", "sgd-momentum", "adam", "adamw"]
+    assert {optimizer_name(o) for o in TRAIN_OPTIMIZERS} <= set(OPTIMIZERS)
+    assert set(TRAIN_PRECISIONS) <= set(RECIPES)

@@ -3,10 +3,13 @@ the ZeRO stage.
 
 The world is ``dp · tp · pp · cp`` ranks (Megatron-Core's ``RankGenerator`` order tp-cp-ep-dp-pp). Expert
 parallelism does not multiply the world: the ``ep`` ranks holding different experts are drawn from the
-data-parallel × context-parallel ranks of one tensor-parallel slice, so ``ep`` must divide ``dp · cp`` and each
-routed expert is still split ``tp`` ways (Megatron-Core's default ``expert_tensor_parallel_size = tp``; "MoE
-parallel folding" with a smaller expert TP is not modelled). Expert parameters are then replicated over
-``dp · cp / ep`` ranks (the *expert data-parallel* group), which is what ZeRO shards them over.
+data-parallel × context-parallel ranks of one tensor-parallel slice, so ``ep`` divides ``dp · cp`` and each
+routed expert is still split ``tp`` ways (Megatron-Core's default ``expert_tensor_parallel_size = tp``). When
+``ep`` does not divide ``dp · cp`` but divides ``tp · dp · cp``, the experts are laid out as Megatron-Core's "MoE
+parallel folding" with expert TP 1 (``expert_tp``): EP drawn across the tensor-parallel ranks too, each routed
+expert whole (Megatron-Bridge's Qwen3-235B H100 recipe: ep 32 on tp 2 · dp 16). Expert parameters are then
+replicated over ``tp · dp · cp / (ep · expert_tp)`` ranks (the *expert data-parallel* group), which is what ZeRO
+shards them over.
 
 Validation follows Megatron-Core's rules: tp divides the attention heads and the KV heads (Megatron requires
 ``num_query_groups % tp == 0``; vLLM-style KV-head replication is not modelled), pp ≤ layers, ep divides the
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.model.spec import AttentionDims, LinearAttentionDims, MambaDims, MLADims, ModelSpec, MoEDims
 
@@ -72,9 +76,16 @@ class ParallelLayout:
         return self.dp * self.cp
 
     @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel split of each routed expert: tp when ep divides dp·cp (Megatron-Core's default), 1 when
+        ep is drawn across the tensor-parallel ranks too (MoE parallel folding with expert TP 1)."""
+        return self.tp if (self.dp * self.cp) % self.ep == 0 else 1
+
+    @property
     def expert_zero_degree(self) -> int:
-        """Ranks that ZeRO shards routed-expert state over: the expert data-parallel group, dp·cp / ep."""
-        return max(1, self.dp * self.cp // self.ep)
+        """Ranks that ZeRO shards routed-expert state over: the expert data-parallel group,
+        tp·dp·cp / (ep · expert_tp) (dp·cp / ep when expert TP = TP)."""
+        return max(1, self.tp * self.dp * self.cp // (self.ep * self.expert_tp))
 
     def describe(self) -> str:
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} cp={self.cp} ep={self.ep} sp={self.sp} "
@@ -109,9 +120,10 @@ def layout_problems(layout: ParallelLayout, spec: ModelSpec | None = None) -> li
     if layout.vocab_parallel and layout.tp == 1:
         bad.append("--vocab-parallel needs --tp 2 or more (the vocabulary is sharded over the tensor-parallel "
                    "ranks); pass --tp N with --vocab-parallel, or drop --vocab-parallel")
-    if (layout.dp * layout.cp) % layout.ep:
+    if (layout.dp * layout.cp) % layout.ep and (layout.tp * layout.dp * layout.cp) % layout.ep:
         bad.append(f"ep ({layout.ep}) must divide dp·cp ({layout.dp}·{layout.cp} = {layout.dp * layout.cp}): "
-                   f"expert-parallel ranks are drawn from the data/context-parallel group")
+                   f"expert-parallel ranks are drawn from the data/context-parallel group (or, with expert TP 1, "
+                   f"tp·dp·cp = {layout.tp * layout.dp * layout.cp})")
     if spec is None:
         return bad
     if layout.pp > spec.num_layers:
@@ -167,3 +179,10 @@ def validate_layout(layout: ParallelLayout, spec: ModelSpec | None = None) -> Pa
         where = f" for {spec.name}" if spec is not None else ""
         raise TrainmathError(f"impossible layout ({layout.describe()}){where}: " + "; ".join(bad))
     return layout
+
+
+def zero_shard_shape(shape: tuple[int, ...], degree: int) -> tuple[int, ...]:
+    """A tensor's shape on one of ``degree`` ZeRO ranks: dim 0 split with ceil_div (FSDP2's ``Shard(0)``)."""
+    if degree == 1 or not shape:
+        return shape
+    return (ceil_div(shape[0], degree), *shape[1:])

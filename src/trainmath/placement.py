@@ -16,7 +16,8 @@ Counting (``trainmath.params``) never reads a parallel degree; this module is th
 A split is ``ceil_div(size, tp)`` rows: exact when tp divides the size (layout validation guarantees it for heads;
 Megatron pads the vocabulary to a multiple of 128·tp, which is not modelled — ceil_div is the unpadded figure).
 
-Routed experts are split ep ways (experts/ep whole experts per rank, each still split by tp: expert TP = TP).
+Routed experts are split ep ways (experts/ep whole experts per rank, each still split by tp: expert TP = TP, or
+whole when ep is drawn across the tensor-parallel ranks, ``ParallelLayout.expert_tp`` = 1).
 
 **Stage split rule** (pipeline parallel): layers are cut into pp contiguous stages as ``numpy.array_split`` does —
 every stage gets ⌊L/pp⌋ layers and the first L mod pp stages one more (Megatron requires L % pp == 0 by default;
@@ -134,7 +135,8 @@ class Placement:
 
 
 def _rank_tensor(t: TensorSpec, name: str, unit: str, layout: ParallelLayout, vocab_parallel: bool) -> RankTensor:
-    shape = t.shape if t.shard == "vocab" and not vocab_parallel else tp_shape(t, layout.tp)
+    split = layout.expert_tp if t.experts else layout.tp  # routed experts: whole under expert TP 1
+    shape = t.shape if t.shard == "vocab" and not vocab_parallel else tp_shape(t, split)
     if not t.experts:
         return RankTensor(name=name, shape=shape, copies=1, expert=False, unit=unit, spec=t)
     local = ceil_div(t.experts, layout.ep)

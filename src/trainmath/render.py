@@ -50,3 +50,13 @@ def table(headers: list[str], rows: list[list[object]], *, align: str | None = N
 
     rule = indent + "  ".join("─" * w for w in widths)
     return "\n".join([fmt(headers), rule, *(fmt(r) for r in cells)])
+
+
+def context_text(f) -> str:
+    """The largest context at the batch, capped at the model's max_position_embeddings, with what the memory
+    alone would hold when that is more."""
+    if f.max_context is not None and f.max_context <= f.max_position_embeddings:
+        return f"{f.max_context:,}"
+    held = "any context (no layer's cache grows with it)" if f.max_context is None else f"{f.max_context:,}"
+    return (f"{f.usable_context:,}, the config's max_position_embeddings (the memory alone would hold {held}; "
+            f"going past it needs a rope scaling the config does not state)")

@@ -197,7 +197,7 @@ def test_bad_host_memory_is_one_line(capsys, value):
     try:
         code = main(["memory", LLAMA, "--micro-batch", "1", "--seq", "1024", "--offload", "optimizer",
                      "--host-memory", value])
-    except SystemExit as e:  # argparse's own refusal (cli.args.Parser: one line, exit 2)
+    except SystemExit as e:  # argparse's own refusal (trainmath.args.Parser: one line, exit 2)
         code = e.code
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""

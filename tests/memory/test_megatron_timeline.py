@@ -66,19 +66,19 @@ def test_backward_frees_layer_by_layer_and_full_recompute_holds_one_layer():
     full = _timeline(spec, tp=T, recompute="full")
     per_layer = ROWS["tensor parallel"][1]
     # each layer's backward frees its saved tensors (Table 2's TP row), one layer at a time
-    saved = [e.parts["activations_bytes"].value for e in none
+    saved = [e.live.activations_bytes.value for e in none
              if e.name.startswith("backward layer") and e.name.endswith("done")]
     assert {a - b for a, b in zip(saved, saved[1:])} == {per_layer}
-    recomputed = [e.parts["activations_bytes"].child(f"layer {L - 1} recomputed").value
+    recomputed = [e.live.activations_bytes.child(f"layer {L - 1} recomputed").value
                   for e in full if e.name == f"backward layer {L - 1}"]
     assert recomputed == [per_layer]  # one layer's no-recompute tensors, during its backward only
     assert not any(c.name.endswith("recomputed") for e in full if e.name.startswith("forward")
-                   for c in e.parts["activations_bytes"].children)
+                   for c in e.live.activations_bytes.children)
 
 
 def test_selective_recomputes_the_core_attention_in_backward():
     ev = _timeline(gpt3_175b(), tp=T, recompute="selective")
-    live = [e.parts["activations_bytes"].child(f"layer {L - 1} recomputed").value for e in ev
+    live = [e.live.activations_bytes.child(f"layer {L - 1} recomputed").value for e in ev
             if e.name == f"backward layer {L - 1}"]
     assert live == [5 * A * S * S * B // T]  # softmax, its dropout mask and its dropout output, /t
 

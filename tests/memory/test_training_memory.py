@@ -10,13 +10,13 @@ from hypothesis import strategies as hs
 import standin
 from trainmath.layout import ParallelLayout
 from trainmath.memory.optimizers import optimizer_state_bytes, state_tensors
-from trainmath.memory.precision import get_precision
 from trainmath.memory.states import model_states
 from trainmath.memory.training import TERMS, TrainingSetup, training_memory
 from trainmath.params import count_params
 from trainmath.placement import place
 from trainmath.sources import load_spec
 from trainmath.tree import check_sums
+from trainmath.vocabulary import get_precision
 
 SPECS = {m: load_spec(m) for m in ("qwen3-0.6b", "llama-3.2-1b", "qwen3-30b-a3b")}
 PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16", "fp8")

@@ -27,6 +27,25 @@ def test_enough_runs_and_sources():
     assert len(papers) >= 8
 
 
+def test_at_least_eight_independent_publishers():
+    """Several documents of one publisher (NVIDIA's NeMo, Megatron-Bridge and DGX Cloud pages) count once."""
+    publishers = DATA["publishers"]
+    assert set(publishers) == set(DATA["sources"])
+    assert len(set(publishers.values())) >= 8
+    priced = {publishers[r["paper"]] for r in RUNS if try_predict(r)[0] is not None}
+    assert len(priced) >= 8, "each publisher has at least one run the model prices"
+
+
+def test_rows_left_out_say_why_and_are_not_in_runs():
+    """Transcribed rows on a GPU without a preset are kept in 'not_priced' with their reason, not dropped."""
+    names = {g.name for g in presets().gpus}
+    ids = {r["id"] for r in RUNS}
+    for r in DATA["not_priced"]:
+        assert r["paper"] in DATA["sources"] and r["reason"] and r["published"] > 0
+        assert LOCATION.search(r["location"]), r["location"]
+        assert r["gpu"] not in names and r["id"] not in ids
+
+
 def test_coverage_of_what_the_model_must_learn():
     assert {r["precision"] for r in RUNS} == {"bf16", "fp8"}
     assert any(r["moe"] for r in RUNS) and any(not r["moe"] for r in RUNS)
@@ -72,9 +91,16 @@ def test_inline_configs_reproduce_the_published_parameter_count(run):
 
 def test_only_flagged_rows_contradict_themselves():
     flagged = [r["id"] for r in RUNS if "inconsistent" in r]
-    assert flagged == ["megatron-bridge-25.11-h100-gpt-oss-120b-bf16-64gpus"]
-    r = next(r for r in RUNS if "inconsistent" in r)
+    assert flagged == ["megatron-bridge-26.02-h100-qwen3-30b-a3b-fp8-cs-16gpus",
+                       "megatron-bridge-25.11-h100-gpt-oss-120b-bf16-64gpus"]
+    r = RUNS[[x["id"] for x in RUNS].index(flagged[1])]
     assert r["job"]["global_batch"] != r["job"]["micro_batch"] * r["grad_accum"] * r["layout"]["dp"]
+    # the other: its TFLOP/s over its tokens/s is twice the FLOPs per token of the same model's other rows
+    per_token = {x["id"]: x["published_tflops"] * 1e12 / x["published"] for x in RUNS
+                 if x.get("catalog") == "Qwen/Qwen3-30B-A3B" and "published_tflops" in x}
+    suspect = per_token.pop(flagged[0])
+    assert all(suspect / v == pytest.approx(2, rel=0.02) for v in per_token.values())
+    assert [x["id"] for x in RUNS if x.get("throughput_suspect")] == flagged[:1]
 
 
 def test_throughput_and_step_time_agree_where_both_are_published():

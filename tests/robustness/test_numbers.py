@@ -1,4 +1,4 @@
-"""Numbers on the command line, held to the bounds of ``trainmath.cli.args`` for every command (2**40 for counts,
+"""Numbers on the command line, held to the bounds of ``trainmath.args`` for every command (2**40 for counts,
 finite and in range for real numbers, 10**18 for a token budget), and the positions rule shared by every command
 that takes ``--seq``."""
 

@@ -46,7 +46,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from importlib import import_module
 
     from trainmath import __version__
-    from trainmath.cli.args import Parser
+    from trainmath.args import Parser
 
     parser = Parser(
         prog="trainmath",
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(command if command in COMMANDS else None)
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version, or a usage error already printed in one line (cli.args.Parser)
+    except SystemExit as e:  # --help, --version, or a usage error already printed in one line (trainmath.args.Parser)
         return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.func(args) or 0)

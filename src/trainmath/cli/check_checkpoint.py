@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from trainmath.cli.args import add_strict, config_json, config_lines
+from trainmath.args import add_strict, config_json, config_lines
 from trainmath.errors import TrainmathError
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import count, host, number, port
+from trainmath.args import count, host, number, port
 from trainmath.comm.busbw import OPS
 from trainmath.comm.layout import even_ranks, subgroup_table, world_table
 from trainmath.comm.sizes import format_size, parse_size, parse_size_range

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from trainmath.cli.args import Parser, number
+from trainmath.args import Parser, number
 from trainmath.cli.comm import _REDUCE_OPS, DEMO_INFO, MAX_SLEEP_S, MAX_TIMEOUT_S, normalize_demo, render_demo
 from trainmath.errors import TrainmathError
 

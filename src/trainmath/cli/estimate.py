@@ -6,10 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_mem_util, count, number, tokens
-from trainmath.memory.optimizers import OPTIMIZERS
-from trainmath.memory.precision import RECIPES
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.args import add_mem_util, byte_size, count, number, tokens
+from trainmath.vocabulary import OFFLOAD, OPTIMIZERS, RECIPES, RECOMPUTE
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
 PRECISIONS = tuple(RECIPES)
@@ -20,7 +18,7 @@ JOB_REQUIRED = ("gpus", "gpu", "seq", "global_batch")
 
 
 def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, required: bool = True,
-                      printing: bool = True, gpus_auto: bool = False) -> None:
+                      printing: bool = True, gpus_auto: bool = False, offload_auto: bool = False) -> None:
     """The arguments ``estimate``, ``plan`` and ``plot plan`` share (``plot plan`` names its own positional and
     makes the job optional, since it also reads a PLAN.json)."""
     if model:
@@ -54,13 +52,32 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
     p.add_argument("--profile", choices=("megatron", "hf"), default="megatron",
                    help="activation profile of the memory model: megatron (default; any layout) or hf "
                         "(transformers' saved tensors per rank: plain --tp keeps embedding, head and loss whole)")
+    p.add_argument("--moe-imbalance", type=number(1, 1000), default=1.0,
+                   help="MoE load imbalance: tokens routed to the busiest expert-parallel rank / the mean (default 1: "
+                        "balanced; with a capacity factor and token dropping, at most that factor)")
     add_mem_util(p)
+    add_offload_arguments(p, auto=offload_auto)
     if printing:  # what is printed; a chart has no use for these
         p.add_argument("--tokens", type=tokens, default=None,
                        help="token budget (1T, 300B, ...): time, GPU-hours and cost")
         p.add_argument("--price-per-gpu-hour", type=number(0, 1e6), default=None,
                        help="price of one GPU-hour, for --tokens")
         p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_offload_arguments(p: argparse.ArgumentParser, *, auto: bool = False) -> None:
+    """--offload, --host-memory and --host-bandwidth (``perf.offload``; docs/offload.md)."""
+    choices = OFFLOAD + (("auto",) if auto else ())
+    p.add_argument("--offload", choices=choices, default="none",
+                   help="DeepSpeed offload, timed (PCIe copies, DeepSpeedCPUAdam on the host) and fitted on the GPU "
+                        "and the host: optimizer (ZeRO-Offload, ZeRO 1-3) or params (ZeRO-3, also the parameter "
+                        "shards)" + ("; auto: also search none, optimizer and params" if auto else ""))
+    p.add_argument("--host-memory", type=byte_size, default=None, metavar="BYTES",
+                   help="host RAM per node for the host fit with --offload (e.g. 2TiB, 512GB; default 2 TiB, a DGX "
+                        "H100's)")
+    p.add_argument("--host-bandwidth", type=number(0, 1e5, exclusive_minimum=True), default=None, metavar="GB/s",
+                   help="achieved host DRAM rate of the CPU optimizer step per node, GB/s (default: fitted to a "
+                        "published DeepSpeedCPUAdam step, docs/offload.md)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -107,7 +124,7 @@ def _gpus_or_auto(text: str):
 
 def load(args: argparse.Namespace):
     """(spec, GPU, Hardware, Job, token budget) from the shared arguments; bad values raise TrainmathError."""
-    from trainmath.cli.args import positions_warning
+    from trainmath.args import positions_warning
     from trainmath.errors import TrainmathError
     from trainmath.hardware import presets, read_hardware_file
     from trainmath.perf import Job
@@ -135,14 +152,32 @@ def load(args: argparse.Namespace):
     job = Job(global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
               dtype=args.dtype, attention=args.attention, mfu_causal=args.mfu_causal, mem_util_percent=args.mem_util,
               profile=args.profile, fp8_head=getattr(args, "fp8_head", False),
+              moe_imbalance=getattr(args, "moe_imbalance", 1.0),
               micro_batch=getattr(args, "micro_batch", 1), recompute=getattr(args, "recompute", "none"),
               virtual_stages=getattr(args, "virtual_stages", 1), uneven_stages=getattr(args, "uneven_stages", False))
+    job = _with_offload(job, args)
     gpu.peak_flops_per_s(args.dtype)  # an error now if the chip has no such format
     if job.precision == "fp8" and gpu.fp8_flops_per_s is None:
         raise TrainmathError(f"--precision fp8 needs FP8 tensor cores; {gpu.name} has none: use mixed-bf16")
     elif job.fp8_head:
         raise TrainmathError("--fp8-head needs --precision fp8")
     return spec, gpu, hw, job, budget_tokens
+
+
+def _with_offload(job, args):
+    """``job`` with the offload flags (``auto`` leaves it ``none``: the planner searches the modes)."""
+    from dataclasses import replace
+
+    from trainmath.errors import TrainmathError
+    from trainmath.memory.host import HOST_MEMORY_BYTES, check_host_memory
+
+    offload = getattr(args, "offload", "none")
+    host, rate = getattr(args, "host_memory", None), getattr(args, "host_bandwidth", None)
+    if offload == "none" and (host is not None or rate is not None):
+        raise TrainmathError("--host-memory and --host-bandwidth need --offload (optimizer or params)")
+    return replace(job, offload="none" if offload == "auto" else offload,
+                   host_memory_bytes=check_host_memory(HOST_MEMORY_BYTES if host is None else host),
+                   host_bytes_per_s=None if rate is None else rate * 1e9)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -206,6 +241,8 @@ def render(est, budget: dict | None = None) -> str:
         lines.append(f"memory per GPU: peak {human_bytes(est.peak_bytes)} of {human_bytes(est.memory_bytes)} "
                      f"({human_bytes(usable)} usable): {verdict}")
         lines.append(rule_text(est.memory_bytes, job.mem_util_percent))
+    if est.offload is not None:
+        lines += offload_lines(est)
     if budget:
         cost = f", cost {budget['cost']:,.0f} at {budget['price_per_gpu_hour']:g}/GPU-hour" if "cost" in budget else ""
         lines.append(f"budget {budget['tokens']:,} tokens: {budget['steps']:,.0f} steps, {budget['days']:,.2f} days, "
@@ -215,6 +252,29 @@ def render(est, budget: dict | None = None) -> str:
     lines += [f"convention: {c}" for c in est.conventions]
     lines.append("units: GiB = 2**30 bytes, GB = 1e9 bytes, TFLOP/s = 1e12 FLOP/s")
     return "\n".join(lines)
+
+
+def offload_lines(est) -> list[str]:
+    """The offload terms (bytes, rates, seconds) and, when known, the host RAM verdict."""
+    from trainmath.render import human_bytes
+
+    o = est.offload
+    lines = [f"offload {o['offload']}: per rank {o['shard_params']:,} parameters offloaded; gradients to host "
+             f"{human_bytes(o['grad_d2h_bytes'], 'GB')} in {o['grad_d2h_s']:.4f} s, "
+             + (f"updated params to GPU {human_bytes(o['update_h2d_bytes'], 'GB')} in {o['update_h2d_s']:.4f} s"
+                if o["offload"] == "optimizer" else
+                f"param fetches to GPU {human_bytes(o['param_h2d_bytes'], 'GB')} in {o['param_h2d_s']:.4f} s")
+             + f" (PCIe {o['pcie_bytes_per_s'] / 1e9:.1f} GB/s achieved per direction)",
+             f"CPU optimizer step: {human_bytes(o['cpu_step_bytes_per_node'], 'GB')} of host DRAM traffic per node "
+             f"({o['ranks_per_node']} rank{'s' if o['ranks_per_node'] > 1 else ''}) at "
+             f"{o['host_bytes_per_s'] / 1e9:.1f} GB/s = {o['cpu_step_s']:.4f} s"]
+    if "host_bytes" in o:
+        verdict = ("fits" if o["host_fits"] else
+                   f"does NOT fit: the host RAM is exceeded ({human_bytes(-o['host_margin_bytes'])} over)")
+        lines.append(f"host RAM per node: {o['host_bytes']:,} bytes ({human_bytes(o['host_bytes'])}) of "
+                     f"--host-memory {o['host_memory_bytes']:,} bytes ({human_bytes(o['host_memory_bytes'])}): "
+                     f"{verdict}")
+    return lines
 
 
 def summary_line(est) -> str:

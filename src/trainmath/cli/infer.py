@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import (
+from trainmath.args import (
     add_mem_util,
     add_strict,
     byte_size,
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(report) -> str:
-    from trainmath.render import human_bytes, table
+    from trainmath.render import context_text, human_bytes, table
 
     s = report.setup
     per = f"per GPU of {s.ranks}: tp={s.tp}, ep={s.ep}" if s.ranks > 1 else "one device"
@@ -176,13 +176,3 @@ def render(report) -> str:
     lines.append("")
     lines.append("conventions: " + "; ".join(report.conventions))
     return "\n".join(lines)
-
-
-def context_text(f) -> str:
-    """The largest context at the batch, capped at the model's max_position_embeddings, with what the memory
-    alone would hold when that is more."""
-    if f.max_context is not None and f.max_context <= f.max_position_embeddings:
-        return f"{f.max_context:,}"
-    held = "any context (no layer's cache grows with it)" if f.max_context is None else f"{f.max_context:,}"
-    return (f"{f.usable_context:,}, the config's max_position_embeddings (the memory alone would hold {held}; "
-            f"going past it needs a rope scaling the config does not state)")

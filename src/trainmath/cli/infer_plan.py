@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_strict, count, number
+from trainmath.args import add_strict, count, number
 from trainmath.cli.infer_speed import MAX_TOKENS
 
 
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainmath.cli.args import positions_warning
+    from trainmath.args import positions_warning
     from trainmath.hardware import gpu as find_gpu
     from trainmath.infer import CacheFormat, InferenceSetup, WeightFormat
     from trainmath.infer.batching import EngineMemory

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import count, number
+from trainmath.args import count, number
 
 MAX_TOKENS = 1 << 24
 """16M tokens: longer prompts or outputs than any model serves are refused as absurd."""
@@ -62,7 +62,7 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         raise TrainmathError(f"--batch must be in 1..{MAX_SEQS:,} sequences for serving speed, got {args.batch:,}")
     if args.gpu is None and args.device is None:
         raise TrainmathError("serving speed needs --gpu G (or --device cpu)")
-    from trainmath.cli.args import positions_warning
+    from trainmath.args import positions_warning
 
     warning = positions_warning(spec, args.input + args.output, "--input + --output")
     if args.device == "cpu":
@@ -91,9 +91,10 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         f"{gpu.name}: peak bf16 {gpu.bf16_flops_per_s / 1e12:.1f} TFLOP/s, HBM {gpu.hbm_bytes_per_s / 1e12:.2f} TB/s; "
         f"efficiency compute {eff.compute}, memory {eff.memory}, link {eff.link}; overhead "
         f"{eff.step_s * 1e3:g} ms per step + {eff.layer_s * 1e6:g} us per layer (hardware/serving.json)",
-        "FLOPs: the op lists' forward fold of the new tokens (causal half), logits only where sampled, divided "
-        "evenly over the ranks (balanced routing); step = max(GEMM compute, weight bytes) + max(attention "
-        "compute, cache bytes) + communication + overhead",
+        "FLOPs: the op lists' forward fold of the new tokens (causal half), logits only where sampled; routed "
+        "experts divided evenly over the ranks (balanced routing), the rest over tp on the busiest attention "
+        "replica; step = max(GEMM compute, weight bytes) + max(routed-expert compute, expert bytes touched) + "
+        "max(attention compute, cache bytes) + communication + overhead",
         "memory: weights touched (routed experts E*[1-(1-k/E)^T]) + cache read + cache written, per rank",
         f"engine: {args.engine or 'transformers'}",
         *setup.cache.conventions(),

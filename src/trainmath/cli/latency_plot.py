@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainmath.cli.args import add_strict, count
+from trainmath.args import add_strict, count
 from trainmath.cli.infer_speed import MAX_SEQS, MAX_TOKENS
 
 

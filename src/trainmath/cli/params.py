@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainmath.cli.args import add_strict, config_json, config_lines
+from trainmath.args import add_strict, config_json, config_lines
 
 
 def register(sub: argparse._SubParsersAction) -> None:

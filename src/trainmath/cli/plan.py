@@ -8,7 +8,7 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from trainmath.cli.args import count, number
+    from trainmath.args import count, number
     from trainmath.cli.estimate import add_job_arguments
 
     p = sub.add_parser(
@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "by step time (the model of `trainmath estimate`). Exit 1 when nothing fits, with the closest "
                     "candidates and what they lack.",
     )
-    add_job_arguments(p, gpus_auto=True)
+    add_job_arguments(p, gpus_auto=True, offload_auto=True)
     p.add_argument("--deadline", default=None, metavar="DURATION",
                    help="how many GPUs: the fewest (multiples of the node) whose best layout trains --tokens within "
                         "this time (30d, 12h, 90m)")
@@ -44,9 +44,13 @@ def search(args: argparse.Namespace):
     from trainmath.plan import plan
 
     spec, gpu, hw, job, tokens = load(args)
-    result = plan(spec, gpus=args.gpus, gpu=gpu, job=job, gpus_per_node=args.gpus_per_node, top=args.top,
-                  hardware=hw, fit_profiles=_profiles(args))
-    return result, tokens
+    kw = dict(gpus=args.gpus, gpu=gpu, job=job, gpus_per_node=args.gpus_per_node, top=args.top, hardware=hw,
+              fit_profiles=_profiles(args))
+    if getattr(args, "offload", "none") == "auto":
+        from trainmath.plan.offload import plan_offload
+
+        return plan_offload(spec, **kw), tokens
+    return plan(spec, **kw), tokens
 
 
 def document(result, *, explain: bool, tokens: int | None = None, price: float | None = None) -> dict:
@@ -76,6 +80,10 @@ def sizing(args: argparse.Namespace):
         return None
     from trainmath.cli.estimate import load
     from trainmath.plan.sizing import check_goal, parse_duration, size
+
+    if getattr(args, "offload", "none") == "auto":
+        raise TrainmathError("--offload auto is not searched when the planner sizes the GPU count: name one mode "
+                             "(none, optimizer or params)")
 
     deadline = parse_duration(args.deadline) if args.deadline is not None else None
     tokens_text = args.tokens
@@ -135,13 +143,18 @@ def render(result, *, explain: bool = False, tokens: int | None = None, price: f
              f"{result.candidates:,} candidates, {result.memory_checks} memory-model checks", ""]
     head = ["#", "dp", "tp", "pp", "cp", "ep", "zero", "mb", "v", "recompute", "step s", "tokens/s", "TFLOP/s/GPU",
             "MFU", "memory"]
+    offloaded = any(e.offload is not None for e in result.layouts)
+    if offloaded:
+        head += ["offload", "host/node"]
     if result.layouts:
         rows = []
         for i, e in enumerate(result.layouts, 1):
             lay, job = e.layout, e.job
             rows.append([i, lay.dp, lay.tp, pp_cell(lay), lay.cp, lay.ep, lay.zero, job.micro_batch, job.virtual_stages,
                          job.recompute, f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}", f"{e.tflops_per_gpu:.1f}",
-                         f"{100 * e.mfu:.1f}%", human_bytes(e.peak_bytes)])
+                         f"{100 * e.mfu:.1f}%", human_bytes(e.peak_bytes)]
+                        + ([job.offload, human_bytes(e.offload["host_bytes"]) if e.offload else "-"] if offloaded
+                           else []))
         lines.append(table(head, rows))
         best = result.layouts[0]
         lines += ["", "fastest, step breakdown (s): " + ", ".join(f"{k} {v:.3f}" for k, v in best.breakdown.items()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainmath.cli.args import add_strict, count
+from trainmath.args import add_strict, count
 
 KINDS = ("params", "memory", "comm", "timeline", "plan", "latency")
 

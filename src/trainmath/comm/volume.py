@@ -6,7 +6,7 @@ the step:
 - ``ddp`` (torch's DDP, and the DDP under torch's ZeRO-1): one all-reduce of every gradient bucket per step
   (``no_sync`` on the other micro-steps) — Ψ gradient elements, unpadded;
 - our ZeRO-1/2/3 (``--impl trainmath``, ``runtime/train/zero*.py``): one flat padded buffer per unit
-  (``memory.flat_zero``: n · Σ ⌈d/n⌉·cols elements): ZeRO-1 reduce-scatters the whole model once and
+  (``comm.flat``: n · Σ ⌈d/n⌉·cols elements): ZeRO-1 reduce-scatters the whole model once and
   all-gathers it after the step; ZeRO-2 reduce-scatters every unit in each micro-step's backward and all-gathers
   every unit after the step; ZeRO-3 all-gathers the root once and each decoder layer twice per micro-step
   (forward, and again for its backward; a recomputed layer reuses the backward's gather) and reduce-scatters
@@ -19,10 +19,10 @@ per micro-batch): the figures differ by the padding and by the root's single gat
 
 from __future__ import annotations
 
+from trainmath.comm.flat import flat_units
 from trainmath.layout import ParallelLayout
-from trainmath.memory.flat_zero import flat_units
-from trainmath.memory.precision import Precision
 from trainmath.placement import Placement
+from trainmath.vocabulary import Precision
 
 STRATEGIES = ("ddp", "trainmath")
 

@@ -28,12 +28,16 @@ t = I, c = 0; a decode step t = 1, c = the context so far). On one rank of the i
   batch-1 decode of small models.
 
 The compute and memory bounds are taken per kernel class, because the kernels of a step run one after the other:
-the GEMMs (linear FLOPs against the weights they stream) and the attention cores (score and value FLOPs, at the
-bf16 peak unless the cache is fp8 on a GPU that runs fp8, against the cache they stream). An MLA decode at a
-large batch is compute-bound in attention (the absorbed form shares the latent across heads) while its MoE
-GEMMs are memory-bound; one max over the whole step would overlap the two.
+the routed-expert GEMMs (their FLOPs against the expert weights the step touches), the other GEMMs (attention
+projections, dense MLPs, shared experts, LM head against their weights) and the attention cores (score and
+value FLOPs, at the bf16 peak unless the cache is fp8 on a GPU that runs fp8, against the cache they stream). An
+MLA decode at a large batch is compute-bound in attention (the absorbed form shares the latent across heads)
+while its MoE GEMMs are memory-bound; a replica prefilling a prompt under attention data parallelism is
+compute-bound in its own projections while the routed experts stay memory-bound; one max over the whole step
+would overlap them.
 
-step = max(gemm compute, weight bytes) + max(attention compute, cache bytes) + communication + overhead.
+step = max(other GEMM compute, other weight bytes) + max(expert compute, expert bytes touched)
+       + max(attention compute, cache bytes) + communication + overhead.
 The floor is the same at efficiency 1 and without overhead. The compute and memory efficiencies and the two
 overheads are per GPU generation, fitted by ``benchmarks/serving_calibrate.py`` to published serving runs and
 stored in ``hardware/serving.json``; the link efficiency is the generation's ``link_fraction`` (``gpus.json``).
@@ -42,6 +46,7 @@ stored in ``hardware/serving.json``; the link efficiency is the generation's ``l
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
@@ -121,11 +126,17 @@ class Step:
     """The attention cores' share of ``compute_s``."""
     cache_memory_s: float = 0.0
     """The cache's share of ``memory_s``."""
+    expert_compute_s: float = 0.0
+    """The routed-expert GEMMs' share of ``compute_s``."""
+    expert_memory_s: float = 0.0
+    """The routed-expert weights' share of ``memory_s``."""
 
     @property
     def time_s(self) -> float:
-        gemm = max(self.compute_s - self.attention_compute_s, self.memory_s - self.cache_memory_s)
-        return gemm + max(self.attention_compute_s, self.cache_memory_s) + self.comm_s + self.overhead_s
+        other = max(self.compute_s - self.attention_compute_s - self.expert_compute_s,
+                    self.memory_s - self.cache_memory_s - self.expert_memory_s)
+        return (other + max(self.expert_compute_s, self.expert_memory_s)
+                + max(self.attention_compute_s, self.cache_memory_s) + self.comm_s + self.overhead_s)
 
     @property
     def bound(self) -> str:
@@ -139,6 +150,7 @@ class Step:
         return {"time_s": self.time_s, "bound": self.bound, "compute_s": self.compute_s, "memory_s": self.memory_s,
                 "communication_s": self.comm_s, "overhead_s": self.overhead_s,
                 "attention_compute_s": self.attention_compute_s, "cache_memory_s": self.cache_memory_s,
+                "expert_compute_s": self.expert_compute_s, "expert_memory_s": self.expert_memory_s,
                 "flops_per_rank": self.flops,
                 "bytes_per_rank": self.bytes,
                 "weight_bytes_per_rank": self.weight_bytes, "cache_bytes_per_rank": self.cache_bytes,
@@ -248,6 +260,42 @@ def compute_peak(gpu: GPU, weights_dtype: str) -> tuple[float, str]:
     return float(gpu.bf16_flops_per_s), "bf16"
 
 
+@lru_cache(maxsize=256)
+def routed_flops_per_token(spec: ModelSpec) -> int:
+    """Forward FLOPs of the routed experts per token: 2 · k · (one expert's weights) summed over the MoE layers
+    (2·m·k·n per expert GEMM, k experts per token); 0 for a dense model."""
+    from trainmath.ops.emit import layer_top_k
+
+    total = 0
+    for layer, idx in spec.layer_groups():
+        per_expert = sum(math.prod(t.shape) for t in layer.tensors if t.experts)
+        if per_expert:
+            total += 2 * (layer_top_k(layer) or 1) * per_expert * len(idx)
+    return total
+
+
+def busiest_rank_flops(spec: ModelSpec, setup: InferenceSetup,
+                       parts: tuple[Part, ...]) -> tuple[float, float, float]:
+    """(FLOPs, attention-core FLOPs, routed-expert FLOPs) of the busiest rank of one step.
+
+    The routed experts' FLOPs are spread over every rank (expert parallelism, balanced routing assumed). The rest
+    (attention, dense MLPs, shared experts, LM head) runs where each sequence lives: under tensor parallelism
+    split over ``tp`` ranks; under attention data parallelism (``replicas`` > 1) a sequence sits on one replica,
+    so the busiest replica holds ⌈n / replicas⌉ of each part's n sequences — as its cache does. A rank cannot run
+    ahead of the busiest one: every MoE layer's all-to-all waits for all ranks (TensorRT-LLM's and SGLang's
+    attention-DP layout, DeepSeek-V3 §3.4). With n divisible by the replicas this is the even split."""
+    routed = routed_flops_per_token(spec)
+    spread = other = attn = 0.0
+    for p in parts:
+        total, core = new_token_flops(spec, p), attention_flops(spec, p)
+        expert = p.n * p.t * routed
+        share = -(-p.n // setup.replicas) / p.n
+        spread += expert
+        other += share * (total - expert)
+        attn += share * core
+    return spread / setup.ranks + other / setup.tp, attn / setup.tp, spread / setup.ranks
+
+
 def _allreduce_s(size: float, p: int, gpu: GPU, eff: Efficiency) -> float:
     return 2 * (p - 1) / p * size / (gpu.interconnect_bytes_per_s * eff.link) + 2 * (p - 1) * gpu.intra_node_latency_s
 
@@ -259,13 +307,13 @@ def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ..
         raise TrainmathError("a step needs at least one sequence with a new token")
     ranks, replicas = setup.ranks, setup.replicas
     tokens = sum(p.n * p.t for p in parts)
-    flops = sum(new_token_flops(spec, p) for p in parts) / ranks
-    attn = sum(attention_flops(spec, p) for p in parts) / ranks
+    flops, attn, expert_flops = busiest_rank_flops(spec, setup, parts)
     peak, _ = compute_peak(gpu, setup.weights.dtype)
     attn_peak = compute_peak(gpu, "fp8" if setup.cache.kv_dtype == "fp8" else "bf16")[0]
     dense, expert_bytes = _weights(spec, setup)
     experts, k, moe_layers = _moe(spec)
-    weight_bytes = dense + expert_bytes * touched_fraction(experts, k, tokens)
+    touched_bytes = expert_bytes * touched_fraction(experts, k, tokens)
+    weight_bytes = dense + touched_bytes
     cache_bytes = 0
     for p in parts:
         n = -(-p.n // replicas)  # the sequences one attention replica holds
@@ -286,7 +334,9 @@ def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ..
                 compute_s=((flops - attn) / peak + attn / attn_peak) / eff.compute,
                 memory_s=total / (gpu.hbm_bytes_per_s * eff.memory), comm_s=comm_s,
                 overhead_s=eff.overhead_s(spec.num_layers), attention_compute_s=attn / (attn_peak * eff.compute),
-                cache_memory_s=cache_bytes / (gpu.hbm_bytes_per_s * eff.memory))
+                cache_memory_s=cache_bytes / (gpu.hbm_bytes_per_s * eff.memory),
+                expert_compute_s=expert_flops / (peak * eff.compute),
+                expert_memory_s=touched_bytes / (gpu.hbm_bytes_per_s * eff.memory))
 
 
 def decode_samples(start: int, steps: int, most: int = 17) -> list[int]:

@@ -68,7 +68,7 @@ from trainmath.ops.ir import Axis, Degrees, Tensor
 from trainmath.ops.program import EmitJob, context, head_program, layer_program
 from trainmath.ops.selective import mask_arguments, selective_layer
 from trainmath.tree import Node, scaled
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.vocabulary import DEVICES, RECOMPUTE
 
 PROFILES = ("hf", "eager", "megatron")
 SCAN_KINDS = {"linear_attention": "Gated DeltaNet", "mamba": "Mamba-2"}
@@ -134,7 +134,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     _check("compute_dtype_bytes", compute_dtype_bytes, (2, 4))
     _check("param_dtype_bytes", param_dtype_bytes, (2, 4))
     _check("experts", experts, ("eager", "grouped"))
-    _check("device", device, ("cuda", "cpu"))
+    _check("device", device, DEVICES)
     if micro_batch < 1 or seq < 1:
         raise TrainmathError(f"micro_batch ({micro_batch}) and seq ({seq}) must be positive")
     if param_dtype_bytes < compute_dtype_bytes:

@@ -32,15 +32,16 @@ family) and ``tests/memory/test_fsdp2_oracle.py`` (real gloo ranks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainmath.arith import numel
 from trainmath.layout import ParallelLayout
 from trainmath.memory import states as st
-from trainmath.memory.precision import Precision
-from trainmath.memory.step import Event, acts_at
+from trainmath.memory.step import Event, Kind, Moment, StepInputs, Walk, acts_at
+from trainmath.memory.timeline import ZeroImpl
 from trainmath.placement import Placement
 from trainmath.tree import Node
+from trainmath.vocabulary import Precision
 
 ROOT = ("embed", "head")
 """The calculator's units that ``fully_shard(model)`` gathers together as the root unit."""
@@ -168,126 +169,153 @@ def units(placement: Placement, layout: ParallelLayout, prec: Precision, *, gran
                        sharded_grad_bytes=st.alloc_bytes(a["shard"], granularity)) for name, a in acc.items()}
 
 
-def step_timeline(inp) -> tuple:
-    """The events of one FSDP2 step on one rank (``step.StepInputs`` with ``fsdp2`` set), in order."""
-    u = inp.fsdp2
-    none = Unit(unsharded_bytes=0, all_gather_bytes=0)
-    root = u.get("root", none)
-    layers = [u[f"layer.{i}"] for i in inp.layers]
-    routers = [u.get(f"layer.{i}.router") for i in inp.layers]
-    p_root = root.unsharded_bytes
-    s_all = sum(x.sharded_grad_bytes for x in u.values())
-    events: list = []
+@dataclass(frozen=True)
+class FSDP2(ZeroImpl):
+    """FSDP2 as the timeline's parameter: ``units`` from ``units``, ``reshard`` its ``reshard_after_forward``
+    (True for ZeRO-3, False for its ZeRO-2), ``mixer`` / ``norm``: layer index → ``MixerBackward`` /
+    ``NormBackward``, the moments inside a layer's backward that can be its peak."""
 
-    def ev(name: str, *, acts: Node, gather: int = 0, reduce: int = 0, sharded: int = 0, logits: int = 0,
-           up: int = 0, ce: int = 0, hidden: int = 0, copies: int = 0, temps: int = 0, fp32g: int = 0) -> None:
-        parts = {**inp.persistent, "gradients_bytes": s_all if inp.grads_persist else sharded,
-                 "activations_bytes": acts, "logits_bytes": logits, "logits_fp32_bytes": up,
-                 "cross_entropy_grad_bytes": ce, "activation_grads_bytes": hidden, "weight_copies_bytes": copies,
-                 "zero3_gather_bytes": gather, "zero3_grad_reduce_bytes": reduce,
-                 "optimizer_step_temporaries_bytes": temps, "optimizer_fp32_grads_bytes": fp32g}
-        events.append(Event(name=name, parts=parts))
+    units: dict
+    reshard: bool = True
+    mixer: dict = field(default_factory=dict)
+    norm: dict = field(default_factory=dict)
 
-    def with_nodes(acts: Node, *extra: Node) -> Node:
-        return Node.of("activations_bytes", [*acts.children, *extra], "bytes")
+    def walk(self, inp: StepInputs) -> Walk:
+        return FSDP2Walk(inp, self)
 
-    batch = Node(name="input batch", value=inp.batch, unit="bytes", note="held by the training loop")
-    loop = Node.of("activations_bytes", [batch] if inp.first and inp.batch else [], "bytes")
-    ev("step start", acts=Node.of("activations_bytes", [], "bytes"))
-    positions = [] if any("position_ids" in n.name for n in inp.resident) or not inp.positions else [
-        Node(name="position ids", value=inp.positions, unit="bytes", note="the model's (1, s) int64, forward only")]
-    if p_root:
-        ev("forward: root all-gather", acts=loop, gather=root.all_gather_bytes + p_root)
-    kept: list[int] = []
-    prev_ag = root.all_gather_bytes
-    raf = inp.fsdp2_reshard
 
-    def kept_unsharded(upto: int) -> int:
+def _with(acts: Node, *extra: Node) -> Node:
+    return Node.of("activations_bytes", [*acts.children, *extra], "bytes")
+
+
+class FSDP2Walk(Walk):
+    """One FSDP2 step (the module docstring): each unit's all-gather and reduce-scatter are events; the root's
+    gradients stay unsharded to the end of backward."""
+
+    loop_note = "held by the training loop"
+
+    def __init__(self, inp: StepInputs, zero: FSDP2):
+        super().__init__(inp)
+        u, self.z = zero.units, zero
+        self.root = u.get("root", Unit(unsharded_bytes=0, all_gather_bytes=0))
+        self.layers = [u[f"layer.{i}"] for i in inp.layers]
+        self.routers = [u.get(f"layer.{i}.router") for i in inp.layers]
+        self.p_root = self.root.unsharded_bytes
+        self.s_all = sum(x.sharded_grad_bytes for x in u.values())
+        self.positions = [] if any("position_ids" in n.name for n in inp.resident) or not inp.positions else [
+            Node(name="position ids", value=inp.positions, unit="bytes", note="the model's (1, s) int64, forward only")]
+        self.prev_ag = self.root.all_gather_bytes
+        self.root_grads = 0
+        """The root's unsharded gradients so far: they stay until the root's post-backward."""
+        self.sharded = 0
+        self.rs_prev = 0
+        """The reduce-scatter input of the layer after, kept until this layer's post-backward."""
+
+    def ev(self, m: Moment, *, sharded: int = 0, **terms) -> list[Event]:
+        return [self.event(m, gradients=self.s_all if self.inp.grads_persist else sharded, **terms)]
+
+    def kept_unsharded(self, upto: int) -> int:
         """Without ``reshard_after_forward`` (FSDP2's ZeRO-2), the layers before position ``upto`` (and their
         routers) stay unsharded from their forward to their post-backward."""
-        return 0 if raf else sum(layers[j].unsharded_bytes + (routers[j].unsharded_bytes if routers[j] else 0)
-                                 for j in range(upto))
+        return 0 if self.z.reshard else sum(self.layers[j].unsharded_bytes + (
+            self.routers[j].unsharded_bytes if self.routers[j] else 0) for j in range(upto))
 
-    for pos, i in enumerate(inp.layers):
-        lay = layers[pos]
+    def start(self, m):
+        out = self.ev(m)
+        if self.p_root:
+            out += self.ev(replace(m, kind=Kind.ROOT_ALL_GATHER, acts=self.loop_acts()),
+                           gather=self.root.all_gather_bytes + self.p_root)
+        return out
+
+    def forward(self, pos, m):
+        inp, lay, i = self.inp, self.layers[pos], self.inp.layers[pos]
         hidden_in = Node(name=f"layer {i} input", value=inp.hidden_grad, unit="bytes", note="the hidden states")
-        ev(f"forward layer {i} all-gather", acts=with_nodes(acts_at(inp, kept), hidden_in, *positions),
-           gather=p_root + kept_unsharded(pos) + prev_ag + lay.all_gather_bytes + lay.unsharded_bytes,
-           copies=inp.weight_copies)
-        kept.append(i)
+        out = self.ev(replace(m, kind=Kind.FORWARD_ALL_GATHER,
+                              acts=_with(acts_at(inp, list(inp.layers[:pos])), hidden_in, *self.positions)),
+                      gather=self.p_root + self.kept_unsharded(pos) + self.prev_ag + lay.all_gather_bytes
+                      + lay.unsharded_bytes)
         # a router unit's all-gather (inside the layer) frees the layer's buffer and keeps its own
-        prev_ag = routers[pos].all_gather_bytes if routers[pos] else lay.all_gather_bytes
-        ev(f"forward layer {i}", acts=with_nodes(acts_at(inp, kept), *positions),
-           gather=p_root + kept_unsharded(pos + 1) + (lay.unsharded_bytes if raf else 0) + prev_ag,
-           copies=inp.weight_copies)
-    last_ag = prev_ag if layers else 0
-    top = p_root + kept_unsharded(len(layers))  # what stays unsharded from the loss on
-    prefetch = last_ag if raf else 0  # the root's pre-backward all-gathers the last layer (ZeRO-2: unsharded)
-    if inp.last:
-        ev("forward: loss", acts=with_nodes(acts_at(inp, kept), *positions), gather=top + last_ag,
-           logits=inp.head_saved + inp.logits, up=inp.logits_fp32, copies=inp.weight_copies)
-        ev("backward: loss", acts=acts_at(inp, kept), gather=top + prefetch,
-           logits=inp.head_saved - inp.loss_freed + inp.output_held, ce=inp.cross_entropy_grads,
-           copies=inp.weight_copies)
-    held = inp.output_held if inp.last else 0
-    root_grads = 0  # the root's unsharded gradients so far: they stay until the root's post-backward
-    if inp.last:
-        root_grads = root.grad_bytes.get("head", 0) + (root.grad_bytes.get("embed", 0) if inp.tied_head else 0)
-        ev("backward: head", acts=acts_at(inp, kept), gather=top + prefetch, reduce=root_grads,
-           logits=inp.head_saved + held, hidden=inp.hidden_grad, copies=inp.weight_copies)
-    sharded = 0
-    rs_prev = 0  # the reduce-scatter input of the layer after, kept until this layer's post-backward
-    for pos in range(len(inp.layers) - 1, -1, -1):
-        i, lay, router = inp.layers[pos], layers[pos], routers[pos]
-        before = layers[pos - 1].all_gather_bytes if pos and raf else 0  # prefetched in its pre-backward
-        mine = p_root + (lay.unsharded_bytes if raf else kept_unsharded(pos + 1))
-        g = lay.grads
+        self.prev_ag = self.routers[pos].all_gather_bytes if self.routers[pos] else lay.all_gather_bytes
+        return out + self.ev(replace(m, acts=_with(m.acts, *self.positions)),
+                             gather=self.p_root + self.kept_unsharded(pos + 1)
+                             + (lay.unsharded_bytes if self.z.reshard else 0) + self.prev_ag)
+
+    def top(self) -> tuple[int, int, int]:
+        """(what stays unsharded from the loss on, the last layer's all-gather output, what of it the root's
+        pre-backward prefetches: nothing under ZeRO-2, where the layer is unsharded already)."""
+        last_ag = self.prev_ag if self.layers else 0
+        return self.p_root + self.kept_unsharded(len(self.layers)), last_ag, last_ag if self.z.reshard else 0
+
+    def loss(self, fwd, bwd):
+        top, last_ag, prefetch = self.top()
+        return (self.ev(replace(fwd, acts=_with(fwd.acts, *self.positions)), gather=top + last_ag)
+                + self.ev(bwd, gather=top + prefetch))
+
+    def head(self, m):
+        top, _, prefetch = self.top()
+        g = self.root.grad_bytes
+        self.root_grads = g.get("head", 0) + (g.get("embed", 0) if self.inp.tied_head else 0)
+        return self.ev(m, gather=top + prefetch, reduce=self.root_grads)
+
+    def backward(self, pos, m):
+        inp, lay, router, i = self.inp, self.layers[pos], self.routers[pos], self.inp.layers[pos]
+        raf = self.z.reshard
+        self.before = self.layers[pos - 1].all_gather_bytes if pos and raf else 0  # prefetched in its pre-backward
+        self.mine = self.p_root + (lay.unsharded_bytes if raf else self.kept_unsharded(pos + 1))
+        out = []
         if raf:
-            ev(f"backward layer {i} all-gather", acts=acts_at(inp, kept), gather=p_root + lay.all_gather_bytes
-               + lay.unsharded_bytes, reduce=root_grads + rs_prev, sharded=sharded, logits=held,
-               hidden=inp.hidden_grad, copies=inp.weight_copies)
+            out += self.ev(replace(m, kind=Kind.BACKWARD_ALL_GATHER, acts=acts_at(inp, list(inp.layers[:pos + 1])),
+                                   hidden=inp.hidden_grad),
+                           gather=self.p_root + lay.all_gather_bytes + lay.unsharded_bytes,
+                           reduce=self.root_grads + self.rs_prev, sharded=self.sharded)
         # with a router unit the layer prefetches the router (next in reverse post-forward order), and the
         # router's pre-backward the layer before
-        ev(f"backward layer {i}", acts=acts_at(inp, kept, live_layer=i), gather=mine
-           + (router.all_gather_bytes if router and raf else before), reduce=root_grads + rs_prev,
-           sharded=sharded, logits=held, hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0),
-           copies=inp.weight_copies)
-        mix = inp.fsdp2_mixer.get(i)
+        gather = self.mine + (router.all_gather_bytes if router and raf else self.before)
+        out += self.ev(m, gather=gather, reduce=self.root_grads + self.rs_prev, sharded=self.sharded)
+        kept = list(inp.layers[:pos + 1])
+        mix = self.z.mixer.get(i)
         if mix:
-            ev(f"backward layer {i} attention", acts=acts_at(inp, kept, live_layer=i, less=mix.saved_after),
-               gather=mine + (router.all_gather_bytes if router and raf else before),
-               reduce=root_grads + rs_prev + mix.grads_after, sharded=sharded, logits=held,
-               hidden=inp.hidden_grad + mix.transient, copies=inp.weight_copies)
+            out += self.ev(replace(m, kind=Kind.BACKWARD_ATTENTION, acts=acts_at(inp, kept, live_layer=i,
+                                                                               less=mix.saved_after),
+                                   hidden=inp.hidden_grad + mix.transient), gather=gather,
+                           reduce=self.root_grads + self.rs_prev + mix.grads_after, sharded=self.sharded)
         if router:  # its post-backward (inside the layer's backward) frees rs_prev and keeps its own
-            sharded += router.sharded_grad_bytes
-            rs_prev = router.reduce_scatter_bytes
-            mine -= 0 if raf else router.unsharded_bytes
-        norm = inp.fsdp2_norm.get(i)
+            self.sharded += router.sharded_grad_bytes
+            self.rs_prev = router.reduce_scatter_bytes
+            self.mine -= 0 if raf else router.unsharded_bytes
+        norm = self.z.norm.get(i)
         if norm:  # the layer's input norm, its last op: every gradient of the layer made
-            ev(f"backward layer {i} input norm", acts=acts_at(inp, kept, live_layer=i, less=norm.saved_after),
-               gather=mine + before, reduce=root_grads + rs_prev + g, sharded=sharded, logits=held,
-               hidden=inp.hidden_grad + norm.transient, copies=inp.weight_copies)
-        kept.pop()
-        ev(f"backward layer {i} done", acts=acts_at(inp, kept), gather=mine + before,
-           reduce=root_grads + rs_prev + g, sharded=sharded, logits=held, hidden=inp.hidden_grad,
-           copies=inp.weight_copies)
-        ev(f"backward layer {i} reduce-scatter", acts=acts_at(inp, kept),
-           gather=mine - lay.unsharded_bytes + before, reduce=root_grads + g + lay.reduce_scatter_bytes,
-           sharded=sharded, logits=held, hidden=inp.hidden_grad)
-        sharded += lay.sharded_grad_bytes
-        rs_prev = lay.reduce_scatter_bytes
-    if inp.first:
+            out += self.ev(replace(m, kind=Kind.BACKWARD_INPUT_NORM, acts=acts_at(inp, kept, live_layer=i,
+                                                                                less=norm.saved_after),
+                                   hidden=inp.hidden_grad + norm.transient), gather=self.mine + self.before,
+                           reduce=self.root_grads + self.rs_prev + lay.grads, sharded=self.sharded)
+        return out
+
+    def backward_done(self, pos, m):
+        lay, g = self.layers[pos], self.layers[pos].grads
+        out = self.ev(m, gather=self.mine + self.before, reduce=self.root_grads + self.rs_prev + g,
+                      sharded=self.sharded)
+        out += self.ev(replace(m, kind=Kind.LAYER_REDUCE_SCATTER, copies=0),
+                       gather=self.mine - lay.unsharded_bytes + self.before,
+                       reduce=self.root_grads + g + lay.reduce_scatter_bytes, sharded=self.sharded)
+        self.sharded += lay.sharded_grad_bytes
+        self.rs_prev = lay.reduce_scatter_bytes
+        return out
+
+    def embedding(self, m, loop):
         # a tied embedding's weight already holds the head's gradient: the lookup's and their sum make three
         # vocabulary × hidden tensors at once (as on one device)
-        emb = root.grad_bytes.get("embed", 0)
-        extra = 2 * emb if inp.tied_head else emb
-        ev("backward: embedding", acts=acts_at(inp, kept), gather=p_root, reduce=root_grads + extra + rs_prev,
-           sharded=sharded, logits=held, hidden=inp.hidden_grad)
-        root_grads += 0 if inp.tied_head else emb
-    if p_root:
-        ev("backward: root reduce-scatter", acts=loop, reduce=root_grads + root.reduce_scatter_bytes,
-           sharded=sharded, logits=held)
-    ev("optimizer step", acts=loop, sharded=s_all, logits=held, temps=inp.optimizer_temporaries,
-       fp32g=inp.fp32_grad_copies)
-    ev("zero_grad", acts=loop, logits=held)
-    return tuple(events)
+        emb = self.root.grad_bytes.get("embed", 0)
+        extra = 2 * emb if self.inp.tied_head else emb
+        out = self.ev(m, gather=self.p_root, reduce=self.root_grads + extra + self.rs_prev, sharded=self.sharded)
+        self.root_grads += 0 if self.inp.tied_head else emb
+        return out
+
+    def end(self, m):
+        inp, out = self.inp, []
+        if self.p_root:
+            out += self.ev(replace(m, kind=Kind.ROOT_REDUCE_SCATTER),
+                           reduce=self.root_grads + self.root.reduce_scatter_bytes, sharded=self.sharded)
+        return (out + self.ev(replace(m, temps=inp.optimizer_temporaries, fp32g=inp.fp32_grad_copies),
+                              sharded=self.s_all)
+                + self.ev(replace(m, kind=Kind.ZERO_GRAD)))

@@ -156,9 +156,9 @@ def job_host_memory(spec, setup, layout: ParallelLayout, *, gpus_per_node: int |
     placed as ``training_memory`` places it."""
     if setup.offload == "none":
         return None
-    from trainmath.memory.precision import get_precision
     from trainmath.memory.training import vocab_sharded
     from trainmath.placement import place
+    from trainmath.vocabulary import get_precision
 
     vocab = vocab_sharded(setup, layout)
     placements = [place(spec, layout, s, vocab_parallel=vocab) for s in range(layout.pp)]

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 
 from trainmath.arith import ceil_div, numel
 from trainmath.errors import TrainmathError
+from trainmath.vocabulary import OPTIMIZER_IMPLS, OPTIMIZERS
 
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-amsgrad", "adafactor", "adam8bit", "adamw8bit",
-              "lion")
-IMPLS = ("forloop", "foreach", "fused")
+IMPLS = OPTIMIZER_IMPLS
 BNB_MIN_8BIT_SIZE = 4096
 BNB_QMAP_BYTES = 2 * 256 * 4
 """The two shared quantization maps of an 8-bit Adam (``dynamic`` and ``udynamic``, 256 fp32 values each)."""

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmath.arith import ceil_div, numel
-from trainmath.layout import ParallelLayout
+from trainmath.layout import ParallelLayout, zero_shard_shape
 from trainmath.memory.optimizers import BNB_QMAP_BYTES, state_tensors, step_temporary_bytes
-from trainmath.memory.precision import Precision
 from trainmath.placement import Placement, RankTensor
+from trainmath.vocabulary import Precision
 
 ALLOC_GRANULARITY = 512
 
@@ -27,13 +27,6 @@ ALLOC_GRANULARITY = 512
 def alloc_bytes(nbytes: int, granularity: int = ALLOC_GRANULARITY) -> int:
     """Bytes the caching allocator reserves for a tensor of ``nbytes`` (0 stays 0)."""
     return ceil_div(nbytes, granularity) * granularity if nbytes else 0
-
-
-def zero_shard_shape(shape: tuple[int, ...], degree: int) -> tuple[int, ...]:
-    """A tensor's shape on one of ``degree`` ZeRO ranks: dim 0 split with ceil_div (FSDP2's ``Shard(0)``)."""
-    if degree == 1 or not shape:
-        return shape
-    return (ceil_div(shape[0], degree), *shape[1:])
 
 
 def _degree(t: RankTensor, layout: ParallelLayout) -> int:

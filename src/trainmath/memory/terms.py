@@ -3,16 +3,12 @@ copies, and the data-parallel wrapper's gradient buffers. Each is one function w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from trainmath.arith import ceil_div
 from trainmath.layout import ParallelLayout
-from trainmath.memory.precision import Precision, get_precision
+from trainmath.memory.setup import TrainingSetup
 from trainmath.model.spec import ModelSpec
 from trainmath.placement import Placement
-
-if TYPE_CHECKING:
-    from trainmath.memory.training import TrainingSetup
+from trainmath.vocabulary import Precision, get_precision
 
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 """DeepSpeed's ``zero_optimization.reduce_bucket_size`` default (elements)."""

@@ -34,17 +34,19 @@ Gradient lifetime (``GRAD_LIFETIMES``), the convention every tool picks silently
 - ``accumulate``: gradient accumulation over micro-batches (and any pipeline schedule): the last micro-batch runs
   with every gradient already allocated; what ``micro_batches > 1`` implies under ``set_to_none`` as well.
 
-Data-parallel buffers: ZeRO-0 with dp·cp > 1 is torch DDP, whose buckets hold a copy of every gradient for the
-whole step (``gradient_as_bucket_view=False``, the default); with ``bucket_view`` the gradients are views of the
-buckets, so the gradients are allocated for the whole step and the buckets add nothing. ZeRO-1/2 is DeepSpeed
+The ZeRO implementation is the timeline's parameter (``ZeroImpl``): its ``Walk`` adds, at each moment this
+skeleton walks, the gradients it holds, its gathered and reducing buffers, and the events of its own collectives.
+
+Data-parallel buffers (``Buckets``): ZeRO-0 with dp·cp > 1 is torch DDP, whose buckets hold a copy of every gradient
+for the whole step (``gradient_as_bucket_view=False``, the default); with ``bucket_view`` the gradients are views of
+the buckets, so the gradients are allocated for the whole step and the buckets add nothing. ZeRO-1/2 is DeepSpeed
 (one reduce bucket for the whole step; ZeRO-2's partitioned gradients appear during backward like any other), or,
-with ``zero_impl="trainmath"``, our runtime's flat buffers (``flat_zero``: no bucket; the reduce, step and
-all-gather as events; our ZeRO-3 likewise, without FSDP2's prefetch).
-ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer and at the root, ``reshard_after_forward=True``), whose events
-are ``fsdp2.step_timeline``'s (all-gather outputs, unsharded parameters and gradients, reduce-scatter buffers as
-torch's ``_fully_shard`` holds them; also FSDP2's ZeRO-2 with ``zero_impl="fsdp2"``). Checked:
-DDP (both bucket modes) and FSDP2 against MemTracker / FSDPMemTracker over a fake process group
-(``tests/memory/test_memtracker_oracle.py``); our flat ZeRO-1/2 against MemTracker on gloo ranks
+with ``zero_impl="trainmath"``, our runtime's flat buffers (``flat_zero.Flat``: no bucket; the reduce, step and
+all-gather as events; our ZeRO-3 likewise, without FSDP2's prefetch). ZeRO-3 is FSDP2 (``fsdp2.FSDP2``:
+``fully_shard`` per decoder layer and at the root, ``reshard_after_forward=True``; all-gather outputs, unsharded
+parameters and gradients, reduce-scatter buffers as torch's ``_fully_shard`` holds them; also FSDP2's ZeRO-2 with
+``zero_impl="fsdp2"``). Checked: DDP (both bucket modes) and FSDP2 against MemTracker / FSDPMemTracker over a fake
+process group (``tests/memory/test_memtracker_oracle.py``); our flat ZeRO-1/2 against MemTracker on gloo ranks
 (``tests/train/test_measure.py``); DeepSpeed's ZeRO-1/2 buffers are not checked. torch's ZeRO-1 (DDP with
 ``ZeroRedundancyOptimizer``) holds DDP's buckets, Ψ gradient elements, which is DeepSpeed's bucket below 5e8
 parameters (measured equal to the byte on the tiny models of ``benchmarks/train_verify.py``).
@@ -52,75 +54,22 @@ parameters (measured equal to the byte on the tiny models of ``benchmarks/train_
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from trainmath.arith import ceil_div, numel
 from trainmath.layout import ParallelLayout
-from trainmath.memory import flat_zero as fz
 from trainmath.memory import states as st
-from trainmath.memory.precision import Precision
-from trainmath.memory.step import Event, StepInputs, acts_at
+from trainmath.memory.step import Event, Kind, Moment, StepInputs, Walk, acts_at
 from trainmath.placement import Placement
 from trainmath.tree import Node
-
-GRAD_LIFETIMES = ("set_to_none", "zero", "accumulate")
-LOOP_KEEPS = ("output", "loss")
-"""What the training loop keeps of the model's output through backward and the optimizer step: ``output``
-(``out = model(ids, labels=ids); out.loss.backward()``: the logits live until the step returns) or ``loss``
-(``loss = model(ids, labels=ids).loss``: the output object, and with it the logits, is dropped when the forward
-returns; nothing saves them for backward — ``log_softmax`` saves its output, the LM head its input — so only the
-4-byte loss outlives the forward). The HF Trainer's ``compute_loss`` and ``trainmath train`` are ``loss``.
-Measured: on a 2-layer Qwen3 (vocabulary 256, 2 × 64 tokens, fp32) the peak of a ``loss`` step is the logits'
-131,072 bytes below the ``output`` step's (MemTracker)."""
+from trainmath.vocabulary import Precision
 
 
-def _flat_reduce(u) -> int:
-    """Our flat ZeRO-2's buffers while a unit is reduce-scattered: the packed buffer, the shard it reduces into
-    and the ring's receive window (the unit's full gradients are counted as gradients)."""
-    return u.buffer_bytes + u.grad_shard_bytes + u.ring_window_bytes
-
-
-def _layer_units(inp: StepInputs) -> list[str]:
-    return [f"layer.{i}" for i in inp.layers]
-
-
-def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
-    """The events of one step on one rank (see the module docstring), in order."""
-    if inp.fsdp2:
-        from trainmath.memory import fsdp2
-
-        return fsdp2.step_timeline(inp)
-    all_grads = sum(inp.unit_grads.values())
-    root = sum(inp.unit_gathered.get(u, 0) for u in ("embed", "head"))
-    events: list[Event] = []
-
-    flat = inp.flat
-    sharded_grads = inp.flat_stage >= 2  # our ZeRO-2/3: gradient shards all step, a unit's full ones until reduced
-    shards = sum(u.grad_shard_bytes for u in flat.values()) if sharded_grads else 0
-
-    def ev(name: str, *, acts: Node, grads: int, gather: int = 0, reduce: int = 0, logits: int = 0, up: int = 0,
-           ce: int = 0, hidden: int = 0, copies: int = 0, temps: int = 0, fp32g: int = 0, buffers: int = 0,
-           reduced: bool = False) -> None:
-        g = all_grads if inp.grads_persist and not reduced else grads  # ``reduced``: our flat ZeRO's own figure
-        overhead = inp.persistent.get("framework_overhead_bytes", 0) + buffers
-        parts = {**inp.persistent, "framework_overhead_bytes": overhead, "gradients_bytes": shards + g,
-                 "activations_bytes": acts, "logits_bytes": logits,
-                 "logits_fp32_bytes": up, "cross_entropy_grad_bytes": ce, "activation_grads_bytes": hidden,
-                 "weight_copies_bytes": copies, "zero3_gather_bytes": gather, "zero3_grad_reduce_bytes": reduce,
-                 "optimizer_step_temporaries_bytes": temps, "optimizer_fp32_grads_bytes": fp32g}
-        events.append(Event(name=name, parts=parts))
-
-    none = Node.of("activations_bytes", [], "bytes")
-    ev("step start", acts=none, grads=0)
-
-    def gathered(i: int, direction: int) -> int:
-        """Unsharded parameters while layer position ``i`` runs: it, the next one prefetched, and the root."""
-        layer_units = _layer_units(inp)
-        mine = inp.unit_gathered.get(layer_units[i], 0)
-        if inp.flat_stage == 3:  # our ZeRO-3 gathers the unit that runs, no prefetch
-            return root + mine
-        j = i + direction
-        nxt = inp.unit_gathered.get(layer_units[j], 0) if 0 <= j < len(layer_units) else 0
-        return root + mine + nxt
-
+def step_timeline(inp: StepInputs, zero: ZeroImpl | None = None) -> tuple[Event, ...]:
+    """The events of one step on one rank (see the module docstring), in order, as the ZeRO implementation
+    ``zero`` runs it (default ``Buckets()``: no ZeRO, DDP or DeepSpeed)."""
+    w = (zero or Buckets()).walk(inp)
+    copies = inp.weight_copies
     cache = inp.autocast_cache
     layer_casts = [cache.get(f"layer.{i}", 0) for i in inp.layers]
     head_cast = cache.get("head", 0)
@@ -134,91 +83,144 @@ def step_timeline(inp: StepInputs) -> tuple[Event, ...]:
             layer_casts if done else layer_casts[:pos] + layer_casts[pos + 1:]
         return head_cast + sum(later)
 
+    events = w.start(Moment(kind=Kind.STEP_START, acts=Node.of("activations_bytes", [], "bytes")))
     kept: list[int] = []
     for pos, i in enumerate(inp.layers):
         kept.append(i)
-        ev(f"forward layer {i}", acts=acts_at(inp, kept), grads=0, gather=gathered(pos, +1),
-           copies=inp.weight_copies)
-    # FSDP2's root pre-backward hook all-gathers the last layer before the loss's backward runs
-    first_bwd = root + (inp.unit_gathered.get(_layer_units(inp)[-1], 0) if inp.layers and inp.flat_stage != 3
-                        else 0)
-    if inp.last:
-        ev("forward: loss", acts=acts_at(inp, kept), grads=0, gather=root, logits=inp.head_saved + inp.logits,
-           up=inp.logits_fp32, copies=inp.weight_copies)
-        ev("backward: loss", acts=acts_at(inp, kept), grads=0, gather=first_bwd,
-           logits=inp.head_saved - inp.loss_freed + inp.output_held,
-           ce=inp.cross_entropy_grads, copies=inp.weight_copies + casts())
-    grads = 0
+        events += w.forward(pos, Moment(kind=Kind.FORWARD_LAYER, layer=i, acts=acts_at(inp, kept), copies=copies))
     held = inp.output_held if inp.last else 0
-    unit_grads = inp.unit_grads
-    if sharded_grads:  # full gradients until their unit's reduce-scatter; the root's until the embedding's
-        unit_grads = {k: v for u in flat.values() for k, v in u.full_grads.items()}
     if inp.last:
-        grads += unit_grads.get("head", 0) + ((inp.tied_grad or unit_grads.get("embed", 0)) if inp.tied_head else 0)
-        ev("backward: head", acts=acts_at(inp, kept), grads=grads, gather=first_bwd,
-           reduce=inp.unit_full_grads.get("head", 0), logits=inp.head_saved + held, hidden=inp.hidden_grad,
-           copies=inp.weight_copies + casts())
+        events += w.loss(Moment(kind=Kind.FORWARD_LOSS, acts=acts_at(inp, kept), logits=inp.head_saved + inp.logits,
+                                up=inp.logits_fp32, copies=copies),
+                         Moment(kind=Kind.BACKWARD_LOSS, acts=acts_at(inp, kept), ce=inp.cross_entropy_grads,
+                                logits=inp.head_saved - inp.loss_freed + inp.output_held, copies=copies + casts()))
+        events += w.head(Moment(kind=Kind.BACKWARD_HEAD, acts=acts_at(inp, kept), logits=inp.head_saved + held,
+                                hidden=inp.hidden_grad, copies=copies + casts()))
     for pos in range(len(inp.layers) - 1, -1, -1):
         i = inp.layers[pos]
-        unit = f"layer.{i}"
-        ev(f"backward layer {i}", acts=acts_at(inp, kept, live_layer=i), grads=grads, gather=gathered(pos, -1),
-           reduce=inp.unit_full_grads.get(unit, 0), logits=held,  # the MLP's backward transient with the grads
-           hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0), copies=inp.weight_copies + casts(pos))
+        events += w.backward(pos, Moment(kind=Kind.BACKWARD_LAYER, layer=i, acts=acts_at(inp, kept, live_layer=i),
+                                         logits=held, hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0),
+                                         copies=copies + casts(pos)))
         kept.pop()
-        grads += unit_grads.get(unit, 0)
-        # our ZeRO-2 reduces the layer now: its packed buffer and gradient shard beside its full gradients; its
-        # last gradient is the input norm's, whose input gradient then lives beside the residual stream's
-        red = _flat_reduce(flat[unit]) if sharded_grads else 0
-        ev(f"backward layer {i} done", acts=acts_at(inp, kept), grads=grads, gather=gathered(pos, -1),
-           reduce=inp.unit_full_grads.get(unit, 0), logits=held, hidden=inp.hidden_grad * (2 if red else 1),
-           copies=inp.weight_copies + casts(pos, done=True), buffers=red)
-        if sharded_grads:
-            grads -= unit_grads.get(unit, 0)
-    batch = Node.of("activations_bytes", [Node(name="input batch", value=inp.batch, unit="bytes",
-                                               note="held by the training loop until the step returns")],
-                    "bytes") if inp.first and inp.batch else none
-    if inp.first and inp.tied_head and inp.tied_grad:
-        # a tied embedding's weight already holds the head's gradient: the lookup's backward makes a second one
-        # and autograd's accumulation their sum, three vocabulary × hidden tensors at once. By then every other
-        # embedding gradient exists (a position embedding's) and the lookup's input gradient and what the
-        # embedding kept (position ids, a dropout's mask) are freed: the loop's batch is all that is left
-        # (MemTracker: "Temp" = 3·V·d, no activation but the ids; benchmarks/memory_sim.py --families)
-        grads += unit_grads.get("embed", 0) - inp.tied_grad
-        ev("backward: embedding", acts=batch, grads=grads + 2 * inp.tied_grad, gather=root,
-           reduce=inp.unit_full_grads.get("embed", 0), logits=held, copies=head_cast + sum(layer_casts))
-    elif inp.first:
-        grads += 0 if inp.tied_head else unit_grads.get("embed", 0)
-        red = _flat_reduce(flat["root"]) if sharded_grads else 0
-        # tied under ZeRO-3: the three V·d tensors counted with the whole root unit, beside the input gradient
-        tied = 2 * unit_grads.get("embed", 0) if inp.tied_head and not flat else 0
-        ev("backward: embedding", acts=acts_at(inp, kept), grads=grads + tied, gather=root,
-           reduce=inp.unit_full_grads.get("embed", 0), logits=held, hidden=inp.hidden_grad, buffers=red,
-           copies=head_cast + sum(layer_casts))
-    if not flat:
-        ev("optimizer step", acts=batch, grads=all_grads, logits=held, temps=inp.optimizer_temporaries,
-           fp32g=inp.fp32_grad_copies)
-        ev("zero_grad", acts=batch, grads=0, logits=held)
-        return tuple(events)
-    if inp.flat_stage == 3:  # our ZeRO-3 updates its parameter shards in place; the next forward gathers
-        ev("optimizer step", acts=batch, grads=0, logits=held, temps=inp.optimizer_temporaries, reduced=True)
-        ev("zero_grad", acts=batch, grads=0, logits=held, reduced=True)
-        return tuple(events)
-    # our flat ZeRO-1/2 (flat_zero): the reduce (ZeRO-1), the step on temporary parameter shards, the all-gathers
-    params = sum(u.param_shard_bytes for u in flat.values())
-    if inp.flat_stage == 1:
-        model = flat["model"]
-        ev("gradient pack", acts=batch, grads=all_grads, logits=held, buffers=model.buffer_bytes)
-        ev("gradient reduce-scatter", acts=batch, grads=model.grad_shard_bytes, logits=held,
-           buffers=model.buffer_bytes + model.ring_window_bytes, reduced=True)
-        ev("optimizer step", acts=batch, grads=model.grad_shard_bytes, logits=held,
-           temps=params + inp.optimizer_temporaries, reduced=True)
-        ev("parameter all-gather", acts=batch, grads=0, logits=held, buffers=fz.gather_peak_bytes(flat),
-           reduced=True)
-    else:
-        ev("optimizer step", acts=batch, grads=0, logits=held, temps=params + inp.optimizer_temporaries)
-        ev("parameter all-gather", acts=batch, grads=0, logits=held, buffers=fz.gather_peak_bytes(flat))
-    ev("zero_grad", acts=batch, grads=0, logits=held, reduced=True)
+        events += w.backward_done(pos, Moment(kind=Kind.BACKWARD_LAYER_DONE, layer=i, acts=acts_at(inp, kept),
+                                              logits=held, hidden=inp.hidden_grad,
+                                              copies=copies + casts(pos, done=True)))
+    loop = w.loop_acts()
+    if inp.first:
+        events += w.embedding(Moment(kind=Kind.BACKWARD_EMBEDDING, acts=acts_at(inp, kept), logits=held,
+                                     hidden=inp.hidden_grad, copies=head_cast + sum(layer_casts)), loop)
+    events += w.end(Moment(kind=Kind.OPTIMIZER_STEP, acts=loop, logits=held))
     return tuple(events)
+
+
+class ZeroImpl:
+    """A ZeRO implementation as the timeline's parameter: ``walk`` starts its walk along one step."""
+
+    def walk(self, inp: StepInputs) -> Walk:
+        raise NotImplementedError
+
+
+class Buckets(ZeroImpl):
+    """No ZeRO, torch DDP (its buckets in ``framework_overhead_bytes``), or DeepSpeed's ZeRO-1/2 (its reduce
+    bucket likewise) and ZeRO-3 (each layer's parameters gathered with the next prefetched)."""
+
+    def walk(self, inp: StepInputs) -> Walk:
+        return BucketsWalk(inp)
+
+
+class BucketsWalk(Walk):
+    """Gradients appear unit by unit in backward (or persist) and live to ``zero_grad``; ZeRO-3's gathered units
+    come and go with the layer that runs."""
+
+    prefetch = True
+    """A layer's parameters are gathered with the next one's (the root pre-backward's too)."""
+    tied_in_root = True
+    """A tied embedding's three V·d tensors are counted with the whole embedding unit (``tied_grad`` 0)."""
+
+    def __init__(self, inp: StepInputs):
+        super().__init__(inp)
+        self.all_grads = sum(inp.unit_grads.values())
+        self.root = sum(inp.unit_gathered.get(u, 0) for u in ("embed", "head"))
+        self.unit_grads = inp.unit_grads
+        self.shards = 0
+        """Gradient shards held the whole step."""
+        self.grads = 0
+        """The gradients made so far in backward."""
+
+    def ev(self, m: Moment, grads: int, *, reduced: bool = False, **terms) -> list[Event]:
+        """``reduced``: the figure is the implementation's own even when gradients persist."""
+        g = self.all_grads if self.inp.grads_persist and not reduced else grads
+        return [self.event(m, gradients=self.shards + g, **terms)]
+
+    def gathered(self, pos: int, direction: int) -> int:
+        """Unsharded parameters while layer position ``pos`` runs: it, the next one prefetched, and the root."""
+        units = [f"layer.{i}" for i in self.inp.layers]
+        mine = self.inp.unit_gathered.get(units[pos], 0)
+        j = pos + direction
+        nxt = self.inp.unit_gathered.get(units[j], 0) if self.prefetch and 0 <= j < len(units) else 0
+        return self.root + mine + nxt
+
+    def first_backward(self) -> int:
+        """Gathered at the loss's backward: FSDP's root pre-backward hook gathers the last layer."""
+        inp = self.inp
+        return self.root + (inp.unit_gathered.get(f"layer.{inp.layers[-1]}", 0) if inp.layers and self.prefetch
+                            else 0)
+
+    def reduce_buffers(self, unit: str) -> int:
+        """Buffers of the implementation's reduce of ``unit`` at the end of its backward."""
+        return 0
+
+    def start(self, m):
+        return self.ev(m, 0)
+
+    def forward(self, pos, m):
+        return self.ev(m, 0, gather=self.gathered(pos, +1))
+
+    def loss(self, fwd, bwd):
+        return self.ev(fwd, 0, gather=self.root) + self.ev(bwd, 0, gather=self.first_backward())
+
+    def head(self, m):
+        inp = self.inp
+        self.grads += self.unit_grads.get("head", 0) + (
+            (inp.tied_grad or self.unit_grads.get("embed", 0)) if inp.tied_head else 0)
+        return self.ev(m, self.grads, gather=self.first_backward(), reduce=inp.unit_full_grads.get("head", 0))
+
+    def backward(self, pos, m):
+        unit = f"layer.{self.inp.layers[pos]}"
+        return self.ev(m, self.grads, gather=self.gathered(pos, -1),
+                       reduce=self.inp.unit_full_grads.get(unit, 0))  # the MLP's backward transient with the grads
+
+    def backward_done(self, pos, m):
+        unit = f"layer.{self.inp.layers[pos]}"
+        self.grads += self.unit_grads.get(unit, 0)
+        red = self.reduce_buffers(unit)
+        # a reduce at the layer's end: its last gradient is the input norm's, whose input gradient then lives
+        # beside the residual stream's
+        return self.ev(replace(m, hidden=m.hidden * (2 if red else 1)), self.grads, gather=self.gathered(pos, -1),
+                       reduce=self.inp.unit_full_grads.get(unit, 0), buffers=red)
+
+    def embedding(self, m, loop):
+        inp = self.inp
+        full = inp.unit_full_grads.get("embed", 0)
+        if inp.tied_head and inp.tied_grad:
+            # a tied embedding's weight already holds the head's gradient: the lookup's backward makes a second
+            # one and autograd's accumulation their sum, three vocabulary × hidden tensors at once. By then every
+            # other embedding gradient exists (a position embedding's) and the lookup's input gradient and what
+            # the embedding kept (position ids, a dropout's mask) are freed: the loop's batch is all that is left
+            # (MemTracker: "Temp" = 3·V·d, no activation but the ids; benchmarks/memory_sim.py --families)
+            self.grads += self.unit_grads.get("embed", 0) - inp.tied_grad
+            return self.ev(replace(m, acts=loop, hidden=0), self.grads + 2 * inp.tied_grad, gather=self.root,
+                           reduce=full)
+        self.grads += 0 if inp.tied_head else self.unit_grads.get("embed", 0)
+        # tied under ZeRO-3: the three V·d tensors counted with the whole root unit, beside the input gradient
+        tied = 2 * self.unit_grads.get("embed", 0) if inp.tied_head and self.tied_in_root else 0
+        return self.ev(m, self.grads + tied, gather=self.root, reduce=full, buffers=self.reduce_buffers("root"))
+
+    def end(self, m):
+        inp = self.inp
+        grads = 0 if inp.grads_freed_by_copy else self.all_grads  # Megatron frees each as it copies it
+        return (self.ev(replace(m, temps=inp.optimizer_temporaries, fp32g=inp.fp32_grad_copies), grads)
+                + self.ev(replace(m, kind=Kind.ZERO_GRAD), 0))
 
 
 def tensor_grad_bytes(t, layout: ParallelLayout, prec: Precision, *, granularity: int) -> int:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from trainmath import families
 from trainmath.arith import ceil_div
+from trainmath.comm.flat import flat_units
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, validate_layout
 from trainmath.memory import flat_zero as fz
@@ -26,16 +27,27 @@ from trainmath.memory import fsdp2
 from trainmath.memory import states as st
 from trainmath.memory import timeline as tl
 from trainmath.memory.optimizers import check_optimizer, step_temporary_bytes
-from trainmath.memory.precision import get_precision
+from trainmath.memory.setup import TrainingSetup
+from trainmath.memory.step import TERMS as TERMS  # the breakdown's fields
+from trainmath.memory.step import Event, Persistent, StepInputs
 from trainmath.memory.terms import framework_overhead, loss_parallel_bytes, loss_transients, weight_copies_bytes
 from trainmath.model.spec import MLPDims, ModelSpec, MoEDims
 from trainmath.ops.kernels.experts import routed_weights
 from trainmath.placement import Placement, place
 from trainmath.tree import Node
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.vocabulary import (
+    ATTENTION,
+    DEVICES,
+    EXPERTS,
+    GRAD_LIFETIMES,
+    LOOP_KEEPS,
+    OFFLOAD,
+    PROFILES,
+    RECOMPUTE,
+    ZERO_IMPLS,
+    get_precision,
+)
 
-ATTENTION = ("sdpa", "eager")
-PROFILES = ("hf", "megatron")
 PROFILE_TEXT = {
     "hf": "transformers' modeling code, every saved tensor as autograd keeps it (the default of memory, report and "
           "the web page, which describe a transformers step; estimate and plan default to megatron)",
@@ -43,17 +55,6 @@ PROFILE_TEXT = {
                 "are Megatron-Core's; plan also requires the hf profile's peak to fit)",
 }
 """Each activation profile and why a command defaults to it (printed with every result)."""
-DEVICES = ("cuda", "cpu")
-EXPERTS = ("grouped", "eager")
-OFFLOAD = ("none", "optimizer", "params")
-
-TERMS = (
-    "weights_bytes", "gradients_bytes", "master_weights_bytes", "optimizer_states_bytes",
-    "activations_bytes", "logits_bytes", "logits_fp32_bytes", "cross_entropy_grad_bytes", "activation_grads_bytes",
-    "weight_copies_bytes", "zero3_gather_bytes", "zero3_grad_reduce_bytes",
-    "optimizer_step_temporaries_bytes", "optimizer_fp32_grads_bytes", "framework_overhead_bytes",
-)
-"""Every field of a breakdown, in order; the same names a runtime measurement uses."""
 
 GRAD_LIFETIME_TEXT = {
     "set_to_none": "zero_grad(set_to_none=True), torch's default: no gradient when the step starts, each layer's "
@@ -69,59 +70,6 @@ OFFLOAD_TEXT = {
 }
 
 @dataclass(frozen=True, kw_only=True)
-class TrainingSetup:
-    """What one training step runs (everything but the parallel layout)."""
-
-    micro_batch: int
-    """Sequences per micro-batch on one data-parallel rank."""
-    seq: int
-    """Tokens per sequence."""
-    precision: str = "mixed-bf16"
-    optimizer: str = "adamw"
-    optimizer_impl: str = "foreach"
-    """``forloop`` (``foreach=False``), ``foreach`` (torch's default on CUDA) or ``fused``."""
-    recompute: str = "none"
-    attention: str = "sdpa"
-    profile: str = "hf"
-    """Activation profile: what the model code saves (``hf`` transformers, ``megatron`` Megatron-Core)."""
-    micro_batches: int | None = None
-    """Micro-batches per step (gradient accumulation); None means at least pp (1F1B fills the pipeline)."""
-    granularity: int = st.ALLOC_GRANULARITY
-    """The CUDA caching allocator's block size; ``device="cpu"`` uses 1 (the CPU allocator does not round)."""
-    grad_lifetime: str = "set_to_none"
-    """When gradients exist (``timeline.GRAD_LIFETIMES``): ``set_to_none`` (torch's ``zero_grad`` default: none
-    at the start of the step), ``zero`` (``zero_grad(set_to_none=False)``), ``accumulate`` (gradient accumulation:
-    allocated for the whole step)."""
-    bucket_view: bool = False
-    """DDP's ``gradient_as_bucket_view`` (ZeRO-0 with dp·cp > 1): gradients are views of the buckets."""
-    device: str = "cuda"
-    """``cuda``: what ``torch.cuda.max_memory_allocated`` reports (512-byte blocks; non-fused optimizers keep
-    their step scalars on the CPU); ``cpu``: what CPU kernels allocate (no rounding; every tensor on the one
-    device)."""
-    experts: str = "grouped"
-    """Routed experts as transformers runs them: ``grouped`` (``grouped_mm``, the default of transformers 5) or
-    ``eager`` (the per-expert loop, which saves more)."""
-    loop_keeps: str = "loss"
-    """What the training loop keeps of the model's output through backward (``timeline.LOOP_KEEPS``): ``loss``
-    (``loss = model(...).loss``, what most loops do: the HF Trainer's ``compute_loss``, torchtitan's ``del pred``,
-    Lightning, ``trainmath train``: the logits are freed when the forward returns) or ``output``
-    (``out = model(...)``: the logits until the step returns)."""
-    backward_in_autocast: bool = False
-    """The loop calls ``backward()`` inside the ``torch.autocast`` context (amp-bf16): autocast's cache keeps every
-    bf16 weight cast the forward made until the context exits, through the whole backward
-    (``timeline.StepInputs.autocast_cache``); False: ``backward()`` after the context exits, as HF Trainer does."""
-    zero_impl: str = "deepspeed"
-    """Whose ZeRO-1/2 buffers (``flat_zero.ZERO_IMPLS``): ``deepspeed`` (one reduce bucket of min(5e8, Ψ)
-    elements for the whole step) or ``trainmath`` (``trainmath train --impl trainmath``: flat padded buffers
-    at the reduce and the all-gather only; ``flat_zero``). ZeRO-3: FSDP2 (``deepspeed``) or ours (the unit
-    that runs gathered, no prefetch; gradients as ZeRO-2's). ZeRO-0 ignores it."""
-    offload: str = "none"
-    """ZeRO-Offload (Ren et al. 2021): ``optimizer`` keeps optimizer states, master weights and the optimizer
-    step on the CPU; ``params`` (ZeRO-3 only) also keeps the parameter shards there, gathered to the GPU per
-    module."""
-
-
-@dataclass(frozen=True, kw_only=True)
 class StageMemory:
     stage: int
     layers: range
@@ -130,7 +78,7 @@ class StageMemory:
     phase: str
     """The event of the timeline where this stage peaks."""
     timeline: tuple
-    """The step's events (``timeline.Event``), in order."""
+    """The step's events (``step.Event``), in order."""
     breakdown: Node
     """What is live at this stage's peak."""
 
@@ -206,8 +154,8 @@ def check_setup(setup: TrainingSetup) -> list[str]:
     if setup.micro_batches is not None and setup.micro_batches < 1:
         bad.append(f"micro-batches must be a positive integer, got {setup.micro_batches!r}")
     for field, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("profile", PROFILES),
-                           ("grad_lifetime", tl.GRAD_LIFETIMES), ("loop_keeps", tl.LOOP_KEEPS),
-                           ("device", DEVICES), ("offload", OFFLOAD), ("zero_impl", fz.ZERO_IMPLS),
+                           ("grad_lifetime", GRAD_LIFETIMES), ("loop_keeps", LOOP_KEEPS),
+                           ("device", DEVICES), ("offload", OFFLOAD), ("zero_impl", ZERO_IMPLS),
                            ("experts", EXPERTS)):
         if getattr(setup, field) not in allowed:
             bad.append(f"{field} must be one of {', '.join(allowed)}, got {getattr(setup, field)!r}")
@@ -456,7 +404,7 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     overhead = framework_overhead(pl, layout, prec, sum(grads.values()) if not setup.bucket_view else 0)
     flat: dict = {}
     if setup.zero_impl == "trainmath" and layout.zero and layout.zero_degree > 1:
-        flat = fz.flat_units(pl, layout, prec, min(layout.zero, 2))
+        flat = flat_units(pl, layout, prec, min(layout.zero, 2))
         overhead = 0  # no bucket: the buffers are events of the timeline
         temps = step_temporary_bytes(setup.optimizer, [(u.shard_numel,) for u in flat.values()],
                                      state_bytes=prec.state_bytes, impl=setup.optimizer_impl)
@@ -479,12 +427,12 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                                       granularity=gran, device=setup.device).weights_bytes \
                 + _fp32_router_states(spec, pl, replace(layout, zero=3), prec, setup, gran)[0]
     mixer, norms = _fsdp2_mixer(spec, setup, layout, pl, prec, gran) if fsdp else ({}, {})
-    persistent = {"weights_bytes": weights, "master_weights_bytes": master, "optimizer_states_bytes": states,
-                  "framework_overhead_bytes": overhead}
+    persistent = Persistent(weights_bytes=weights, master_weights_bytes=master, optimizer_states_bytes=states,
+                            framework_overhead_bytes=overhead)
     if setup.backward_in_autocast and (layout.pp > 1 or fsdp or flat):
         raise TrainmathError("--backward-in-autocast is modelled on one pipeline stage without ZeRO-3 or "
                              "--zero-impl trainmath (the cache of autocast's weight casts)")
-    inp = tl.StepInputs(
+    inp = StepInputs(
         layers=tuple(pl.layers), first=first, last=last, saved=saved, recomputed=recomputed, resident=resident,
         # another micro-batch in flight keeps what this one keeps at the end of its forward (under full recompute
         # its checkpoints, not the one-layer recompute transient)
@@ -497,12 +445,18 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         ffn_transient=ffn, weight_copies=copies, unit_grads=grads, unit_gathered=gathered, unit_full_grads=full_grads,
         tied_head=layout.pp == 1 and any(t.tied for t in spec.post), tied_grad=_tied_grad(spec, pl, layout, prec, gran),
         persistent=persistent, grads_persist=persist,
-        optimizer_temporaries=temps, fp32_grad_copies=fp32g, flat=flat, flat_stage=layout.zero if flat else 0,
-        fsdp2=fsdp, fsdp2_reshard=layout.zero >= 3, fsdp2_mixer=mixer, fsdp2_norm=norms,
+        optimizer_temporaries=temps, fp32_grad_copies=fp32g,
+        grads_freed_by_copy=bool(fp32g) and (layout.zero == 0 or layout.zero_degree == 1) and not persist,
         positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0,
         autocast_cache=_autocast_cache(pl, gran) if setup.backward_in_autocast else {},
         casts_saved=setup.recompute == "none")
-    events = tl.step_timeline(inp)
+    if setup.peft is not None:  # the terms a frozen base with adapters changes (memory/peft.py)
+        from trainmath.memory import peft
+
+        inp = peft.peft_inputs(spec, setup, layout, pl, prec, gran, inp, copies)
+    zero = fsdp2.FSDP2(fsdp, reshard=layout.zero >= 3, mixer=mixer, norm=norms) if fsdp else \
+        fz.Flat(flat, layout.zero) if flat else tl.Buckets()
+    events = tl.step_timeline(inp, zero)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
     return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=peak.name, timeline=events,
                        breakdown=_event_tree(peak, stage))
@@ -554,13 +508,9 @@ def _tied_grad(spec: ModelSpec, pl, layout: ParallelLayout, prec, gran: int) -> 
                if t.unit == "embed" and t.spec.shape in shapes)
 
 
-def _event_tree(event: tl.Event, stage: int) -> Node:
-    """Every term of ``TERMS`` as live at ``event`` (0 when not live then)."""
-    kids = []
-    for name in TERMS:
-        v = event.parts.get(name, 0)
-        kids.append(v if isinstance(v, Node) else Node(name=name, value=v, unit="bytes"))
-    return Node.of("peak_bytes", kids, "bytes", note=f"stage {stage}, {event.name}")
+def _event_tree(event: Event, stage: int) -> Node:
+    """Every term of ``TERMS`` as live at ``event``."""
+    return Node.of("peak_bytes", list(event.live.terms()), "bytes", note=f"stage {stage}, {event.name}")
 
 
 def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout = ParallelLayout(), *,
@@ -623,6 +573,10 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
            f"; {spec.model_type}'s grouped path is not modelled: its eager loop is counted (where both are "
            f"modelled, the eager loop saves more)"),
     ) + _dropout_text(spec, setup)
+    if setup.peft is not None:
+        from trainmath.memory import peft
+
+        conventions += peft.conventions(spec, setup)
     return MemoryReport(model=spec.name, setup=setup, layout=layout, peak_bytes=top.breakdown.value,
                         stage=top.stage, breakdown=top.breakdown, stages=stages,
                         outside_peak={"cuda_context_bytes": None, "allocator_cached_free_bytes": None},

@@ -33,6 +33,7 @@ from trainmath.flops import count_flops
 from trainmath.hardware import GPU, Efficiency
 from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec
+from trainmath.perf import moe as moe_terms
 
 FLASH_BACKWARD_FACTOR = 2.5
 """FlashAttention-2 backward / forward executed FLOPs (Dao 2023, §3.1.2: 5 matmuls vs 2)."""
@@ -148,7 +149,7 @@ def fp8_speedup(m: float, k: float, n: float, gpu: GPU, eff: Efficiency, out_byt
 
 
 def _gemm_parts(gemms, layout: ParallelLayout, experts: int, gpu: GPU, eff: Efficiency, dtype: str, c: int,
-                attention: str = "flash", fp8: bool = False) -> GemmParts:
+                attention: str = "flash", fp8: bool = False, imbalance: float = 1.0) -> GemmParts:
     tp, cp, ep = layout.tp, layout.cp, layout.ep
     dense = attn = fp8_s = cast_f = cast_b = cast_w = 0.0
     last_input = None
@@ -166,44 +167,51 @@ def _gemm_parts(gemms, layout: ParallelLayout, experts: int, gpu: GPU, eff: Effi
             continue
         split_tp = 1 if g.component == "router" else tp
         m = g.m / cp
-        if g.component == "experts" and experts:
-            m = g.m * ep / experts / cp
+        if g.component == "experts" and experts:  # expert TP 1: each rank routes its 1/tp of the sequence
+            split_tp = layout.expert_tp
+            m = g.m * ep / experts / cp / (tp // split_tp)
         k, n = (g.k / split_tp, g.n) if g.k >= g.n else (g.k, g.n / split_tp)
         count = g.count if g.component != "experts" else max(1, experts // ep)
-        flops = g.flops / (split_tp * cp)
+        flops = g.flops / ((tp if g.component == "experts" and experts else split_tp) * cp)
+        routed = g.component == "experts" and experts
         if fp8 and g.weighted:
-            t = gemm_time_s(m, k, n, count, flops, gpu, eff, "fp8", 1, c)
+            t = (moe_terms.expert_gemm_time_s(m, k, n, count, flops, gpu, eff, "fp8", 1, c, imbalance) if routed
+                 else gemm_time_s(m, k, n, count, flops, gpu, eff, "fp8", 1, c))
             fp8_s += t
             dense += t
             leaf = g.name.rsplit(".", 1)[-1]
             group = next((i for i, names in enumerate(FP8_SHARED_INPUTS) if leaf in names), None)
             key = None if group is None else (group, g.component, m, k, count)
+            busy = imbalance if routed else 1.0
             if key is None or key != last_input:
-                cast_f += FP8_CAST_TRANSPOSE_BYTES * count * m * k
+                cast_f += FP8_CAST_TRANSPOSE_BYTES * count * m * k * busy
             last_input = key
-            cast_b += FP8_CAST_TRANSPOSE_BYTES * count * m * n
+            cast_b += FP8_CAST_TRANSPOSE_BYTES * count * m * n * busy
             cast_w += FP8_CAST_TRANSPOSE_BYTES * count * k * n
             continue
         last_input = None
-        dense += gemm_time_s(m, k, n, count, flops, gpu, eff, dtype, c)
+        dense += (moe_terms.expert_gemm_time_s(m, k, n, count, flops, gpu, eff, dtype, c, imbalance=imbalance)
+                  if routed else gemm_time_s(m, k, n, count, flops, gpu, eff, dtype, c))
     return GemmParts(dense, attn, fp8_s, cast_f, cast_b, cast_w)
 
 
 def layer_times(spec: ModelSpec, *, micro_batch: int, seq: int, layout: ParallelLayout, gpu: GPU,
                 eff: Efficiency, recompute: str, dtype: str = "bf16", compute_bytes: int = 2,
                 attention: str = "flash", profile: str = "megatron",
-                fp8: str = "none") -> tuple[dict[int, LayerTime], LayerTime]:
+                fp8: str = "none", moe_imbalance: float = 1.0) -> tuple[dict[int, LayerTime], LayerTime]:
     """(layer index → its time, the LM head's time) for one micro-batch of ``micro_batch`` × ``seq`` tokens.
     ``profile`` names whose selective recompute is timed: ``megatron`` Korthikanti et al.'s (the attention core),
     ``hf`` torchtitan's op-level policy (the GEMMs it recomputes, ``LayerGemms.selective``, and every
     memory-bound op, none being in its save list). ``fp8`` (``FP8_GEMMS``) names the GEMMs run in FP8 at the
-    FP8 peak, with their casts (``FP8_CAST_TRANSPOSE_BYTES``)."""
+    FP8 peak, with their casts (``FP8_CAST_TRANSPOSE_BYTES``). ``moe_imbalance``: the busiest EP rank's routed
+    tokens / the mean (``trainmath.perf.moe``); MoE layers also pay their permutations and router there."""
     if fp8 not in FP8_GEMMS:
         raise TrainmathError(f"fp8 GEMMs must be one of {', '.join(FP8_GEMMS)}, got {fp8!r}")
-    key = ("layers", micro_batch, seq, layout.tp, layout.cp, layout.ep, layout.sp, gpu, eff, recompute, dtype,
-           compute_bytes, attention, profile, fp8)
+    key = ("layers", micro_batch, seq, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.sp, gpu, eff,
+           recompute, dtype,
+           compute_bytes, attention, profile, fp8, moe_imbalance)
     return memo(spec, key, lambda: _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype,
-                                                compute_bytes, attention, profile, fp8))
+                                                compute_bytes, attention, profile, fp8, moe_imbalance))
 
 
 def _cast_s(nbytes: float, gpu: GPU, eff: Efficiency) -> float:
@@ -211,7 +219,7 @@ def _cast_s(nbytes: float, gpu: GPU, eff: Efficiency) -> float:
 
 
 def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, compute_bytes, attention,
-                 profile="megatron", fp8="none"):
+                 profile="megatron", fp8="none", imbalance=1.0):
     ledger = _ledger(spec, micro_batch, seq, "half" if attention == "flash" else "executed")
     tokens = micro_batch * seq / layout.cp
     elem_split = layout.tp if layout.sp else 1
@@ -220,11 +228,18 @@ def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, com
     lin8 = fp8 != "none"
     per_layer: dict[int, LayerTime] = {}
     for lt in ledger.layer_types:
-        experts = next((b.dims.experts for b in spec.layers[lt.layers[0]].blocks if b.kind == "moe"), 0)
-        p = _gemm_parts(lt.gemms, layout, experts, gpu, eff, dtype, compute_bytes, attention, lin8)
+        block = next((b for b in spec.layers[lt.layers[0]].blocks if b.kind == "moe"), None)
+        experts = block.dims.experts if block else 0
+        p = _gemm_parts(lt.gemms, layout, experts, gpu, eff, dtype, compute_bytes, attention, lin8, imbalance)
         dense, attn = p.dense, p.attention
-        fwd = dense + attn + elem_fwd
-        bwd = 2 * dense + (FLASH_BACKWARD_FACTOR if attention == "flash" else 2) * attn + 2 * elem_fwd
+        if block:  # permutations and router: memory-bound, forward and again backward
+            routed_tokens = tokens / (layout.tp // layout.expert_tp)  # expert TP 1: this rank's 1/tp
+            elem = moe_terms.dispatch_memory_s(moe_terms.dispatch_bytes(
+                routed_tokens, block.dims.top_k, spec.hidden_size, experts, compute_bytes, imbalance), gpu, eff)
+        else:
+            elem = 0.0
+        fwd = dense + attn + elem_fwd + elem
+        bwd = 2 * dense + (FLASH_BACKWARD_FACTOR if attention == "flash" else 2) * attn + 2 * elem_fwd + elem
         rec = {"none": 0.0, "selective": attn, "full": fwd}[recompute]
         rec_cast = p.cast_forward_bytes if recompute == "full" else 0.0
         if recompute == "selective" and profile == "hf":
@@ -233,7 +248,7 @@ def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, com
                                      f"policy over the op lists; {spec.name} ({spec.model_type}) has none: use "
                                      f"--profile megatron")
             again = [g for g, run in zip(lt.gemms, lt.selective) if run]
-            sel = _gemm_parts(again, layout, experts, gpu, eff, dtype, compute_bytes, attention, lin8)
+            sel = _gemm_parts(again, layout, experts, gpu, eff, dtype, compute_bytes, attention, lin8, imbalance)
             rec = sel.dense + sel.attention + elem_fwd
             rec_cast = sel.cast_forward_bytes
         cast = p.cast_forward_bytes + p.cast_backward_bytes + rec_cast

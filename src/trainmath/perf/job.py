@@ -37,9 +37,19 @@ class Job:
     """Allow pp · virtual_stages not dividing the layers (stages differ by one layer, like Llama 3's)."""
     fp8_head: bool = False
     """With ``precision="fp8"``: run the LM head's GEMMs in FP8 too (Transformer Engine's recipe keeps it BF16)."""
+    moe_imbalance: float = 1.0
+    """MoE load imbalance: tokens routed to the busiest expert-parallel rank / the mean (1.0 balanced; a capacity
+    factor with dropping bounds it; ``trainmath.perf.moe``)."""
     mem_util_percent: int = MEM_UTIL_PERCENT
     """The fit rule's usable share (``trainmath.usable``: peak_bytes + the CUDA context under this share of the
     GPU's memory)."""
+    offload: str = "none"
+    """DeepSpeed offload (``perf.offload``): ``optimizer`` (ZeRO-Offload) or ``params`` (ZeRO-3, ZeRO-Infinity's
+    CPU tier); timed and fitted on the GPU and the host."""
+    host_memory_bytes: int = 2 * 2**40
+    """Host RAM per node for the host fit with ``offload`` (``memory.host.HOST_MEMORY_BYTES``, a DGX H100's)."""
+    host_bytes_per_s: float | None = None
+    """Achieved host DRAM rate of the CPU optimizer step per node (B/s); None: ``perf.offload``'s calibration."""
 
     @property
     def fp8_gemms(self) -> str:
@@ -90,6 +100,9 @@ class Estimate:
     the slowest sets the pace and the bubble."""
     stage_layers: tuple = field(default=())
     """Per pipeline stage: its decoder layers (count)."""
+    offload: dict | None = None
+    """With ``job.offload``: the offload terms, their bytes and rates, and the host RAM verdict
+    (``perf.offload.with_offload``); None without."""
 
     def budget(self, tokens: float, price_per_gpu_hour: float | None = None) -> dict:
         """Wall time, GPU-hours and cost of training on ``tokens`` tokens at this step's rate."""
@@ -121,7 +134,8 @@ class Estimate:
                 "comm": [c.to_dict() for c in self.comm], "groups": self.groups.to_dict(),
                 "conventions": list(self.conventions), "stage_times_s": list(self.stage_times_s),
                 "stage_layers": list(self.stage_layers),
-                "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers}
+                "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers,
+                **({"offload": self.offload} if self.offload is not None else {})}
 
 
 def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | None = None) -> list[str]:
@@ -140,6 +154,9 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
             bad.append(f"{name.replace('_', ' ')} must be a positive integer, got {v!r}")
     if job.attention not in ("flash", "eager"):
         bad.append(f"attention kernel must be flash or eager, got {job.attention!r}")
+    if not isinstance(job.moe_imbalance, (int, float)) or not 1 <= job.moe_imbalance <= 1e3:
+        bad.append(f"moe imbalance (busiest EP rank's tokens / the mean) must be a number from 1 to 1000, got "
+                   f"{job.moe_imbalance!r}")
     if job.mfu_causal not in ("executed", "half"):
         bad.append(f"mfu causal convention must be executed or half, got {job.mfu_causal!r}")
     if bad:
@@ -165,6 +182,10 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
                        f"of pp ({layout.pp})")
     if job.seq % layout.cp:
         bad.append(f"cp ({layout.cp}) must divide the sequence length ({job.seq})")
+    if job.offload != "none":
+        from trainmath.perf.offload import offload_problems
+
+        bad += offload_problems(layout.zero, job.offload, job.optimizer)
     return bad
 
 

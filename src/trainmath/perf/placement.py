@@ -2,7 +2,8 @@
 
 Ranks are numbered node by node (torchrun), and groups are cut in Megatron-Core's ``RankGenerator`` order
 tp-cp-ep-dp-pp: tensor parallel on consecutive ranks (inside a node), then context parallel, then data parallel
-(expert parallel drawn from the cp·dp ranks of one tp slice), pipeline parallel outermost (across nodes). A group
+(expert parallel drawn from the cp·dp ranks of one tp slice, or from consecutive ranks across tp when the expert
+TP is 1: Megatron-Core's expert grid etp-ep-edp-pp), pipeline parallel outermost (across nodes). A group
 of ``size`` ranks ``stride`` apart has ``local`` members on each node it touches: counted exactly for the group
 holding rank 0 (every group of the layout is a translate of it).
 """
@@ -33,7 +34,7 @@ class Groups:
     """Dense data-parallel group, context parallel folded in (dp·cp ranks): gradients and ZeRO shards."""
     ep: Group
     expert_dp: Group
-    """Ranks holding the same experts (dp·cp / ep): expert gradients and ZeRO shards."""
+    """Ranks holding the same experts (``ParallelLayout.expert_zero_degree``): expert gradients and ZeRO shards."""
     pp: Group
 
     def to_dict(self) -> dict:
@@ -49,7 +50,7 @@ def place_groups(layout: ParallelLayout, gpus_per_node: int) -> Groups:
         tp=placed_group(tp, 1, gpus_per_node),
         cp=placed_group(cp, tp, gpus_per_node),
         dp=placed_group(dp * cp, tp, gpus_per_node),
-        ep=placed_group(ep, tp, gpus_per_node),
-        expert_dp=placed_group(max(1, dp * cp // ep), tp * ep, gpus_per_node),
+        ep=placed_group(ep, layout.expert_tp, gpus_per_node),
+        expert_dp=placed_group(layout.expert_zero_degree, layout.expert_tp * ep, gpus_per_node),
         pp=placed_group(pp, tp * cp * dp, gpus_per_node),
     )

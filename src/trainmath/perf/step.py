@@ -5,6 +5,7 @@ et al. 2021, §2.2). The busiest stage sets the pace; per micro-batch it spends 
 (``compute``) plus the communication that does not overlap (``comm``: tp, cp, ep, ZeRO-3). Then
 
     step = M · per_mb + bubble + pp fill/drain p2p + exposed gradient sync + exposed ZeRO gathers + optimizer
+           + FSDP overhead (``fsdp``) + MoE dispatcher overhead (``moe``)
     bubble = (pp − 1) / v · per_mb     (v virtual stages: interleaved 1F1B, Narayanan et al. 2021 §2.2.2, Eq. 2)
 
 and the breakdown's entries sum to the step time. Utilisation conventions (stated in every result):
@@ -17,23 +18,27 @@ and the breakdown's entries sum to the step time. Utilisation conventions (state
 
 from __future__ import annotations
 
+from math import gcd
+
 from trainmath.comm.twolevel import Topology
 from trainmath.errors import TrainmathError
 from trainmath.flops import count_flops
 from trainmath.hardware import GPU, Hardware, presets
 from trainmath.layout import ParallelLayout
-from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
+from trainmath.perf import moe as moe_terms
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, FP8_CAST_TRANSPOSE_BYTES, layer_times, memo
 from trainmath.perf.fsdp import fsdp_text, overhead_s, zero3_item
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.placement import place, stage_layers
 from trainmath.usable import rule_text, usable_bytes
+from trainmath.vocabulary import get_precision
 
 BREAKDOWN = ("forward", "backward", "recompute", "fp8_cast", "tp_comm", "cp_comm", "ep_comm", "zero3_comm",
-             "pipeline_bubble", "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step", "fsdp_overhead")
+             "pipeline_bubble", "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step", "fsdp_overhead",
+             "moe_overhead")
 """Every key of an estimate's ``breakdown`` (seconds), in order; their sum is ``step_time_s``."""
 
 _TP_BLOCKS = ("attention", "mla", "linear_attention", "mamba", "mlp", "moe")
@@ -59,23 +64,27 @@ def _flops_per_sequence(spec: ModelSpec, seq: int, causal: str, recompute: str, 
 
 
 def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int,
-                 split: tuple[int | None, int | None] = (None, None)) -> tuple[int, int, tuple[int, ...]]:
+                 split: tuple[int | None, int | None] = (None, None),
+                 expert_tp: int | None = None) -> tuple[int, int, tuple[int, ...]]:
     """(dense, expert) parameters of one rank of ``stage`` before ZeRO, and each layer's (ZeRO-3 gathers).
-    ``split``: the layout's (first, last) stage layers (``ParallelLayout.stage_split``)."""
+    ``split``: the layout's (first, last) stage layers (``ParallelLayout.stage_split``); ``expert_tp``: the
+    layout's ``expert_tp`` (default tp)."""
+    folded = expert_tp is not None and expert_tp != tp
     if len(_layer_types(spec)) == 1 and 0 < stage < pp - 1:
         # one layer type: an inner stage is known by its length alone (no embeddings, no head)
         stages = memo(spec, ("stages", pp, split), lambda: stage_layers(spec.num_layers, pp, *split))
         twin = next(i for i in range(1, pp - 1) if len(stages[i]) == len(stages[stage]))
         if twin != stage:
-            return stage_params(spec, tp, pp, ep, twin, split)
+            return stage_params(spec, tp, pp, ep, twin, split, expert_tp)
 
     def make():
-        p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=ep, first_stage_layers=split[0],
+        dp = ep // gcd(ep, tp) if folded else ep  # a dp with ep ∤ dp but ep | tp·dp: expert TP 1
+        p = place(spec, ParallelLayout(tp=tp, pp=pp, ep=ep, dp=dp, first_stage_layers=split[0],
                                        last_stage_layers=split[1]), stage)
         units = p.unit_params()
         return p.dense_params, p.expert_params, tuple(units.get(f"layer.{i}", 0) for i in p.layers)
 
-    return memo(spec, ("params", tp, pp, ep, stage, split), make)
+    return memo(spec, ("params", tp, pp, ep, stage, split, folded), make)
 
 
 def _split_text(stages, layout: ParallelLayout) -> str:
@@ -118,7 +127,8 @@ def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_b
 
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
                           optimizer=job.optimizer, recompute=memory_recompute(job), profile=job.profile,
-                          attention="eager" if job.attention == "eager" else "sdpa", micro_batches=micro_batches)
+                          attention="eager" if job.attention == "eager" else "sdpa", micro_batches=micro_batches,
+                          offload=job.offload)
     return training_memory(spec, setup, layout).peak_bytes
 
 
@@ -139,7 +149,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     M = job.micro_batches(layout.dp)
     per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
                                   recompute=job.recompute, dtype=job.gemm_dtype, compute_bytes=c,
-                                  attention=job.attention, profile=job.profile, fp8=job.fp8_gemms)
+                                  attention=job.attention, profile=job.profile, fp8=job.fp8_gemms,
+                                  moe_imbalance=job.moe_imbalance)
     stages = stage_layers(spec.num_layers, layout.pp, *layout.stage_split)
 
     def stage_time(s: int) -> tuple[float, float, float, float]:
@@ -154,7 +165,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                             + ([head] if busiest == layout.pp - 1 else []))
     weight_cast_s = weight_cast_bytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
     layers = stages[busiest]
-    dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest, layout.stage_split)
+    dense_p, expert_p, layer_p = stage_params(spec, layout.tp, layout.pp, layout.ep, busiest, layout.stage_split,
+                                              layout.expert_tp)
 
     # ---- per micro-batch communication on the busiest stage --------------------------------------------
     tokens = job.micro_batch * job.seq // layout.cp
@@ -183,11 +195,13 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                                  hidden_behind_s=M * attn * count))
             items.append(cm.item("cp_comm", "send_recv", "cp", groups.cp, 2 * size, M * steps * count, topo,
                                  hidden_behind_s=M * attn * count * FLASH_BACKWARD_FACTOR))
-    if layout.ep > 1:
-        moe = [blk for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe"]
-        if moe:
-            size = tokens * moe[0].dims.top_k * spec.hidden_size * c
-            items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, topo))
+    moe = [blk for i in layers for blk in spec.layers[i].blocks if blk.kind == "moe"]
+    if layout.ep > 1 and moe:
+        # dispatch and combine per MoE layer and pass; the busiest rank receives moe_imbalance × the mean
+        # (expert TP 1: each rank dispatches only its sequence-parallel 1/tp of the tokens)
+        size = (tokens / (layout.tp // layout.expert_tp) * moe[0].dims.top_k * spec.hidden_size * c
+                * job.moe_imbalance)
+        items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, topo))
     if layout.pp > 1:
         size = act / layout.tp
         items.append(cm.item("pp_p2p", "send_recv", "pp", groups.pp, size, 2 * M * job.virtual_stages, topo,
@@ -239,7 +253,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                  **per_mb_comm,
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
                  "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
-                 if layout.zero == 3 and layout.zero_degree > 1 else 0.0}
+                 if layout.zero == 3 and layout.zero_degree > 1 else 0.0,
+                 "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes)}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
 
@@ -264,17 +279,25 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
         f"ZeRO-3/FSDP: per-unit (each layer, plus the root) all-gather before forward and backward and "
         f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
+        *((moe_terms.moe_text(gpu.generation, job.moe_imbalance, cm.link_of(groups.ep), layout.ep,
+                              groups.ep.local),) if moe else ()),
         f"optimizer step memory-bound over the rank's shard: {per_param} bytes per parameter (grad read, master "
         f"read+write, {states} state(s) read+write, weight write) at {eff.hbm_fraction:.0%} of HBM bandwidth",
         f"memory: the {job.profile} activation profile ({_profile_text(job.profile)}) with recompute={job.recompute}, "
         f"{job.attention} attention"
         + f"; {rule_text(gpu.memory_bytes, job.mem_util_percent)}",
     )
-    return Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
-                    step_time_s=step, breakdown=breakdown, comm=tuple(items), groups=groups,
-                    tokens_per_s=job.global_batch * job.seq / step, model_flops=model_flops,
-                    hardware_flops=hw_flops, tflops_per_gpu=model_flops / step / n / 1e12,
-                    hardware_tflops_per_gpu=hw_flops / step / n / 1e12, mfu=model_flops / (step * n * peak),
-                    hfu=hw_flops / (step * n * peak), peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
-                    fits=fits, conventions=conventions, stage_times_s=tuple(sum(t) for t in times),
-                    stage_layers=tuple(len(r) for r in stages))
+    est = Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
+                   step_time_s=step, breakdown=breakdown, comm=tuple(items), groups=groups,
+                   tokens_per_s=job.global_batch * job.seq / step, model_flops=model_flops,
+                   hardware_flops=hw_flops, tflops_per_gpu=model_flops / step / n / 1e12,
+                   hardware_tflops_per_gpu=hw_flops / step / n / 1e12, mfu=model_flops / (step * n * peak),
+                   hfu=hw_flops / (step * n * peak), peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
+                   fits=fits, conventions=conventions, stage_times_s=tuple(sum(t) for t in times),
+                   stage_layers=tuple(len(r) for r in stages))
+    if job.offload == "none":
+        return est
+    from trainmath.perf.offload import with_offload
+
+    return with_offload(est, spec, layout, job, gpu, host=peak_bytes is not None,
+                        shard_params=dense_p // layout.zero_degree + expert_p // layout.expert_zero_degree)

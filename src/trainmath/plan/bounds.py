@@ -10,17 +10,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from trainmath.layout import ParallelLayout
-from trainmath.memory.precision import get_precision
 from trainmath.model.spec import ModelSpec
 from trainmath.perf.compute import layer_times, memo
 from trainmath.perf.job import Job
 from trainmath.perf.step import _TP_BLOCKS, stage_params
 from trainmath.placement import stage_layers
+from trainmath.vocabulary import get_precision
 
 
 def states(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int) -> int:
     """Model-state bytes of one rank of ``stage`` after ZeRO (no activations)."""
-    return memo(spec, ("states", _states_key(layout), job.precision, job.optimizer, stage),
+    return memo(spec, ("states", _states_key(layout), job.precision, job.optimizer, job.offload, stage),
                 lambda: _states_bytes(spec, layout, job, stage))
 
 
@@ -38,9 +38,11 @@ def _states_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, stage: int)
     total = 0
     for params, degree in ((dense, layout.zero_degree), (expert, layout.expert_zero_degree)):
         z = layout.zero
-        total += prec.weight_bytes * params // (degree if z >= 3 else 1)
+        if job.offload != "params":  # parameter offload: the shards live on the host
+            total += prec.weight_bytes * params // (degree if z >= 3 else 1)
         total += prec.grad_bytes * params // (degree if z >= 2 else 1)
-        total += (prec.master_bytes + states * prec.state_bytes) * params // (degree if z >= 1 else 1)
+        if job.offload == "none":  # offload: master weights and optimizer states on the host
+            total += (prec.master_bytes + states * prec.state_bytes) * params // (degree if z >= 1 else 1)
     return total
 
 
@@ -106,7 +108,7 @@ def memory_lower_bound(spec: ModelSpec, layout: ParallelLayout, job: Job) -> int
 
 def states_max(spec: ModelSpec, layout: ParallelLayout, job: Job) -> int:
     """Model-state bytes of the busiest rank after ZeRO."""
-    return memo(spec, ("states_max", _states_key(layout), job.precision, job.optimizer),
+    return memo(spec, ("states_max", _states_key(layout), job.precision, job.optimizer, job.offload),
                 lambda: max(states(spec, layout, job, s) for s in range(layout.pp)))
 
 

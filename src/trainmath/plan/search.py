@@ -306,7 +306,7 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     def peak_of(lay: ParallelLayout, jb: Job, micro_batches: int) -> int:
         nonlocal checks
         key = ("memory", lay, jb.micro_batch, jb.seq, jb.precision, jb.optimizer, memory_recompute(jb), jb.profile,
-               min(micro_batches, lay.pp), jb.attention, profiles)
+               min(micro_batches, lay.pp), jb.attention, profiles, jb.offload)
         if key not in spec_cache(spec):
             checks += 1
         return memo(spec, key, lambda: _peak(spec, lay, jb, micro_batches, profiles, limit))
@@ -354,6 +354,15 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
             if not found and failed > PROBE_AFTER_FAILURES:  # nothing fits so far: learn at once whether these
                 probe_leanest(lay, jb)                        # degrees can fit at all
             continue
+        if jb.offload != "none":  # the host must hold the offloaded states too
+            from trainmath.perf.offload import host_verdict
+
+            host = host_verdict(spec, lay, jb, gpu, est.micro_batches)
+            est = replace(est, offload={**est.offload, **host})
+            if not host["host_fits"]:
+                reject(lay, jb, "host RAM exceeded", f"host RAM {host['host_bytes'] / 2**30:.1f} GiB per node > "
+                       f"--host-memory {host['host_memory_bytes'] / 2**30:.1f} GiB", step=est.step_time_s)
+                continue
         found.append(replace(est, peak_bytes=peak, fits=True))
     bounded = len(heap)
     layouts = tuple(found)

@@ -13,6 +13,7 @@ from trainmath.plot.charts import peak_phase
 from trainmath.plot.svg import chart_svg
 from trainmath.render import human_bytes, human_count
 from trainmath.report.gather import ReportData, charts
+from trainmath.report.peft import section as peft_section
 
 CSS = """
 :root { --ink: #1b1b1b; --mute: #555; --line: #ddd; --ok: #0a7d32; --bad: #b00020; }
@@ -139,7 +140,7 @@ def serving_section(d: ReportData, svg: str) -> str:
     fit = ""
     if r.fit is not None:
         f = r.fit
-        from trainmath.cli.infer import context_text
+        from trainmath.render import context_text
 
         ctx = escape(context_text(f))
         fit = (f'<p><span class="verdict {"fits" if f.fits else "nofit"}">'
@@ -160,9 +161,9 @@ def speed_html(f) -> str:
     if f is None:
         return ""
     return (f'<h3>Serving speed</h3><p class="sub">batch {f.batch}, prompt {f.input:,} tokens, {f.output:,} '
-            f'generated; step = max(GEMM compute, weight bytes) + max(attention compute, cache bytes) + '
-            f'communication + overhead, as <code>trainmath infer --input '
-            f'--output</code></p>'
+            f'generated; step = max(other GEMM compute, other weight bytes) + max(expert compute, '
+            f'expert bytes touched) + max(attention compute, cache bytes) + communication + overhead, as '
+            f'<code>trainmath infer --input --output</code></p>'
             + _table(["", "predicted", "floor (efficiency 1)", "bound"], [
                 ["TTFT", f"{f.ttft_s * 1e3:,.2f} ms", f"{f.prefill_floor.time_s * 1e3:,.2f} ms", f.prefill.bound],
                 ["TPOT", f"{f.tpot_s * 1e3:,.3f} ms", f"{f.tpot_floor_s * 1e3:,.3f} ms", f.decode.bound],
@@ -198,7 +199,10 @@ def plan_html(result) -> str:
 def conventions(d: ReportData) -> list[str]:
     out = ["bytes: GiB = 2**30, GB = 1e9; counts: K/M/B = 1e3/1e6/1e9; all figures are exact integers before "
            "rounding for display"]
-    for group in (d.params.conventions, d.flops.conventions, d.memory.conventions, d.serving.conventions):
+    from trainmath.adapters import CONVENTIONS as PEFT_CONVENTIONS
+
+    peft = PEFT_CONVENTIONS if d.adapters is not None else ()
+    for group in (d.params.conventions, peft, d.flops.conventions, d.memory.conventions, d.serving.conventions):
         out.extend(c for c in group if c not in out)
     return out
 
@@ -209,6 +213,7 @@ def page(d: ReportData) -> str:
     p = d.params
     cards = "".join(f'<div class="card"><b>{v}</b><span>{escape(k)}</span></div>' for k, v in (
         ("parameters", human_count(p.total_params)), ("activated per token", human_count(p.activated_params)),
+        *((("trainable (adapters)", human_count(d.adapters.trainable_params)),) if d.adapters else ()),
         ("peak memory per GPU", human_bytes(d.memory.peak_bytes)),
         ("training FLOPs per token", f"{d.flops.training.value / d.flops.tokens / 1e9:,.2f} G"),
         ("KV cache", human_bytes(d.serving.kv_cache_bytes))))
@@ -221,7 +226,8 @@ def page(d: ReportData) -> str:
             f"trainmath {__version__} · the figures of Jiang Yi's blog series on distributed training, exact</p>"
             f'<div class="cards">{cards}</div>'
             f'<section id="shares"><h2>Where the parameters live</h2>{svgs["params"]}</section>'
-            + params_section(d) + flops_section(d) + memory_section(d, svgs["memory"], svgs["timeline"])
+            + params_section(d) + peft_section(d.adapters, d.peft_note) + flops_section(d)
+            + memory_section(d, svgs["memory"], svgs["timeline"])
             + layout_section(d) + serving_section(d, svgs["serving"])
             + f'<section id="conventions"><h2>Conventions</h2><ul class="conv">{conv}</ul></section>'
             "</body></html>\n")

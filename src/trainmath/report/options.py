@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import argparse
 
-from trainmath.cli.args import add_mem_util, byte_size, integer
+from trainmath.args import add_mem_util, byte_size, integer
 from trainmath.errors import TrainmathError
 from trainmath.infer.dtypes import KV_DTYPES, WEIGHT_DTYPES
-from trainmath.memory.optimizers import OPTIMIZERS
-from trainmath.memory.precision import RECIPES
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.vocabulary import ATTENTION, OFFLOAD, OPTIMIZERS, PROFILES, RECIPES, RECOMPUTE
 
 # The choices are the calculator's own tables (pure Python, no heavy import); the serving formats are
 # `trainmath infer`'s (WEIGHT_DTYPES, KV_DTYPES from trainmath.infer.dtypes).
@@ -39,10 +37,10 @@ def add_training_flags(p: argparse.ArgumentParser, *, required: bool = True) -> 
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     g.add_argument("--optimizer-impl", choices=("foreach", "fused"), default="foreach")
     g.add_argument("--recompute", choices=RECOMPUTE, default="none")
-    g.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
-    g.add_argument("--profile", choices=("hf", "megatron"), default="hf")
+    g.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    g.add_argument("--profile", choices=PROFILES, default="hf")
     g.add_argument("--micro-batches", type=integer, default=None, help="micro-batches per step (default: at least pp)")
-    g.add_argument("--offload", choices=("none", "optimizer", "params"), default="none",
+    g.add_argument("--offload", choices=OFFLOAD, default="none",
                    help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
                         "parameter shards (adds the host RAM per node)")
     lay = p.add_argument_group("parallel layout")

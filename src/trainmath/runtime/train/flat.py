@@ -2,7 +2,7 @@
 
 A *unit* (the whole model for ZeRO-1; one decoder layer, or the rest of the model, for ZeRO-2/3) is a list of
 parameters. Each parameter of dim 0 size d is cut into n chunks of c = ⌈d/n⌉ rows (the last ones padded with
-zeros), as FSDP2's ``Shard(0)`` does and as the calculator counts (``trainmath.memory.states.zero_shard_shape``).
+zeros), as FSDP2's ``Shard(0)`` does and as the calculator counts (``trainmath.layout.zero_shard_shape``).
 Rank r's *shard* of the unit is its chunk of every parameter, concatenated:
 
     shard r = [chunk r of p₀ | chunk r of p₁ | ...]            (shard_numel elements)

@@ -1,0 +1,119 @@
+"""Mixture-of-experts terms of the step: the grouped expert GEMMs at their per-expert token counts, the token
+permutation and router, the load imbalance, and the dispatcher's fixed cost per MoE layer.
+
+Megatron-Core's all-to-all token dispatcher (``megatron/core/transformer/moe/token_dispatcher.py``,
+``MoEAlltoAllTokenDispatcher``) runs, per MoE layer and micro-batch, forward:
+
+    router (GEMM h → experts, softmax, top-k) → permute (gather each token top_k times, grouped by expert)
+    → all-to-all dispatch over the EP group → sort the received chunks by local expert
+    → grouped GEMMs (fc1, activation, fc2) → sort back → all-to-all combine → unpermute (weighted sum of top_k)
+
+and the same in reverse in backward. Each term here is one small function; ``trainmath.perf.compute`` calls
+:func:`expert_gemm_time_s` for the routed experts and :func:`dispatch_memory_s` for the permutations and router,
+``trainmath.perf.step`` scales the EP all-to-all by the imbalance and adds :func:`overhead_s`.
+
+Conventions (printed with every estimate, :func:`moe_text`):
+
+- **Load imbalance** ``moe_imbalance`` = tokens routed to the busiest EP rank / the mean (1.0: balanced, as the
+  Megatron-Bridge benchmarks force it, "token distribution is force-balanced and dropless"). The busiest rank sets
+  the pace: its expert GEMMs, its received-token permutations and its all-to-all carry ``moe_imbalance`` × the
+  mean. A capacity factor ``c`` with token dropping bounds it at ``c`` (GShard, Lepikhin et al. 2021 §2.2).
+- **Grouped GEMM**: one kernel over the rank's experts (Megatron-Core ``GroupedMLP`` / TE ``GroupedLinear``);
+  its efficiency in the token dimension is m / (m + ``GROUPED_GEMM_HALF_TOKENS``) with m the tokens per local
+  expert, fitted to DeepGEMM's published grouped-GEMM table (``benchmarks/moe_gemm_fit.py``); the other two
+  dimensions use the generation's dense curve.
+"""
+
+from __future__ import annotations
+
+from trainmath.hardware import GPU, Efficiency
+
+GROUPED_GEMM_HALF_TOKENS = 112
+"""Tokens per expert at which a grouped GEMM reaches half its large-m efficiency: fitted (grid 16–512 by 16, least
+squares on the ratio to the largest-m figure of each (n, k) shape) to the 10 M-grouped FP8 figures of DeepGEMM's
+README (H800; tests/perf/published_grouped_gemm.json, ``benchmarks/moe_gemm_fit.py``). Taken for every
+generation and for BF16 too (an assumption: no BF16 or Blackwell grouped-GEMM table was found with its shapes)."""
+
+PERMUTE_PASSES = 6
+"""Copies of the routed tokens (tokens · top_k · hidden elements) that one forward reads or writes in permutations:
+permute writes them (1), sorting the received chunks by local expert reads and writes them (2), sorting back
+reads and writes them (2), unpermute reads them (1) — derived from Megatron-Core's ``moe_utils.permute``,
+``sort_chunks_by_idxs`` and ``unpermute``; the unrouted input read by permute and the output written by unpermute
+add 2 copies of tokens · hidden. Backward moves the same again."""
+
+ROUTER_BYTES_PER_LOGIT = 16
+"""HBM bytes per router logit (tokens · experts) forward, FP32: write the logits (4), softmax reads them and writes
+the probabilities (4 + 4), top-k reads those (4) — derived; backward twice that."""
+
+OVERHEAD: dict[str, float] = {"hopper": 0.0015, "blackwell": 0.00345}
+"""Per GPU generation: seconds per MoE layer per micro-batch per pass (forward, backward, recompute) that the
+dispatcher costs besides its kernels — the host synchronisation that reads the per-expert token counts for the
+all-to-all splits (``tokens_per_expert`` moved to the CPU) stalls the launch queue, and the many small kernels
+of routing and permutation launch one by one. Fitted by ``benchmarks/moe_fit.py`` on the MoE runs of
+tests/perf/published_runs_more.json (never per run; two sources for each)."""
+
+
+def grouped_efficiency(tokens_per_expert: float) -> float:
+    """The grouped GEMM's efficiency factor in the token dimension: m / (m + GROUPED_GEMM_HALF_TOKENS)."""
+    m = max(tokens_per_expert, 0.0)
+    return m / (m + GROUPED_GEMM_HALF_TOKENS)
+
+
+def expert_gemm_time_s(m: float, k: float, n: float, experts: int, flops: float, gpu: GPU, eff: Efficiency,
+                       dtype: str = "bf16", element_bytes: int = 2, out_bytes: int | None = None,
+                       imbalance: float = 1.0) -> float:
+    """Seconds of one grouped GEMM over ``experts`` local experts of (m, k) @ (k, n) each, ``flops`` in total
+    (mean tokens), on the busiest EP rank (``imbalance`` × the mean tokens). Roofline as
+    ``compute.gemm_time_s``: the slower of compute at ``gemm_peak_fraction`` · grouped_efficiency(m) · u(k) · u(n)
+    (u(d) = d / (d + gemm_half_dim)) and streaming every expert's weights once plus the tokens' inputs and outputs
+    through HBM."""
+    if flops <= 0:
+        return 0.0
+    m_busy = m * imbalance
+    h = eff.gemm_half_dim
+    shape = grouped_efficiency(m_busy) * (k / (k + h)) * (n / (n + h))
+    compute = flops * imbalance / (gpu.peak_flops_per_s(dtype) * eff.gemm_peak_fraction * shape)
+    out = element_bytes if out_bytes is None else out_bytes
+    memory = experts * ((m_busy * k + k * n) * element_bytes + m_busy * n * out) / (
+        gpu.hbm_bytes_per_s * eff.hbm_fraction)
+    return max(compute, memory)
+
+
+def dispatch_bytes(tokens: float, top_k: int, hidden: int, experts: int, element_bytes: int,
+                   imbalance: float = 1.0) -> float:
+    """HBM bytes one forward of one MoE layer moves in permutations and routing on the busiest rank (see
+    ``PERMUTE_PASSES``, ``ROUTER_BYTES_PER_LOGIT``): the received copies scale with ``imbalance``, the local
+    permute/unpermute and the router do not."""
+    routed = tokens * top_k * hidden * element_bytes
+    local = 2 * routed + 2 * tokens * hidden * element_bytes  # permute write + unpermute read; input + output
+    received = (PERMUTE_PASSES - 2) * routed * imbalance  # the two sorts by local expert
+    return local + received + ROUTER_BYTES_PER_LOGIT * tokens * experts
+
+
+def dispatch_memory_s(nbytes: float, gpu: GPU, eff: Efficiency) -> float:
+    """``dispatch_bytes`` at ``hbm_fraction`` of the HBM bandwidth."""
+    return nbytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
+
+
+def overhead_s(generation: str, moe_layers: int, micro_batches: int, passes: int) -> float:
+    """The fitted dispatcher overhead of a step (``OVERHEAD``): e · MoE layers · micro-batches · passes."""
+    return OVERHEAD.get(generation, 0.0) * moe_layers * micro_batches * passes
+
+
+LINKS = {"none": "no link (ep 1: every expert on every rank, no all-to-all)", "intra": "NVLink (inside one node)",
+         "inter": "the NICs (one rank per node)",
+         "both": "NVLink inside each node and the NICs across nodes"}
+"""How ``trainmath.perf.comm.link_of``'s answer reads in the conventions line."""
+
+
+def moe_text(generation: str, imbalance: float, link: str, ep: int, per_node: int) -> str:
+    """The MoE conventions line of an estimate; ``link`` is ``comm.link_of`` of the placed EP group."""
+    ep_link = LINKS["none"] if link == "none" else f"{LINKS.get(link, link)}: ep {ep}, {per_node} per node"
+    e = OVERHEAD.get(generation, 0.0)
+    over = (f"{1e3 * e:.2f} ms per MoE layer per micro-batch per pass ({generation}, fitted on published MoE runs)"
+            if e else f"none ({generation}: no MoE runs fitted)")
+    return (f"MoE: load imbalance {imbalance:g} (busiest EP rank's routed tokens / the mean; 1 = balanced) on the "
+            f"expert GEMMs, received-token permutations and all-to-all; grouped GEMM efficiency m/(m + "
+            f"{GROUPED_GEMM_HALF_TOKENS}) in tokens per expert (DeepGEMM's table); EP all-to-all dispatch and "
+            f"combine, forward and backward, on {ep_link}; permutation + router memory-bound; dispatcher overhead "
+            f"{over}")
