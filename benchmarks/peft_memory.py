@@ -25,9 +25,9 @@ CASES = (("bf16", "none"), ("bf16", "full"), ("amp-bf16", "none"))
 
 def case(repo: str, precision: str, recompute: str, *, b: int = 1, s: int = 512, rank: int = 16) -> dict:
     from trainmath.adapters import PeftJob
+    from trainmath.families import spec_from_config
     from trainmath.memory.peft import PeftRun
     from trainmath.memory.training import TrainingSetup, training_memory
-    from trainmath.model import spec_from_config
     from trainmath.sources import catalog_entry
     from trainmath.verify.peft_sim import peft_step_peak
     from trainmath.verify.simulate import hf_config

@@ -10,10 +10,10 @@ peft = pytest.importorskip("peft")
 
 from tests.activations.test_hf_oracle import B, S, _measure, _model  # noqa: E402
 from trainmath.adapters import PeftJob  # noqa: E402
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.memory.activations import activation_bytes, logits_bytes  # noqa: E402
 from trainmath.memory.peft import PeftRun, head_saved_delta, layer_saved  # noqa: E402
 from trainmath.memory.training import TrainingSetup  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.vocabulary import get_precision  # noqa: E402
 
 PRECISION = {"bf16": "bf16", "autocast": "amp-bf16", "fp32": "fp32"}

@@ -9,9 +9,9 @@ peft = pytest.importorskip("peft")
 
 from tests.flops.oracle import FlopCounterMode, build_model, tiny_config  # noqa: E402
 from trainmath.adapters import PeftJob, adapter_report  # noqa: E402
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.flops import count_flops  # noqa: E402
 from trainmath.flops.peft import LORA, peft_flops  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 
 B, S = 2, 16
 CASES = [

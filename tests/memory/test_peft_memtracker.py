@@ -13,9 +13,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from trainmath.adapters import PeftJob  # noqa: E402
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.memory.peft import PeftRun  # noqa: E402
 from trainmath.memory.training import TrainingSetup, training_memory  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 from trainmath.verify.peft_sim import peft_step_peak  # noqa: E402
 
 BASE = dict(vocab_size=1024, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
