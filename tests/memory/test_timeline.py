@@ -48,7 +48,10 @@ def test_set_to_none_has_no_gradients_at_backward_start():
     assert a.at("backward: loss").flat()["gradients_bytes"] == 0
     for ea, eb in zip(a.timeline, b.timeline):
         assert eb.bytes - ea.bytes == grads - ea.live.gradients_bytes
-    assert a.at("optimizer step").flat()["gradients_bytes"] == grads
+    # mixed-bf16: the bf16 gradients made in this step go as their fp32 copies are made (Megatron-LM's
+    # Float16OptimizerWithFloat16Params); accumulated ones stay
+    assert a.at("optimizer step").flat()["gradients_bytes"] == 0
+    assert b.at("optimizer step").flat()["gradients_bytes"] == grads
 
 
 def test_tied_head_gradient_appears_in_the_head_backward():

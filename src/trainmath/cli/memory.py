@@ -112,7 +112,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also run one step of the real transformers code on fake tensors under MemTracker (CPU; "
                         "one device, rank 0 of FSDP2 with --zero 3 --dp W, or rank 0 of --tp N [--sp] "
                         "[--vocab-parallel]; needs torch and transformers) and print its peak beside the --device "
-                        "cpu prediction")
+                        "cpu prediction; progress per layer and a time estimate go to stderr)")
+    p.add_argument("--simulate-layers", type=integer, default=None, metavar="N",
+                   help="with --simulate: simulate N and N+1 decoder layers (N >= 4) and fold in the rest, each "
+                        "segment's peak extrapolated linearly (exact for a model of identical layers; said in "
+                        "the output)")
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--explain", "--verbose", dest="explain", action="store_true",
@@ -120,7 +124,37 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(--json always carries them)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     add_strict(p)
+    from trainmath.adapters import add_peft_args
+
+    add_peft_args(p)
+    g = p.add_argument_group("fine-tuning memory")
+    g.add_argument("--lora-dropout", type=float, default=None, metavar="P",
+                   help="peft's lora_dropout (default 0: no dropout, nothing saved for it)")
+    g.add_argument("--input-grads", choices=("on", "off"), default=None,
+                   help="enable_input_require_grads(): layer 0 computes its input's gradient (default: on with "
+                        "--recompute full, as peft does for gradient checkpointing; off otherwise)")
+    g.add_argument("--paged-optimizer", action="store_true",
+                   help="bitsandbytes' paged 8-bit optimizer (PagedAdamW8bit): its states in CUDA managed memory, "
+                        "outside torch's allocator (reported beside the peak, not in it)")
     p.set_defaults(func=run)
+
+
+def peft_run(args: argparse.Namespace):
+    """The ``memory.peft.PeftRun`` of the flags, or None for full training (a fine-tuning flag without --peft is
+    one error)."""
+    from trainmath.adapters import peft_from_args
+    from trainmath.errors import TrainmathError
+    from trainmath.memory.peft import PeftRun
+
+    job = peft_from_args(args)
+    extra = [f for f, v in (("--lora-dropout", args.lora_dropout), ("--input-grads", args.input_grads),
+                            ("--paged-optimizer", args.paged_optimizer or None)) if v is not None]
+    if not job.enabled:
+        if extra:
+            raise TrainmathError(f"{', '.join(extra)} needs --peft lora or --peft qlora")
+        return None
+    return PeftRun(job=job, dropout=args.lora_dropout or 0.0, paged=args.paged_optimizer,
+                   input_grads=None if args.input_grads is None else args.input_grads == "on")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,7 +168,12 @@ def run(args: argparse.Namespace) -> int:
                           grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
                           offload=args.offload, experts=args.experts, loop_keeps=args.loop_keeps,
                           backward_in_autocast=args.backward_in_autocast,
-                          zero_impl=args.zero_impl)
+                          zero_impl=args.zero_impl, peft=peft_run(args))
+    if setup.peft is not None and args.simulate:
+        from trainmath.errors import TrainmathError
+
+        raise TrainmathError("--simulate with --peft is not wired here; benchmarks/peft_memory.py runs peft models "
+                             "under MemTracker")
     from trainmath.memory.fit import derive_dp
 
     dp = args.dp
@@ -150,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
     bad = check_setup(setup) + layout_problems(layout)
     if bad:
         raise TrainmathError("; ".join(bad))
+    if args.simulate_layers is not None and not args.simulate:
+        raise TrainmathError("--simulate-layers needs --simulate")
     if args.simulate:
         from trainmath.verify.simulate import check_simulable
 
@@ -163,6 +204,10 @@ def run(args: argparse.Namespace) -> int:
 
     host_memory = check_host_memory(args.host_memory if args.host_memory is not None else HOST_MEMORY_BYTES)
     spec = load_spec(args.model, strict=args.strict)
+    if args.simulate_layers is not None:
+        from trainmath.verify.fold import check_foldable
+
+        check_foldable(spec, args.simulate_layers)
     warning = positions_warning(spec, args.seq, "--seq")
     try:
         report = training_memory(spec, setup, layout)
@@ -184,15 +229,22 @@ def run(args: argparse.Namespace) -> int:
     host = job_host_memory(spec, setup, layout, gpus_per_node=gpu.gpus_per_node if gpu is not None else None)
     sim = None
     if args.simulate:
-        sim = simulation(args.model, spec, setup, layout)
+        sim = simulation(args.model, spec, setup, layout, fold_layers=args.simulate_layers)
     if args.timeline and args.json:
         print(json.dumps(report.to_dict()["timeline"], indent=1))
         return 0
     if args.timeline:
         print(render_timeline(report))
         return 0
+    summary = None
+    if setup.peft is not None:
+        from trainmath.memory.peft import report_summary
+
+        summary = report_summary(spec, setup, layout)
     if args.json:
         out = report.to_dict()
+        if summary is not None:
+            out["peft"] = summary
         if host is not None:
             out.update(host.to_dict())
         if verdict is not None:
@@ -204,6 +256,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(render(report, explain=args.explain))
+    if summary is not None:
+        print(f"peft {setup.peft.job.method}: trainable {summary['trainable_params']:,} params; frozen base "
+              f"{summary['base_weight_bytes'] / 2**30:.2f} GiB, adapters {summary['adapter_weight_bytes'] / 2**30:.3f} "
+              f"GiB" + (f"; paged optimizer states {summary['paged_optimizer_states_bytes'] / 2**30:.3f} GiB "
+                        f"(managed memory, outside peak_bytes)" if summary["paged_optimizer_states_bytes"] else "")
+              + (f"; largest dequantised weight {summary['qlora_dequant_transient_bytes'] / 2**20:.1f} MiB"
+                 if summary["qlora_dequant_transient_bytes"] else ""))
     if host is not None:
         print(render_host(host))
     for line in config_lines(spec) + ([f"warning: {warning}"] if warning else []):
@@ -215,8 +274,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def simulation(model: str, spec, setup, layout) -> dict:
-    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures)."""
+def progress(line: str) -> None:
+    """A line of the simulation's progress on stderr."""
+    import sys
+
+    print(f"simulate: {line}", file=sys.stderr, flush=True)
+
+
+def simulation(model: str, spec, setup, layout, *, fold_layers: int | None = None) -> dict:
+    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures); with
+    ``fold_layers``, simulated on that many layers and one more and folded (``trainmath.verify.fold``)."""
     from dataclasses import replace
 
     from trainmath.memory.training import experts_path, training_memory
@@ -227,9 +294,22 @@ def simulation(model: str, spec, setup, layout) -> dict:
     moe = any(isinstance(b.dims, MoEDims) for layer in spec.layers for b in layer.blocks)
     if moe:  # simulate the path the prediction models (a grouped path not modelled is its eager loop)
         setup = replace(setup, experts=experts_path(spec, setup))
-    sim = simulate(resolve(model).config, setup, layout, moe=moe)
+    from trainmath.verify.fold import estimate_seconds, simulate_folded
+
+    config = resolve(model).config
+    layers = len(spec.layers)
+    folding = fold_layers is not None and fold_layers + 1 < layers
+    runs = [fold_layers, fold_layers + 1] if folding else [layers]
+    est, per_layer, rest = estimate_seconds(config, setup, layout, moe=moe, runs=runs)
+    progress(f"estimated {est:.0f} s for {' + '.join(map(str, runs))} layers (an estimate: {per_layer:.2f} s per "
+             f"layer and {rest:.1f} s for the rest, timed on a 2-layer run of the same width just now)")
+    if folding:
+        sim = simulate_folded(config, setup, layout, moe=moe, n=fold_layers, layers=layers, progress=progress)
+    else:
+        sim = simulate(config, setup, layout, moe=moe, progress=progress)
     cpu = training_memory(spec, replace(setup, device="cpu"), layout)
     out = sim.to_dict()
+    out["estimated_seconds"] = round(est, 1)
     out["predicted_cpu_peak_bytes"] = cpu.peak_bytes
     out["predicted_cpu_peak_event"] = cpu.stages[cpu.stage].phase
     out["difference_bytes"] = cpu.peak_bytes - (sim.peak_bytes - sim.buffers_bytes)
@@ -242,7 +322,7 @@ def simulate_only(args, spec, setup, layout, refusal: str) -> int:
     from trainmath.sources import resolve
     from trainmath.verify.simulate import simulate
 
-    sim = simulate(resolve(args.model).config, setup, layout).to_dict()
+    sim = simulate(resolve(args.model).config, setup, layout, progress=progress).to_dict()
     if args.json:
         print(json.dumps({"simulation": sim, "prediction_error": refusal, "config": config_json(spec)}, indent=1))
         return 0
@@ -268,6 +348,8 @@ def render_simulation(sim: dict) -> str:
         "",
         f"simulated (transformers on fake tensors under MemTracker, CPU, {sim['seconds']:.1f} s): peak "
         f"{sim['peak_bytes']:,} bytes ({human_bytes(sim['peak_bytes'])}): {kinds}",
+        f"  loop: {sim['loop']}; peak at {sim['peak_segment']}",
+        *([f"  {sim['folded']}"] if sim.get("folded") else []),
         f"  less module buffers ({sim['buffers_bytes']:,} bytes, not modelled): {measured:,}",
         f"  predicted with --device cpu: {sim['predicted_cpu_peak_bytes']:,} at "
         f"{sim['predicted_cpu_peak_event']!r}; difference {sim['difference_bytes']:+,} bytes ({rel:+.2f}%)",

@@ -68,6 +68,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                                  "dense BF16 peak")
     p.add_argument("--json", action="store_true", help="one JSON object per step")
     p.add_argument("--keep-logs", action="store_true", help="on failure, keep each rank's log and print its folder")
+    from trainmath.adapters import add_peft_args
+
+    add_peft_args(p)
 
 
 def register(subparsers) -> None:
@@ -81,6 +84,7 @@ def register(subparsers) -> None:
 
 
 def config_from_args(args, world_size: int):
+    from trainmath.adapters import peft_from_args
     from trainmath.runtime.train.config import TrainConfig, validate
 
     overrides = {k: getattr(args, k) for k in SHRINK if getattr(args, k) is not None}
@@ -90,7 +94,7 @@ def config_from_args(args, world_size: int):
                       seq=args.seq, steps=args.steps, grad_accum=args.grad_accum, lr=args.lr, seed=args.seed,
                       data=args.data, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, stop_after=args.stop_after, gpu=args.gpu,
-                      measure=getattr(args, "measure", False))
+                      measure=getattr(args, "measure", False), peft=peft_from_args(args))
     return validate(cfg, world_size)
 
 
@@ -146,7 +150,18 @@ def _check_model(cfg, world_size: int, local_ranks: int, backend: str) -> None:
     from trainmath.verify.train import predict
 
     name, conf = shrunk_config(cfg.model, cfg.overrides)
-    peak = predict(model_spec(name, conf), cfg, world_size, cuda=backend == "nccl")["peak_bytes"]
+    spec = model_spec(name, conf)
+    if cfg.peft.enabled:  # the targets, the rank against each layer's width, a base already quantized: one line
+        from trainmath.adapters import adapter_report
+
+        chosen = [m.name for m, _ in adapter_report(spec, cfg.peft, 0).modules]
+        fused = [n for n in chosen if n.startswith("experts.") or n == "gate.weight"]
+        if fused:
+            raise TrainmathError(f"--lora-targets: {', '.join(fused)} are routed-expert/router parameters, which "
+                                 f"peft adapts through target_parameters; trainmath train adapts Linear modules "
+                                 f"only: name attention or dense-MLP modules")
+    # the full-training peak, an upper bound of a fine-tune's (whose frozen base has no gradients or states)
+    peak = predict(spec, cfg, world_size, cuda=backend == "nccl")["peak_bytes"]
     if backend == "nccl":
         import torch
 

@@ -48,22 +48,46 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args, cfg_world)
     name, conf = shrunk_config(cfg.model, cfg.overrides)
-    predicted = predict(model_spec(name, conf), cfg, cfg_world, cuda=args.backend == "nccl")
-    fields = compare(predicted, by_rank, cfg)
+    spec = model_spec(name, conf)
+    predicted = predict(spec, cfg, cfg_world, cuda=args.backend == "nccl")
+    if cfg.peft.enabled:
+        from trainmath.verify.peft import compare_peft, predict_peft
+
+        predicted = predict_peft(spec, cfg, cfg_world, predicted, cuda=args.backend == "nccl")
+        fields = compare_peft(predicted, by_rank, cfg)
+    else:
+        fields = compare(predicted, by_rank, cfg)
+    unpredicted = {}
+    if cfg.peft.enabled:
+        from trainmath.verify.peft import measured_only
+
+        unpredicted = measured_only(predicted, by_rank)
     if min(results) != 0:  # under torchrun only rank 0 prints
         return 0 if all(f.ok for f in fields) else 1
     if json_steps:
         print(json.dumps({"model": name, "world_size": cfg_world, "fields": [f.to_dict() for f in fields],
                           "collective_bytes": by_rank[0].get("collective_bytes", {}),
+                          "measured_only": unpredicted,
                           "conventions": predicted["conventions"]}, indent=2))
     else:
         print(render(name, cfg, cfg_world, fields, by_rank[0], predicted))
+        for key, per_rank in unpredicted.items():
+            if isinstance(per_rank, dict):
+                print(f"measured, not predicted for a fine-tune yet: {key} "
+                      + ", ".join(f"rank {r} {v:,}" for r, v in per_rank.items()))
+            else:
+                print(f"  ({key.replace('_', ' ')}: {per_rank})")
     return 0 if all(f.ok for f in fields) else 1
 
 
+
+
 def render(name, cfg, world, fields, rank0: dict, predicted: dict) -> str:
+    from trainmath.runtime.train.config import job_label
+
+    job = "" if not cfg.peft.enabled else f", {job_label(cfg.peft)}"
     lines = [f"{name}: {cfg.strategy} ({cfg.impl}) on {world} rank(s), {cfg.precision}, {cfg.optimizer}, "
-             f"recompute {cfg.recompute}; step 2 measured",
+             f"recompute {cfg.recompute}{job}; step 2 measured",
              f"{'field':<40} {'predicted':>14} {'measured':>14} {'rel err':>8} {'tol':>6}  ok"]
     for f in fields:
         lines.append(f"{f.name:<40} {f.predicted:>14,.0f} {f.measured:>14,.0f} {f.rel_error:>8.4f} "

@@ -177,6 +177,11 @@ class StepInputs:
     """Gradients allocated from the start of the step (``zero``, ``accumulate``, DDP bucket views)."""
     optimizer_temporaries: int
     fp32_grad_copies: int
+    grads_freed_by_copy: bool = False
+    """The fp32 copies replace the model's gradients at the optimizer step: Megatron-LM's
+    ``Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads`` sets ``model_param.grad = None`` after
+    each copy (one rank without ZeRO, gradients made in this step: ``set_to_none``, one micro-batch, no bucket
+    views; ``trainmath.verify.mixed``)."""
     positions: int = 0
     """Bytes of the model's int64 position ids, alive through the forward (counted beside FSDP2's forward
     all-gathers)."""

@@ -218,7 +218,8 @@ class BucketsWalk(Walk):
 
     def end(self, m):
         inp = self.inp
-        return (self.ev(replace(m, temps=inp.optimizer_temporaries, fp32g=inp.fp32_grad_copies), self.all_grads)
+        grads = 0 if inp.grads_freed_by_copy else self.all_grads  # Megatron frees each as it copies it
+        return (self.ev(replace(m, temps=inp.optimizer_temporaries, fp32g=inp.fp32_grad_copies), grads)
                 + self.ev(replace(m, kind=Kind.ZERO_GRAD), 0))
 
 

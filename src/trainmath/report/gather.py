@@ -43,6 +43,10 @@ class ReportData:
     speed: object = None
     """``infer.speed.FixedBatch`` of the serving setup on ``gpu`` (a prompt of its context, then
     ``serve_output`` tokens), or None without a GPU."""
+    adapters: object = None
+    """``adapters.AdapterReport`` of a fine-tuning job (``--peft lora|qlora``), or None: full training."""
+    peft_note: str = ""
+    """What the memory and FLOPs shown for a fine-tuning job are (``report.peft.fine_tune_setup``)."""
 
     @property
     def fit(self) -> dict | None:
@@ -149,8 +153,9 @@ def planned_setup(setup, top):
 
 def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
            mem_util_percent: int = MEM_UTIL_PERCENT, serve_output: int = 128,
-           host_memory_bytes: int = HOST_MEMORY_BYTES) -> ReportData:
-    """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``."""
+           host_memory_bytes: int = HOST_MEMORY_BYTES, peft=None) -> ReportData:
+    """Parameters, FLOPs, memory (the setup and its recompute variants), and serving memory of ``spec``; with a
+    fine-tuning job (``adapters.PeftJob``), its adapters."""
     from dataclasses import replace
 
     from trainmath.flops import closed_form_flops, count_flops
@@ -163,13 +168,21 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
         setup, layout = planned_setup(setup, plan.layouts[0])
         setup = max((replace(setup, profile=p) for p in plan.fit_profiles),
                     key=lambda s: training_memory(spec, s, layout).peak_bytes)
+    params = count_params(spec)
+    adapters, peft_note = None, ""
+    if peft is not None and peft.enabled:
+        from trainmath.adapters import adapter_report
+        from trainmath.report.peft import fine_tune_setup
+
+        adapters = adapter_report(spec, peft, params.total_params)
+        setup, peft_note = fine_tune_setup(spec, setup, layout, peft)
     memory = training_memory(spec, setup, layout)  # the chosen setup must work: its error is the answer
     from trainmath.memory.host import check_host_memory, job_host_memory
 
     host = job_host_memory(spec, setup, layout, gpus_per_node=gpu.gpus_per_node if gpu is not None else None)
     serving = serving or InferenceSetup(batch=1, context=setup.seq, tp=layout.tp)
     return ReportData(
-        spec=spec, params=count_params(spec),
+        spec=spec, params=params, adapters=adapters, peft_note=peft_note,
         flops=count_flops(spec, batch=setup.micro_batch, seq=setup.seq, recompute=setup.recompute),
         closed=closed_form_flops(spec, batch=setup.micro_batch, seq=setup.seq),
         memory=memory, variants=memory_variants(spec, setup, layout, "recompute"), gpu=gpu,
@@ -215,6 +228,8 @@ def charts(data: ReportData) -> dict:
 
 def summary(data: ReportData) -> dict:
     """The headline numbers as exact integers (what the web page shows and a test compares with the CLI)."""
+    from trainmath.report.peft import summary as peft_summary
+
     p, m, s = data.params, data.memory, data.serving
     return {
         "model": data.spec.name,
@@ -226,6 +241,7 @@ def summary(data: ReportData) -> dict:
         "kv_cache_bytes": s.kv_cache_bytes, "serving_weights_bytes": s.weights_bytes,
         "serving_total_bytes": s.total_bytes, "kv_bytes_per_token": s.kv_bytes_per_token,
         "serving_fit": s.fit.to_dict() if s.fit is not None else None,
+        "peft": peft_summary(data.adapters, data.peft_note),
         "serving_speed": None if data.speed is None else {
             k: v for k, v in data.speed.to_dict().items() if k in (
                 "batch", "input", "output", "ttft_s", "tpot_s", "e2e_s", "output_tokens_per_s",

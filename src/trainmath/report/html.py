@@ -13,6 +13,7 @@ from trainmath.plot.charts import peak_phase
 from trainmath.plot.svg import chart_svg
 from trainmath.render import human_bytes, human_count
 from trainmath.report.gather import ReportData, charts
+from trainmath.report.peft import section as peft_section
 
 CSS = """
 :root { --ink: #1b1b1b; --mute: #555; --line: #ddd; --ok: #0a7d32; --bad: #b00020; }
@@ -198,7 +199,10 @@ def plan_html(result) -> str:
 def conventions(d: ReportData) -> list[str]:
     out = ["bytes: GiB = 2**30, GB = 1e9; counts: K/M/B = 1e3/1e6/1e9; all figures are exact integers before "
            "rounding for display"]
-    for group in (d.params.conventions, d.flops.conventions, d.memory.conventions, d.serving.conventions):
+    from trainmath.adapters import CONVENTIONS as PEFT_CONVENTIONS
+
+    peft = PEFT_CONVENTIONS if d.adapters is not None else ()
+    for group in (d.params.conventions, peft, d.flops.conventions, d.memory.conventions, d.serving.conventions):
         out.extend(c for c in group if c not in out)
     return out
 
@@ -209,6 +213,7 @@ def page(d: ReportData) -> str:
     p = d.params
     cards = "".join(f'<div class="card"><b>{v}</b><span>{escape(k)}</span></div>' for k, v in (
         ("parameters", human_count(p.total_params)), ("activated per token", human_count(p.activated_params)),
+        *((("trainable (adapters)", human_count(d.adapters.trainable_params)),) if d.adapters else ()),
         ("peak memory per GPU", human_bytes(d.memory.peak_bytes)),
         ("training FLOPs per token", f"{d.flops.training.value / d.flops.tokens / 1e9:,.2f} G"),
         ("KV cache", human_bytes(d.serving.kv_cache_bytes))))
@@ -221,7 +226,8 @@ def page(d: ReportData) -> str:
             f"trainmath {__version__} · the figures of Jiang Yi's blog series on distributed training, exact</p>"
             f'<div class="cards">{cards}</div>'
             f'<section id="shares"><h2>Where the parameters live</h2>{svgs["params"]}</section>'
-            + params_section(d) + flops_section(d) + memory_section(d, svgs["memory"], svgs["timeline"])
+            + params_section(d) + peft_section(d.adapters, d.peft_note) + flops_section(d)
+            + memory_section(d, svgs["memory"], svgs["timeline"])
             + layout_section(d) + serving_section(d, svgs["serving"])
             + f'<section id="conventions"><h2>Conventions</h2><ul class="conv">{conv}</ul></section>'
             "</body></html>\n")

@@ -57,17 +57,19 @@ def _spec(fields: dict[str, str]):
 
 def compute(fields: dict[str, str]):
     """ReportData for the form's fields: the same parsing and checks as ``trainmath report``."""
+    from trainmath.adapters import peft_from_args
     from trainmath.args import positions_warning
     from trainmath.report.gather import gather
     from trainmath.report.options import plan_from_args, serving_from_args, training_from_args
 
     args = parser().parse_args(_argv(fields))
+    peft = peft_from_args(args)
     setup, layout, gpu = training_from_args(args)
     serving = serving_from_args(args)
     spec = _spec(fields)
     positions_warning(spec, setup.seq, "seq")  # learned positions (GPT-2): no row beyond them
     return gather(spec, setup, layout, gpu=gpu, serving=serving, plan=plan_from_args(args, spec, setup, gpu),
-                  mem_util_percent=args.mem_util, serve_output=args.serve_output,
+                  mem_util_percent=args.mem_util, serve_output=args.serve_output, peft=peft,
                   **({} if args.host_memory is None else {"host_memory_bytes": args.host_memory}))
 
 

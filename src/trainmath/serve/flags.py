@@ -11,4 +11,7 @@ def parser():
     add_training_flags(p)
     add_serving_flags(p)
     add_plan_flags(p)
+    from trainmath.adapters import add_peft_args
+
+    add_peft_args(p)
     return p

@@ -26,6 +26,9 @@ async function update() {
   const s = out.summary;
   set('model-name', s.model);
   set('total-params', fmt(s.total_params)); set('activated-params', fmt(s.activated_params));
+  document.getElementById('peft-card').hidden = !s.peft;
+  set('trainable-params', s.peft ? fmt(s.peft.trainable_params) : '');
+  set('peft-note', s.peft ? s.peft.memory_note : '');
   const peak = document.getElementById('peak-bytes');
   peak.dataset.bytes = s.peak_bytes; peak.textContent = fmt(s.peak_bytes) + ' bytes (' + gib(s.peak_bytes) + ')';
   set('peak-phase', s.peak_phase); set('layout', s.layout);
@@ -101,6 +104,8 @@ def _control(action) -> str:
     if action.choices:
         opts = "".join(f'<option{" selected" if c == action.default else ""}>{escape(str(c))}</option>'
                        for c in action.choices)
+        if action.default is None:  # a flag left out (--peft, --lora-dtype): the field sends nothing
+            opts = '<option value="" selected>default</option>' + opts
         return f'<label title="{help_}">{name}<select name="{name}">{opts}</select></label>'
     if name == "gpu":
         from trainmath.hardware import all_gpus
@@ -154,12 +159,14 @@ def page(default_model: str = "Qwen/Qwen3-8B") -> str:
 <div class="cards">
 <div class="card"><b id="total-params">…</b><span>parameters</span></div>
 <div class="card"><b id="activated-params">…</b><span>activated per token</span></div>
+<div class="card" id="peft-card" hidden><b id="trainable-params">…</b><span>trainable (adapters)</span></div>
 <div class="card"><b id="peak-bytes" data-bytes="">…</b>
 <span>peak memory per GPU, at <i id="peak-phase"></i></span></div>
 <div class="card"><b id="kv-bytes" data-bytes="">…</b><span>KV cache (serving)</span></div>
 </div>
 <p>layout <code id="layout"></code> — <span id="verdict" class="verdict"></span> ·
 serving: <span id="serving-fit"></span> · <span id="serving-speed" data-tpot="" data-ttft=""></span></p>
+<p class="sub" id="peft-note"></p>
 <h2>Training memory per GPU</h2>
 <table><thead><tr><th>term</th><th>bytes</th><th>GiB</th><th>share</th></tr></thead>
 <tbody id="memory-rows"></tbody></table>

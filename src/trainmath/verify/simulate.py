@@ -36,12 +36,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout
 from trainmath.memory.training import TrainingSetup
 from trainmath.verify.fake_experts import grouped_mm_rule, routing_standin
+from trainmath.verify.mixed import MasterWeights
+from trainmath.verify.segments import Segments, segment_text
+from trainmath.vocabulary import TRAIN_PRECISIONS
 
 DROP = ("quantization_config", "auto_map", "torch_dtype", "dtype", "architectures", "transformers_version")
 """Config keys that describe a checkpoint's files, not the model's shapes."""
@@ -64,10 +67,39 @@ class Simulation:
     routing: tuple[str, ...] = ()
     """The routing the eager expert loop ran with (``fake_experts.routing_standin``), in words; empty without
     eager experts."""
+    loop: str = ""
+    """How the step was run, in words (the precision's loop: ``LOOPS``)."""
+    peak_segment: str = ""
+    """Where the peak fell: step, phase, the layer's position class and the innermost module
+    (``segments.Segments``)."""
+    folded: str = ""
+    """With ``--simulate-layers``: which layer counts were simulated and how the rest was folded in."""
+    layers: int = 0
+    """Decoder layers of the model simulated (all of them unless ``--simulate-layers``)."""
+    segments: dict = field(default_factory=dict, compare=False, repr=False)
+    """Segment → (peak bytes, MemTracker's kinds then): ``segments.Segments.peaks``."""
+    layer_seconds: float = 0.0
+    """Wall seconds spent inside decoder layers (the rest of ``seconds`` is the model build, the head, the loss
+    and the optimizer)."""
 
     def to_dict(self) -> dict:
         return {"peak_bytes": self.peak_bytes, "by_kind": self.by_kind, "buffers_bytes": self.buffers_bytes,
-                "saved_bytes": self.saved_bytes, "seconds": round(self.seconds, 2), "routing": list(self.routing)}
+                "saved_bytes": self.saved_bytes, "seconds": round(self.seconds, 2), "routing": list(self.routing),
+                "loop": self.loop, "peak_segment": self.peak_segment, "folded": self.folded,
+                "layers": self.layers}
+
+
+LOOPS = {
+    "fp32": "fp32 weights, grads and optimizer states",
+    "amp-bf16": "fp32 weights under torch.autocast(bf16)",
+    "bf16": "a bf16 model (weights, grads and optimizer states bf16)",
+    "mixed-bf16": "a bf16 model with fp32 master weights in the optimizer, as Megatron-LM's "
+                  "Float16OptimizerWithFloat16Params: each bf16 gradient copied to fp32 and freed before the step, "
+                  "the masters copied back after it (trainmath.verify.mixed)",
+    "mixed-bf16 fsdp2": "FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) over fp32 parameters, as "
+                        "trainmath train runs it: the fp32 shards are the master weights",
+}
+"""The loop each precision runs (``Simulation.loop``)."""
 
 
 def saved_counter(model):
@@ -105,9 +137,8 @@ def saved_counter(model):
 def check_simulable(setup: TrainingSetup, layout: ParallelLayout) -> None:
     """One ``TrainmathError`` for what the simulation cannot run."""
     bad = []
-    if setup.precision not in ("fp32", "amp-bf16", "bf16"):
-        bad.append(f"--precision {setup.precision} (torch has no built-in fp32 master weights; simulate fp32, "
-                   f"amp-bf16 or bf16)")
+    if setup.precision not in TRAIN_PRECISIONS:  # the precisions trainmath train runs
+        bad.append(f"--precision {setup.precision} (simulate {', '.join(TRAIN_PRECISIONS)})")
     if setup.optimizer not in OPTIMIZERS:
         bad.append(f"--optimizer {setup.optimizer} (simulate one of {', '.join(OPTIMIZERS)})")
     if setup.profile != "hf":
@@ -124,6 +155,11 @@ def check_simulable(setup: TrainingSetup, layout: ParallelLayout) -> None:
         bad.append("--tp with --recompute full (transformers' checkpointing of DTensor layers is not simulated)")
     if setup.offload != "none" or (setup.micro_batches or 1) > 1 or setup.grad_lifetime == "accumulate":
         bad.append("--offload / --micro-batches / --grad-lifetime accumulate (one plain step only)")
+    if setup.precision == "mixed-bf16" and tp:
+        bad.append("--tp with --precision mixed-bf16 (the tensor-parallel simulation has no master weights)")
+    if setup.precision == "mixed-bf16" and not fsdp and setup.grad_lifetime == "zero":
+        bad.append("--precision mixed-bf16 with --grad-lifetime zero on one device (the master-weight loop frees "
+                   "each bf16 gradient as it copies it)")
     if bad:
         raise TrainmathError("--simulate cannot run " + "; ".join(bad))
 
@@ -140,9 +176,10 @@ def hf_config(config: dict):
 
 
 def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = ParallelLayout(), *,
-             moe: bool = False) -> Simulation:
+             moe: bool = False, layers: int | None = None, progress=None) -> Simulation:
     """MemTracker's peak of one step of ``config`` on fake CPU tensors (``moe``: the model has routed experts,
-    run by ``setup.experts``'s path)."""
+    run by ``setup.experts``'s path; ``layers``: build only that many decoder layers; ``progress``: called with
+    a line per decoder layer entered, ``segments.Segments``)."""
     check_simulable(setup, layout)
     try:
         import torch
@@ -156,6 +193,10 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
     fsdp = layout.zero == 3 and layout.dp > 1
     tp = layout.tp > 1
     cfg = hf_config(config)
+    if layers is not None:
+        cfg.num_hidden_layers = layers
+        if isinstance(getattr(cfg, "layer_types", None), list):
+            cfg.layer_types = cfg.layer_types[:layers]
     if tp:
         from trainmath.runtime.tensor_parallel import apply_tp, check_tp, loss_context
 
@@ -173,7 +214,8 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
     kw = {"attn_implementation": setup.attention}
     if moe:
         kw["experts_implementation"] = "grouped_mm" if setup.experts == "grouped" else "eager"
-    dtype = torch.bfloat16 if setup.precision == "bf16" else torch.float32
+    mixed = setup.precision == "mixed-bf16"
+    dtype = torch.bfloat16 if setup.precision == "bf16" or (mixed and not fsdp) else torch.float32
     opt_kw = {"forloop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[
         setup.optimizer_impl]
     start = time.perf_counter()
@@ -189,6 +231,7 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
         with FakeTensorMode() as mode:
             model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, **kw)
             model.train()
+            decoder = list(model.model.layers if hasattr(model, "model") else model.transformer.h)
             if setup.recompute == "full":
                 model.gradient_checkpointing_enable()
             elif setup.recompute == "selective":  # torchtitan's op-level policy (trainmath.runtime.checkpointing)
@@ -196,14 +239,18 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
 
                 apply_selective(model)
             if fsdp:  # the runtime's wrapping: an fp32 router in a bf16 model is its own unit (runtime.fsdp)
+                from torch.distributed.fsdp import MixedPrecisionPolicy
+
                 from trainmath.runtime.fsdp import shard_model
 
-                layers = model.model.layers if hasattr(model, "model") else model.transformer.h
-                shard_model(model, list(layers), mesh=mesh, reshard_after_forward=True)
+                mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else \
+                    MixedPrecisionPolicy()
+                shard_model(model, list(decoder), mesh=mesh, reshard_after_forward=True, mp_policy=mp)
             if tp:
                 apply_tp(model, mesh, sp=layout.sp, vocab_parallel=layout.vocab_parallel)
             loss_ctx = (lambda: loss_context(layout.vocab_parallel)) if tp else contextlib.nullcontext
-            params = model.parameters()
+            masters = MasterWeights(model) if mixed and not fsdp else None
+            params = masters.main_params if masters else model.parameters()
             if setup.optimizer in ("adam", "adamw"):
                 opt = getattr(torch.optim, "AdamW" if setup.optimizer == "adamw" else "Adam")(params, lr=1e-4,
                                                                                               **opt_kw)
@@ -233,20 +280,31 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
                             loss.backward()
                     if not inside:
                         loss.backward()
+                if masters:  # Megatron's Float16OptimizerWithFloat16Params.step (trainmath.verify.mixed)
+                    masters.copy_model_grads_to_main_grads()
                 opt.step()
+                if masters:
+                    masters.copy_main_params_to_model_params()
+                    masters.zero_grad(set_to_none=setup.grad_lifetime == "set_to_none")
                 opt.zero_grad(set_to_none=setup.grad_lifetime == "set_to_none")
 
             if fsdp:
                 mt = FSDPMemTracker(model, opt)
             else:
                 mt = MemTracker()
-                mt.track_external(model, opt)
+                mt.track_external(model, *([masters.module] if masters else []), opt)
+            names = dict(model.named_modules())
+            segments = Segments({f"{type(model).__name__}.{n}": i for i, n in enumerate(
+                n for n, m in names.items() for d in decoder if m is d)}, progress=progress)
+            segments.install(mt)
             routing: list[str] = []
             with mt, routing_standin(mode, model, routing), grouped_mm_rule():
                 # the warm-up step counts what it saves (not under FSDP2, whose unsharded weights are not the
                 # module's parameters, nor with checkpointing, whose own hooks take the layers' tensors)
+                segments.step = 1
                 step(count=not fsdp and setup.recompute == "none")
                 mt.reset_mod_stats()
+                segments.step = 2
                 step()
                 peak = mt.get_tracker_snapshot("peak")
             buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
@@ -258,6 +316,11 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
             dist.destroy_process_group()
     snap = next(iter(peak.values()))
     kinds = {str(getattr(k, "value", k)): v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total"}
+    at = max(segments.peaks, key=lambda k: segments.peaks[k][0])
     return Simulation(peak_bytes=snap["Total"], by_kind=kinds, buffers_bytes=buffers,
                       saved_bytes=held[0] if held else None, routing=tuple(routing),
-                      seconds=time.perf_counter() - start)
+                      seconds=time.perf_counter() - start,
+                      loop=LOOPS["mixed-bf16 fsdp2" if mixed and fsdp else setup.precision],
+                      peak_segment=segment_text(at), layers=len(decoder), segments=dict(segments.peaks),
+                      layer_seconds=segments.layer_s)
+

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 from trainmath.layout import ParallelLayout
 from trainmath.runtime.train.config import TrainConfig
+from trainmath.vocabulary import optimizer_name
 
 ATTENTION_TOLERANCE = 0.2
 """Flash attention's recomputed QKᵀ in backward: 3.5/3 − 1 ≈ 0.17 (see the module docstring)."""
@@ -101,22 +102,27 @@ class Field:
                 "upper_bound": self.upper_bound}
 
 
+def training_setup(cfg: TrainConfig, world_size: int, *, cuda: bool = False):
+    """The calculator's ``TrainingSetup`` of the run's step (see ``predict``)."""
+    from trainmath.memory.training import TrainingSetup
+
+    return TrainingSetup(micro_batch=cfg.micro_batch_for(world_size), seq=cfg.seq, precision=cfg.precision,
+                         optimizer=optimizer_name(cfg.optimizer), optimizer_impl="forloop",
+                         recompute=cfg.recompute, micro_batches=cfg.grad_accum, granularity=512 if cuda else 1,
+                         loop_keeps="loss", device="cuda" if cuda else "cpu", zero_impl=zero_impl(cfg))
+
+
 def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> dict:
     """The calculator's figures for one rank of the run."""
     from trainmath.flops import count_flops
-    from trainmath.memory.training import TrainingSetup, training_memory
-    from trainmath.vocabulary import optimizer_name
+    from trainmath.memory.training import training_memory
 
     batch = cfg.micro_batch_for(world_size)
     # The run's step as the timeline describes it: torch's optimizers forced onto (and ours written as) the
     # single-tensor path; the loop keeps only the loss (``loss = model(...).loss``); on gloo every tensor is on
     # the CPU, step scalars included; our ZeRO's flat buffers (torch's ZeRO-1 holds DDP's buckets, which is
     # DeepSpeed's bucket on models below 5e8 parameters; torch's ZeRO-2/3 is FSDP2: ``zero_impl="fsdp2"``).
-    setup = TrainingSetup(micro_batch=batch, seq=cfg.seq, precision=cfg.precision,
-                          optimizer=optimizer_name(cfg.optimizer), optimizer_impl="forloop",
-                          recompute=cfg.recompute, micro_batches=cfg.grad_accum, granularity=512 if cuda else 1,
-                          loop_keeps="loss", device="cuda" if cuda else "cpu",
-                          zero_impl=zero_impl(cfg))
+    setup = training_setup(cfg, world_size, cuda=cuda)
     layout = ParallelLayout(dp=world_size, zero=cfg.zero)
     report = training_memory(spec, setup, layout)
     fsdp_or_deepspeed = "fsdp2" if setup.zero_impl == "fsdp2" else "deepspeed"

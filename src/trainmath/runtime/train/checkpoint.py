@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from trainmath.errors import TrainmathError
+from trainmath.runtime.train.config import job_label
 
 META = "trainmath.json"
 
@@ -108,6 +109,9 @@ def load(directory: str, strategy, cfg, world_size: int, group) -> dict:
         if meta.get(key) != getattr(cfg, key):
             raise TrainmathError(f"--resume: the checkpoint in {path} was written with --{key.replace('_', '-')} "
                                  f"{meta.get(key)}, not {getattr(cfg, key)}")
+    if meta.get("peft", "none") != job_label(cfg.peft):
+        raise TrainmathError(f"--resume: the checkpoint in {path} was written for the fine-tuning job "
+                             f"{meta.get('peft', 'none')!r}, not {job_label(cfg.peft)!r}")
     if cfg.strategy == "zero1" and cfg.impl == "torch" and meta["world_size"] != world_size:
         raise TrainmathError(f"--resume: ZeroRedundancyOptimizer keeps each rank's own partition; the checkpoint "
                              f"has {meta['world_size']} ranks, this run {world_size} (use --impl trainmath to change "

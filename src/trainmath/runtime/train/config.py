@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from trainmath.adapters import PeftJob
 from trainmath.errors import TrainmathError
 from trainmath.vocabulary import RECOMPUTE, TRAIN_OPTIMIZERS, TRAIN_PRECISIONS
 
@@ -60,6 +61,8 @@ class TrainConfig:
     the device name."""
     measure: bool = False
     """Measure the bytes of each state, the peak of the first step and its FLOPs (``verify``)."""
+    peft: PeftJob = field(default_factory=PeftJob)
+    """Fine-tuning job (``--peft lora|qlora``, ``runtime.train.peft``); method none is full training."""
 
     @property
     def zero(self) -> int:
@@ -107,6 +110,7 @@ def problems(cfg: TrainConfig, world_size: int) -> list[str]:
     if cfg.precision == "mixed-bf16" and not (cfg.impl == "torch" and cfg.strategy in ("zero2", "zero3")):
         bad.append("--precision mixed-bf16 (fp32 master weights, bf16 compute) is built on FSDP2's "
                    "MixedPrecisionPolicy: use --strategy zero2|zero3 --impl torch, or fp32|amp-bf16|bf16")
+    bad += _peft_problems(cfg)
     for key, v in cfg.overrides.items():
         if not isinstance(v, int) or v < 1:
             bad.append(f"--{key.replace('_', '-')} must be an integer >= 1, got {v!r}")
@@ -122,6 +126,30 @@ def problems(cfg: TrainConfig, world_size: int) -> list[str]:
             gpu(cfg.gpu)
         except TrainmathError as e:
             bad.append(f"--gpu: {e}")
+    return bad
+
+
+def job_label(job: PeftJob) -> str:
+    """The fine-tuning job in one string, as checkpoints record it (resume refuses another one)."""
+    if not job.enabled:
+        return "none"
+    targets = job.targets if isinstance(job.targets, str) else ",".join(job.targets)
+    return f"{job.method} r={job.rank} alpha={job.lora_alpha} targets={targets} dtype={job.dtype}"
+
+
+def _peft_problems(cfg: TrainConfig) -> list[str]:
+    """What the runtime cannot do with a fine-tuning job: our ZeRO flattens every parameter (frozen ones too), and
+    FSDP2 cannot shard bitsandbytes' packed 4-bit weights (their quant state is not a tensor it can split)."""
+    if not cfg.peft.enabled:
+        return []
+    bad = []
+    if cfg.impl == "trainmath":
+        bad.append(f"--peft {cfg.peft.method} runs on torch's DDP, ZeroRedundancyOptimizer and FSDP2: use --impl "
+                   f"torch (our ZeRO flattens frozen and trainable parameters alike)")
+    if cfg.peft.method == "qlora" and cfg.strategy in ("zero2", "zero3"):
+        bad.append("--peft qlora: FSDP2 cannot shard bitsandbytes' 4-bit weights; use --strategy ddp or zero1")
+    if cfg.peft.method == "qlora" and cfg.precision == "mixed-bf16":
+        bad.append("--peft qlora with --precision mixed-bf16 needs FSDP2; use fp32, amp-bf16 or bf16")
     return bad
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from trainmath.runtime.train import checkpoint
-from trainmath.runtime.train.config import TrainConfig
+from trainmath.runtime.train.config import TrainConfig, job_label
 from trainmath.runtime.train.data import TokenSource
 from trainmath.runtime.train.measure import StepProbe, state_bytes
 from trainmath.runtime.train.model import build_model, model_spec, shrunk_config
@@ -76,12 +76,18 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
     if cfg.precision == "bf16":
         model = model.to(torch.bfloat16)
     model = model.to(device)
+    counts = {}
+    if cfg.peft.enabled:  # peft freezes the base: only the adapters train
+        from trainmath.runtime.train.peft import apply_peft, peft_counts
+
+        model = apply_peft(model, cfg.peft, device)
+        counts = peft_counts(model)
     model.train()
     strategy = build_strategy(model, cfg, group, device)
     data = TokenSource(cfg.data, vocab=conf["vocab_size"], seq=cfg.seq, seed=cfg.seed)
     batch, accum = cfg.micro_batch_for(world_size), cfg.grad_accum
     meta = {"strategy": cfg.strategy, "impl": cfg.impl, "precision": cfg.precision, "optimizer": cfg.optimizer,
-            "world_size": world_size}
+            "world_size": world_size, "peft": job_label(cfg.peft)}
     start = samples = 0  # steps done, and sequences consumed: the data position
     if cfg.resume and checkpoint.latest(cfg.checkpoint_dir) is not None:
         meta_in = checkpoint.load(cfg.checkpoint_dir, strategy, cfg, world_size, group)
@@ -93,7 +99,7 @@ def train_rank(cfg: TrainConfig, *, rank: int, world_size: int, group, device: t
     flops_at = measure_at
     if measure_at is not None:
         flops_at = measure_at + 1 if measure_at + 1 < last else max(start, measure_at - 1)
-    records, measured = [], {}
+    records, measured = [], dict(counts)
     for step in range(start, last):
         probe = StepProbe(strategy, device, fsdp=cfg.impl == "torch" and cfg.zero >= 2, memory=step == measure_at,
                           flops=step == flops_at) if step in (measure_at, flops_at) else contextlib.nullcontext()
@@ -165,6 +171,10 @@ def prepare(cfg: TrainConfig) -> None:
     _, conf = shrunk_config(cfg.model, cfg.overrides)
     with torch.device("meta"):
         build_model(conf, seed=cfg.seed, recompute="none")
+    if cfg.peft.enabled:
+        from trainmath.runtime.train.peft import import_peft
+
+        import_peft(cfg.peft)
 
 
 def rank_entry(ctx, cfg: TrainConfig, out_fd: int | None, as_json: bool) -> dict:

@@ -43,7 +43,9 @@ def tensor_bytes(tensors) -> int:
 
 
 def state_bytes(strategy) -> dict:
-    return {"weights_bytes": tensor_bytes(strategy.weights()),
+    """The bytes of each state; ``frozen_weights_bytes``: parameters that need no gradient (a fine-tune's base)."""
+    frozen = [p for p in strategy.model.parameters() if not p.requires_grad]
+    return {"weights_bytes": tensor_bytes(strategy.weights()), "frozen_weights_bytes": tensor_bytes(frozen),
             "gradients_bytes": tensor_bytes(strategy.gradients()),
             "master_weights_bytes": 0,  # no strategy here keeps a separate fp32 copy of bf16 weights
             "optimizer_states_bytes": tensor_bytes(strategy.optimizer_state())}
@@ -63,6 +65,20 @@ def _sdpa_backward(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
 
 _CPU_SDPA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_forward,
              torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward}
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _skip_frozen(tracker, model) -> None:
+    """MemTracker registers a gradient hook on every parameter it tracks, which torch refuses on a tensor that
+    needs no gradient (a fine-tune's frozen base; a 4-bit weight cannot even ask for one). Such a parameter gets a
+    gradient never, so it is entered as already hooked; its bytes are still tracked as a parameter."""
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
 
 
 class StepProbe:
@@ -99,6 +115,7 @@ class StepProbe:
                 extra = [t for t in (*s.weights(), *getattr(s, "extra_tensors", lambda: [])()) if t is not None]
                 # ZeroRedundancyOptimizer keeps its states in the local optimizer it wraps (``local_optimizer``)
                 self._tracker.track_external(s.model, getattr(s, "local_optimizer", s.optimizer), *extra)
+            _skip_frozen(self._tracker, s.model)
             self._stack.enter_context(self._tracker)
         if self._flops is not None:
             self._stack.enter_context(self._flops)

@@ -93,7 +93,10 @@ def build_model(cfg: dict, *, seed: int, recompute: str) -> torch.nn.Module:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks, the units FSDP and our ZeRO-2/3 shard one at a time."""
+    """The repeated blocks, the units FSDP and our ZeRO-2/3 shard one at a time (of the model peft wraps, when it
+    is a ``PeftModel``)."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     for path in ("model.layers", "transformer.h", "model.decoder.layers"):
         obj = model
         try:

@@ -57,6 +57,15 @@ class _BucketCounter:
         ddp.register_comm_hook(group, hook)
 
 
+def _options(cfg: TrainConfig, *, loading: bool = False):
+    """DCP's state-dict options: a fine-tune checkpoints its adapters only (as peft's ``save_pretrained``), the
+    frozen base being rebuilt from the seed (and, for QLoRA, quantized again) on resume."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    frozen = cfg.peft.enabled
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not (frozen and loading))
+
+
 class TorchDDP:
     """DDP (and ZeRO-1 = DDP + ZeroRedundancyOptimizer): gradients all-reduced in buckets during backward."""
 
@@ -108,20 +117,21 @@ class TorchDDP:
 
         if self.stage == 1:  # ZeroRedundancyOptimizer is not supported by get_state_dict: keep each rank's part
             init_state(self.local_optimizer, self.cfg.optimizer)
-            return {"model": get_model_state_dict(self.model),
+            return {"model": get_model_state_dict(self.model, options=_options(self.cfg)),
                     f"optim_rank{dist.get_rank()}": self.local_optimizer.state_dict()}
         init_state(self.optimizer, self.cfg.optimizer)
-        return {"model": get_model_state_dict(self.model),
-                "optim": get_optimizer_state_dict(self.model, self.optimizer)}
+        return {"model": get_model_state_dict(self.model, options=_options(self.cfg)),
+                "optim": get_optimizer_state_dict(self.model, self.optimizer, options=_options(self.cfg))}
 
     def load_state_dict(self, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-        set_model_state_dict(self.model, state["model"])
+        set_model_state_dict(self.model, state["model"], options=_options(self.cfg, loading=True))
         if self.stage == 1:
             self.local_optimizer.load_state_dict(state[f"optim_rank{dist.get_rank()}"])
         else:
-            set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+            set_optimizer_state_dict(self.model, self.optimizer, state["optim"],
+                                     options=_options(self.cfg, loading=True))
 
 
 class TorchFSDP(TorchDDP):
@@ -159,8 +169,8 @@ class TorchFSDP(TorchDDP):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         init_state(self.optimizer, self.cfg.optimizer)
-        return {"model": get_model_state_dict(self.model),
-                "optim": get_optimizer_state_dict(self.model, self.optimizer)}
+        return {"model": get_model_state_dict(self.model, options=_options(self.cfg)),
+                "optim": get_optimizer_state_dict(self.model, self.optimizer, options=_options(self.cfg))}
 
 
 class Ours:
