@@ -19,8 +19,11 @@ from trainmath.vocabulary import get_precision  # noqa: E402
 PRECISION = {"bf16": "bf16", "autocast": "amp-bf16", "fp32": "fp32"}
 
 
+EXTRA = {"gpt2": {"n_inner": 96}}  # GPT-2: Conv1D c_attn/c_proj/c_fc, gelu_new, dropouts kept at 0.1
+
+
 def _peft_model(model_type, mode, targets, rank, dropout, input_grads):
-    cfg, model = _model(model_type, "default", {})
+    cfg, model = _model(model_type, "default", EXTRA.get(model_type, {}))
     if mode == "bf16":
         model = model.to(torch.bfloat16)
     conf = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=dropout)
@@ -59,6 +62,8 @@ CASES = [
     ("gemma2", "bf16", ["q_proj"], 4, 0.0, False),  # eager attention: each bmm keeps only the other's operand
     ("gemma2", "bf16", ["down_proj"], 4, 0.0, False),  # layer 0's attention and first norms need no grad
     ("starcoder2", "fp32", "all-linear", 4, 0.0, False),
+    ("gpt2", "fp32", "all-linear", 4, 0.0, False),
+    ("gpt2", "bf16", ["c_fc"], 4, 0.0, False),  # gelu_new's tanh and last product need grad behind c_fc alone
 ]
 
 

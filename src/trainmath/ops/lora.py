@@ -111,8 +111,12 @@ def grad_flow(ops: list[Op], run: LoraRun) -> list[tuple[Op, list[bool], bool]]:
         return any_grad
 
     out = []
+    prev: list[bool] = []
     for op in ops:
-        rg = [needs(t) for t in op.inputs]
+        # an op with no listed inputs continues the op before it on an unlisted intermediate (gelu_new's tanh of
+        # the polynomial in x that pow starts): that intermediate needs grad as the previous op's inputs did
+        rg = [needs(t) for t in op.inputs] if op.inputs else [any(prev)]
+        prev = rg
         target = op.kind == "linear" and op.weight is not None and module_of(op) in run.targets
         out.append((op, rg, target))
         # a rotary op maps q → q_rot and k → k_rot: each output needs grad as its own input does
