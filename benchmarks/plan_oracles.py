@@ -9,8 +9,9 @@ predicted / published. The efficiency curves are per GPU generation (gpus.json '
 benchmarks/plan_calibrate.py), never per run.
 
 With ``--more`` the per-source table also prints the leave-one-source-out error: the constants fitted on these
-runs (the FSDP overhead, ``benchmarks/fsdp_fit.py``; the MoE dispatcher overhead, ``benchmarks/moe_fit.py``) are
-refitted per generation without the source's runs, and the source is predicted with them. The generation curves
+runs (the FSDP overhead, ``benchmarks/fsdp_fit.py``; the MoE dispatcher overhead, ``benchmarks/moe_fit.py``; the
+ampere curve, whose fit runs include the single-node A100 rows, ``benchmarks/plan_calibrate.py``) are refitted
+per generation without the source's runs, and the source is predicted with them. The other generation curves
 are fitted on published_runs.json, none of which is in --more, so they are out-of-sample for every row already.
 """
 
@@ -56,14 +57,23 @@ def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     import fsdp_fit
     import moe_fit
+    import plan_calibrate
 
+    from trainmath.hardware import presets
     from trainmath.perf import fsdp, moe
 
     fsdp_rows, moe_rows = fsdp_fit.rows(), moe_fit.rows()
     saved_f, saved_m = dict(fsdp.OVERHEAD), dict(moe.OVERHEAD)
+    hw = presets()
+    saved_g = dict(hw.generations)
+    curve_sources = {r["paper"] for r in plan_calibrate.fit_runs("ampere", hw)}
     out: dict[str, list[float]] = {}
     try:
         for src in sorted({r["paper"] for r in runs}):
+            hw.generations.update(saved_g)
+            if src in curve_sources:  # the ampere curve refitted without this source's rows
+                hw.generations["ampere"] = plan_calibrate.fit(
+                    "ampere", plan_calibrate.fit_runs("ampere", hw, exclude_source=src), hw)[1]
             for gen, const in saved_f.items():
                 rest = [r for r in fsdp_rows if r["gen"] == gen and r["source"] != src]
                 fsdp.OVERHEAD[gen] = fsdp_fit.fit(rest) if rest and any(const) else (0.0, 0.0)
@@ -72,6 +82,7 @@ def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
                 moe.OVERHEAD[gen] = moe_fit.fit(rest) if rest and const else 0.0
             out[src] = _source_errors([r for r in runs if r["paper"] == src])
     finally:
+        hw.generations.update(saved_g)
         fsdp.OVERHEAD.clear()
         fsdp.OVERHEAD.update(saved_f)
         moe.OVERHEAD.clear()
@@ -113,7 +124,8 @@ def more() -> None:
         tail = (f" {100 * statistics.median(held):10.1f}% {100 * sum(e <= 0.15 for e in held) / len(held):7.0f}%"
                 if held else "")
         print(f"{name:26s} {len(errs):6d} {100 * statistics.median(errs):11.1f}% {100 * within:9.0f}%{tail}")
-    print("LOSO: the FSDP and MoE overheads refitted without the source (leave-one-source-out); groups: in-sample")
+    print("LOSO: the FSDP and MoE overheads and the ampere curve refitted without the source (leave-one-source-out);"
+          " groups: in-sample")
     for run_id, why in skipped:
         print(f"not priced: {run_id}: {why}")
 

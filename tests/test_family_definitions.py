@@ -56,3 +56,20 @@ def test_a_family_is_defined_once():
     with pytest.raises(TrainmathError, match="defined twice"):
         families.register(families.FamilyDef(model_type="llama"))
     assert all(f.model_type == m for m, f in families.REGISTRY.items())
+
+
+def _calls(source: str, names: tuple[str, ...]) -> list[int]:
+    """Line numbers of calls to a function or method named one of ``names``."""
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and ((isinstance(node.func, ast.Name) and node.func.id in names)
+                 or (isinstance(node.func, ast.Attribute) and node.func.attr in names))]
+
+
+def test_one_program_per_layer():
+    """``ops.program`` is the only module that builds a ``Ctx`` or calls a family's emitter (``FamilyDef.layer``,
+    ``shape_emitter``); the folds ask it for programs."""
+    assert _calls("ctx = Ctx(b=1)\nspec.family.layer(prog, ctx, layer, style)", ("Ctx", "layer")) == [1, 2]
+    found = [f"{p.relative_to(SRC)}:{line}" for p in sorted(SRC.rglob("*.py"))
+             if p.relative_to(SRC).as_posix() not in ("ops/program.py", "families/__init__.py")
+             for line in _calls(p.read_text(), ("Ctx", "layer", "shape_emitter"))]
+    assert found == []

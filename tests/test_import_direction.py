@@ -30,9 +30,7 @@ CALCULATOR_TOP = FLOORS["plan"]
 """Rooms on this floor or below are the calculator wing. ``families`` stands above ``ops`` (its emitters call the
 kernels) and below every room that reads a ``ModelSpec`` built through it."""
 
-KNOWN_UPWARD = {
-    ("trainmath.model", "trainmath.families"),  # spec_from_config forwarded for callers not yet moved
-}
+KNOWN_UPWARD: set = set()
 """Imports from a lower floor to a higher one not yet removed."""
 KNOWN_CYCLES: set = set()
 """Module cycles not yet removed."""

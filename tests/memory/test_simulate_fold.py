@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.layout import ParallelLayout  # noqa: E402
 from trainmath.memory.training import TrainingSetup, training_memory  # noqa: E402
-from trainmath.model import spec_from_config  # noqa: E402
 
 QWEN3_06B_WIDTH = dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1000000,

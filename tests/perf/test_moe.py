@@ -154,11 +154,11 @@ def test_published_error_table_does_not_regress():
     assert statistics.median(errs["all"]) <= 0.148
     assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.50
     assert statistics.median(errs["moe"]) <= MOE_MEDIAN
-    # with the sources added after the MoE terms (docs/benchmarks.md, "four more publishers")
+    # with the sources added after the MoE terms and the ampere refit (docs/benchmarks.md, "four more publishers")
     every = errs["every source"]
     assert len(every) == 220
-    assert statistics.median(every) <= 0.191
-    assert sum(e <= 0.15 for e in every) / len(every) >= 0.427
+    assert statistics.median(every) <= 0.157
+    assert sum(e <= 0.15 for e in every) / len(every) >= 0.495
 
 
 def test_cli_refuses_an_imbalance_below_one():

@@ -39,18 +39,40 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="token budget (1T, 300B, ...): total training FLOPs = per-token FLOPs at this --seq × tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     add_strict(p)
+    from trainmath.adapters import add_peft_args
+
+    add_peft_args(p)
+    p.add_argument("--input-grads", choices=("on", "off"), default=None,
+                   help="with --peft: enable_input_require_grads() (layer 0 computes its input's gradient; default "
+                        "on with --recompute full, as peft does for gradient checkpointing, off otherwise)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainmath.adapters import peft_from_args
+    from trainmath.errors import TrainmathError
     from trainmath.flops import closed_form_flops, count_flops
     from trainmath.sources import load_spec
 
+    job = peft_from_args(args)
+    if args.input_grads is not None and not job.enabled:
+        raise TrainmathError("--input-grads needs --peft lora or --peft qlora")
     spec = load_spec(args.model, strict=args.strict)
     warning = positions_warning(spec, args.seq, "--seq")
-    report = count_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal, recompute=args.recompute,
-                         mamba_chunk=args.mamba_chunk,  # None: the config's chunk_size, from the spec
-                         checkpoint=args.checkpoint)
+    tuned = None
+    if job.enabled:
+        from trainmath.flops.peft import peft_flops
+
+        if args.checkpoint != "megatron":
+            raise TrainmathError("--peft counts --recompute full as the whole layer again (--checkpoint megatron)")
+        ig = args.recompute == "full" if args.input_grads is None else args.input_grads == "on"
+        tuned = peft_flops(spec, job, batch=args.batch, seq=args.seq, causal=args.causal, recompute=args.recompute,
+                           input_grads=ig)
+        report = tuned.report
+    else:
+        report = count_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal, recompute=args.recompute,
+                             mamba_chunk=args.mamba_chunk,  # None: the config's chunk_size, from the spec
+                             checkpoint=args.checkpoint)
     closed = closed_form_flops(spec, batch=args.batch, seq=args.seq, causal=args.causal)
     fwd_bwd = report.forward.value + report.backward.value
     budget = token_budget(report, args.tokens) if args.tokens is not None else None
@@ -60,11 +82,18 @@ def run(args: argparse.Namespace) -> int:
         out["closed_form"]["ratio_exact_over_closed"] = fwd_bwd / closed.training_flops
         if budget:
             out["budget"] = budget
+        if tuned is not None:
+            out["peft"] = {"method": job.method, "lora_rank": job.rank, "trainable_params": tuned.trainable_params,
+                           "dequant_elements": tuned.dequant_elements}
         out["config"] = config_json(spec)
         out["warnings"] = [warning] if warning else []
         print(json.dumps(out, indent=1))
         return 0
     print(render(spec, report, closed, gemms=args.gemms) + (f"\nwarning: {warning}" if warning else ""))
+    if tuned is not None:
+        print(f"peft {job.method} r={job.rank}: trainable {tuned.trainable_params:,} params; the closed form above is "
+              f"full training's" + (f"; QLoRA dequantises {tuned.dequant_elements:,} weight elements per step (not "
+                                    f"FLOPs)" if tuned.dequant_elements else ""))
     if budget:
         print(f"budget: {budget['tokens']:,} tokens at seq {report.seq} = {budget['training_flops']:.4e} training "
               f"FLOPs ({_f(budget['training_flops'])}; exact per-sequence count × {budget['sequences']:,} sequences)")

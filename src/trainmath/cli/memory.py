@@ -124,7 +124,37 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(--json always carries them)")
     p.add_argument("--json", action="store_true", help="print one JSON object with exact integers")
     add_strict(p)
+    from trainmath.adapters import add_peft_args
+
+    add_peft_args(p)
+    g = p.add_argument_group("fine-tuning memory")
+    g.add_argument("--lora-dropout", type=float, default=None, metavar="P",
+                   help="peft's lora_dropout (default 0: no dropout, nothing saved for it)")
+    g.add_argument("--input-grads", choices=("on", "off"), default=None,
+                   help="enable_input_require_grads(): layer 0 computes its input's gradient (default: on with "
+                        "--recompute full, as peft does for gradient checkpointing; off otherwise)")
+    g.add_argument("--paged-optimizer", action="store_true",
+                   help="bitsandbytes' paged 8-bit optimizer (PagedAdamW8bit): its states in CUDA managed memory, "
+                        "outside torch's allocator (reported beside the peak, not in it)")
     p.set_defaults(func=run)
+
+
+def peft_run(args: argparse.Namespace):
+    """The ``memory.peft.PeftRun`` of the flags, or None for full training (a fine-tuning flag without --peft is
+    one error)."""
+    from trainmath.adapters import peft_from_args
+    from trainmath.errors import TrainmathError
+    from trainmath.memory.peft import PeftRun
+
+    job = peft_from_args(args)
+    extra = [f for f, v in (("--lora-dropout", args.lora_dropout), ("--input-grads", args.input_grads),
+                            ("--paged-optimizer", args.paged_optimizer or None)) if v is not None]
+    if not job.enabled:
+        if extra:
+            raise TrainmathError(f"{', '.join(extra)} needs --peft lora or --peft qlora")
+        return None
+    return PeftRun(job=job, dropout=args.lora_dropout or 0.0, paged=args.paged_optimizer,
+                   input_grads=None if args.input_grads is None else args.input_grads == "on")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,7 +168,12 @@ def run(args: argparse.Namespace) -> int:
                           grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
                           offload=args.offload, experts=args.experts, loop_keeps=args.loop_keeps,
                           backward_in_autocast=args.backward_in_autocast,
-                          zero_impl=args.zero_impl)
+                          zero_impl=args.zero_impl, peft=peft_run(args))
+    if setup.peft is not None and args.simulate:
+        from trainmath.errors import TrainmathError
+
+        raise TrainmathError("--simulate with --peft is not wired here; benchmarks/peft_memory.py runs peft models "
+                             "under MemTracker")
     from trainmath.memory.fit import derive_dp
 
     dp = args.dp
@@ -201,8 +236,15 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         print(render_timeline(report))
         return 0
+    summary = None
+    if setup.peft is not None:
+        from trainmath.memory.peft import report_summary
+
+        summary = report_summary(spec, setup, layout)
     if args.json:
         out = report.to_dict()
+        if summary is not None:
+            out["peft"] = summary
         if host is not None:
             out.update(host.to_dict())
         if verdict is not None:
@@ -214,6 +256,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(render(report, explain=args.explain))
+    if summary is not None:
+        print(f"peft {setup.peft.job.method}: trainable {summary['trainable_params']:,} params; frozen base "
+              f"{summary['base_weight_bytes'] / 2**30:.2f} GiB, adapters {summary['adapter_weight_bytes'] / 2**30:.3f} "
+              f"GiB" + (f"; paged optimizer states {summary['paged_optimizer_states_bytes'] / 2**30:.3f} GiB "
+                        f"(managed memory, outside peak_bytes)" if summary["paged_optimizer_states_bytes"] else "")
+              + (f"; largest dequantised weight {summary['qlora_dequant_transient_bytes'] / 2**20:.1f} MiB"
+                 if summary["qlora_dequant_transient_bytes"] else ""))
     if host is not None:
         print(render_host(host))
     for line in config_lines(spec) + ([f"warning: {warning}"] if warning else []):

@@ -7,10 +7,10 @@ with biases.
   the "new decoder architecture" of Falcon-40B/180B (h + 2·h_kv)·h_d), parallel attention/MLP with one or two
   LayerNorms, MLP d_ff = ffn_hidden_size or 4d, biases when ``bias``.
 
-The op lists: LayerNorm families with plain (non-gated) MLPs: StarCoder2, GPT-2 and Falcon. Derived from transformers
-5.24's modeling code, checked by ``tests/activations``. Biases keep nothing. GPT-2 and StarCoder2 apply the
-config's dropouts (``Family``: on the embedding, the attention probabilities and each sub-block's output before
-its residual add; what each keeps: ``kernels.dropout``); Falcon's are not modelled (``Style.dropout``).
+The op lists of the LayerNorm families with plain (non-gated) MLPs: StarCoder2, GPT-2 and Falcon, derived from
+transformers 5.24's modeling code, checked by ``tests/activations``. Biases keep nothing. GPT-2 and StarCoder2 apply the
+config's dropouts (``Family``: on the embedding, the attention probabilities and each sub-block's output before its
+residual add; what each keeps: ``kernels.dropout``); Falcon's are not modelled (``Style.dropout``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""Dense decoder families built like Llama: llama, mistral, qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3,
-cohere, starcoder2. They differ in biases, q/k norms, which norms a layer has, fused projections and the MLP.
+"""Dense decoder families built like Llama: llama, mistral, qwen2, qwen3, phi3 here; the dense builder
+(``builder``) also reads olmo2, gemma2, gemma3_text, cohere (``families.postnorm``) and starcoder2
+(``families.classic``). They differ in biases, q/k norms, which norms a layer has, fused projections and the MLP.
 
 Parameters per layer (Jiang Yi's blog series, first article, generalised): attention 2·h·h_d·d + 2·h_kv·h_d·d
 (+ biases, q/k norms) + MLP 3·d·d_ff (gated) or 2·d·d_ff + d_ff + d (plain, with biases) + the layer's norms.
 
-The op lists: Pre-norm decoder layers: input norm → attention → residual → post-attention norm → MLP → residual (Llama,
-Mistral, Qwen2, Qwen3, Phi-3). Residual adds save nothing; the input norm's fp32 x is the layer input itself
-when the residual stream is fp32.
+The op list (``prenorm_layer``): input norm → attention → residual → post-attention norm → gated MLP → residual.
+Residual adds save nothing; the input norm's fp32 x is the layer input itself when the residual stream is fp32.
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ The layer pattern is read as transformers reads it: Qwen3-Next's ``layer_types``
 ``full_attention_interval``-th layer), Nemotron-H's ``layers_block_type`` or ``hybrid_override_pattern``
 (M = Mamba-2, * = attention, - = MLP, E = MoE).
 
-The op lists: layers whose mixer is not always attention (derived from the code, checked by
-``tests/activations``).
+The op lists (derived from the code, checked by ``tests/activations``):
 
 Qwen3-Next (``Qwen3NextDecoderLayer``): (1 + w) RMSNorms; the mixer is a Gated DeltaNet (``scans.gated_deltanet``)
 or gated full attention (q_proj emits query and gate, per-head q/k norms, partial rotary ending in ``torch.cat``:

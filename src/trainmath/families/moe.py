@@ -6,8 +6,9 @@ activated per token: router + k routed experts + shared experts. Which layers ar
 config exactly as transformers decides it: ``decoder_sparse_step`` and ``mlp_only_layers`` (Qwen),
 ``moe_layers`` / ``interleave_moe_layer_step`` (Llama 4), every layer (Mixtral).
 
-The op lists: Pre-norm MoE decoder layers: input norm → attention (GQA, or DeepSeek's MLA) → residual → post-attention
-norm → a gated MLP (dense layers: ``first_k_dense_replace``, ``mlp_only_layers``) or the sparse block → residual.
+The op list (``moe_layer``, also DeepSeek's and GLM-4.5's): input norm → attention (GQA, or DeepSeek's MLA) → residual →
+post-attention norm → a gated MLP (dense layers: ``first_k_dense_replace``, ``mlp_only_layers``) or the sparse block →
+residual.
 
 The sparse block (``moe_block``): the post-attention norm's output enters the tensor-parallel region once; the
 replicated router, the routed experts and the shared expert(s) read it. Table columns choose the router

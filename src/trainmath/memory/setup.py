@@ -56,6 +56,8 @@ class TrainingSetup:
     elements for the whole step) or ``trainmath`` (``trainmath train --impl trainmath``: flat padded buffers
     at the reduce and the all-gather only; ``flat_zero``). ZeRO-3: FSDP2 (``deepspeed``) or ours (the unit
     that runs gathered, no prefetch; gradients as ZeRO-2's). ZeRO-0 ignores it."""
+    peft: object = None
+    """A LoRA / QLoRA fine-tune (``memory.peft.PeftRun``), or None: full training."""
     offload: str = "none"
     """ZeRO-Offload (Ren et al. 2021): ``optimizer`` keeps optimizer states, master weights and the optimizer
     step on the CPU; ``params`` (ZeRO-3 only) also keeps the parameter shards there, gathered to the GPU per

@@ -450,6 +450,10 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         positions=8 * ceil_div(setup.seq, layout.cp) if setup.profile == "hf" else 0,
         autocast_cache=_autocast_cache(pl, gran) if setup.backward_in_autocast else {},
         casts_saved=setup.recompute == "none")
+    if setup.peft is not None:  # the terms a frozen base with adapters changes (memory/peft.py)
+        from trainmath.memory import peft
+
+        inp = peft.peft_inputs(spec, setup, layout, pl, prec, gran, inp, copies)
     zero = fsdp2.FSDP2(fsdp, reshard=layout.zero >= 3, mixer=mixer, norm=norms) if fsdp else \
         fz.Flat(flat, layout.zero) if flat else tl.Buckets()
     events = tl.step_timeline(inp, zero)
@@ -569,6 +573,10 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
            f"; {spec.model_type}'s grouped path is not modelled: its eager loop is counted (where both are "
            f"modelled, the eager loop saves more)"),
     ) + _dropout_text(spec, setup)
+    if setup.peft is not None:
+        from trainmath.memory import peft
+
+        conventions += peft.conventions(spec, setup)
     return MemoryReport(model=spec.name, setup=setup, layout=layout, peak_bytes=top.breakdown.value,
                         stage=top.stage, breakdown=top.breakdown, stages=stages,
                         outside_peak={"cuda_context_bytes": None, "allocator_cached_free_bytes": None},

@@ -59,7 +59,7 @@ class _BucketCounter:
 
 def _options(cfg: TrainConfig, *, loading: bool = False):
     """DCP's state-dict options: a fine-tune checkpoints its adapters only (as peft's ``save_pretrained``), the
-    frozen base being rebuilt from the seed (and, for QLoRA, quantized again) on resume."""
+    frozen base being rebuilt from the run's random seed (and, for QLoRA, quantized again) on resume."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     frozen = cfg.peft.enabled

@@ -1,0 +1,152 @@
+"""Training FLOPs of a LoRA / QLoRA fine-tune, per GEMM, as ``FlopCounterMode`` counts them on a peft model.
+
+With the base frozen, autograd computes only the gradients something needs (``grad_input_mask`` of ``mm``/``addmm``
+/``bmm``), read from the requires-grad flow of each layer's op list (``ops.lora.grad_flow``):
+
+- a frozen Linear's backward is its input's gradient only, 2·m·k·n (no weight-gradient GEMM), and nothing when its
+  input needs no grad (layer 0 with a frozen embedding, before the first adapted Linear, unless
+  ``enable_input_require_grads``);
+- each adapted Linear adds lora_A (m × in × r) and lora_B (m × r × out) forward; lora_B's backward is its weight's
+  and its input's gradients (2×), lora_A's its weight's and, when its input needs grad, its input's;
+- the attention core's two products keep the gradient of each operand that needs one: Q·Kᵀ gives Q's and K's, P·V
+  gives P's (when Q or K needs grad) and V's, as eager attention's ``bmm``s run them;
+- the LM head's backward is its input's gradient; the embedding has no GEMM;
+- ``recompute="full"`` runs every layer's forward again, adapters included (Megatron's convention, the whole
+  layer);
+- QLoRA: ``bnb.matmul_4bit`` dequantises each 4-bit weight to bf16 before every product that uses it (forward, the
+  input's gradient, the recompute). That is not a GEMM, so not a FLOP here: it is reported as
+  ``dequant_elements`` (weights' elements dequantised per step) for the time model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmath.adapters import PeftJob, select
+from trainmath.errors import TrainmathError
+from trainmath.flops.model import COMPONENT_ORDER, FlopsReport, count_flops
+from trainmath.ops import flops as op_flops
+from trainmath.ops.emit import head_ops, layer_ops, layer_top_k
+from trainmath.ops.gemm import Gemm
+from trainmath.ops.lora import LoraRun, grad_flow, module_of
+from trainmath.tree import Node
+
+LORA = "lora_adapters"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeftFlops:
+    report: FlopsReport
+    """Forward, backward, recompute trees with the adapters as their own component."""
+    dequant_elements: int
+    """QLoRA: weight elements dequantised per step (0 for LoRA)."""
+    trainable_params: int
+
+
+def _layer(spec, layer, index: int, job: PeftJob, targets: frozenset, *, batch: int, seq: int, causal: str,
+           input_grads: bool):
+    """(forward, backward) per module of one layer, and the quantised weights' uses (elements dequantised)."""
+    ops = layer_ops(spec, layer, batch=batch, seq=seq)
+    if any(op.kind in ("scan", "conv") for op in ops):
+        raise TrainmathError(f"--peft FLOPs are modelled for attention layers; {spec.name} has scan/conv layers")
+    run = LoraRun(targets=targets, rank=job.rank, input_grad=index > 0 or input_grads)
+    flow = grad_flow(ops, run)
+    linears = op_flops.linear_gemms_from_ops(ops, top_k=layer_top_k(layer))
+    fwd: list[tuple[Gemm, int, int]] = []  # (gemm, forward flops, backward flops)
+    dequant = 0
+    it = iter(linears)
+    for op, rg, target in flow:
+        if op.kind == "linear" and op.weight is not None:
+            g = next(it)
+            fwd.append((g, g.flops, g.flops if rg[0] else 0))
+            uses = 1 + (1 if rg[0] else 0)
+            if not op.weight.experts:
+                dequant += uses * op.weight.numel
+            if target:
+                a = Gemm(name=f"{module_of(op)}.lora_A", component=LORA, m=g.m, k=g.k, n=job.rank)
+                b = Gemm(name=f"{module_of(op)}.lora_B", component=LORA, m=g.m, k=job.rank, n=g.n)
+                fwd.append((a, a.flops, a.flops * (2 if rg[0] else 1)))
+                fwd.append((b, b.flops, 2 * b.flops))
+        elif op.kind == "attention":
+            q, k, v = rg[:3]
+            scores, values = op_flops.attention_gemms(op, causal=causal)
+            fwd.append((scores, scores.flops, scores.flops * (q + k)))
+            fwd.append((values, values.flops, values.flops * ((q or k) + v)))
+    return fwd, dequant
+
+
+def peft_flops(spec, job: PeftJob, *, batch: int, seq: int, causal: str = "executed", recompute: str = "none",
+               input_grads: bool = False) -> PeftFlops:
+    """GEMM FLOPs of one fine-tuning step of ``batch`` × ``seq`` tokens (see the module docstring)."""
+    if recompute not in ("none", "full"):
+        raise TrainmathError(f"--peft FLOPs count --recompute none or full, not {recompute}")
+    base = count_flops(spec, batch=batch, seq=seq, causal=causal)
+    chosen = select(spec, job)
+    if any(m.name.startswith("experts.") or m.name == "gate.weight" for m in chosen):
+        raise TrainmathError("--peft FLOPs with routed-expert or router targets are not modelled; target the "
+                             "attention and dense Linear modules")
+    targets = frozenset(m.name for m in chosen)
+    fw: dict[str, dict[str, int]] = {}
+    bw: dict[str, dict[str, int]] = {}
+    rc: dict[str, dict[str, int]] = {}
+
+    def add(into, g, v, times):
+        mods = into.setdefault(g.component, {})
+        mods[g.name] = mods.get(g.name, 0) + v * times
+
+    dequant = 0
+    for layer, idx in spec.layer_groups():
+        for first in (True, False):
+            n = sum(1 for i in idx if (i == 0) == first)
+            if not n:
+                continue
+            rows, dq = _layer(spec, layer, 0 if first else 1, job, targets, batch=batch, seq=seq, causal=causal,
+                              input_grads=input_grads)
+            for g, f, b in rows:
+                add(fw, g, f, n)
+                add(bw, g, b, n)
+                if recompute == "full":
+                    add(rc, g, f, n)
+            dequant += dq * n
+            if recompute == "full":
+                dequant += n * sum(w.numel for w in _quantised(layer))
+    for g in op_flops.linear_gemms_from_ops(head_ops(spec, batch=batch, seq=seq)):
+        add(fw, g, g.flops, 1)
+        add(bw, g, g.flops, 1)  # the input's gradient only
+    if job.method != "qlora":
+        dequant = 0
+    order = (*COMPONENT_ORDER, LORA)
+
+    def tree(name, d):
+        return Node.of(name, [Node.of(c, [Node(name=m, value=v, unit="flops") for m, v in d.get(c, {}).items()],
+                                      "flops") for c in order], "flops")
+
+    forward, backward, recomputed = tree("forward", fw), tree("backward", bw), tree("recompute", rc)
+    training = Node.of("training", [forward, backward, recomputed], "flops",
+                       note=f"{batch} × {seq} tokens, causal={causal}, recompute={recompute}, peft {job.method}")
+    conventions = base.conventions[:1] + (
+        f"peft {job.method}: base frozen: a frozen Linear's backward is its input's gradient only (no weight-"
+        f"gradient GEMM); adapters r={job.rank} add lora_A and lora_B (forward 2·m·r·(in+out), backward their "
+        f"weights' and inputs' gradients)",
+        "layer 0 " + ("computes its input's gradient (enable_input_require_grads)" if input_grads else
+                      "computes no gradient before its first adapted Linear (frozen embedding)"),
+        "attention: each product's operand gradients only where the operand needs one (eager bmm)",
+        f"recompute={recompute}" + (": every layer's forward again, adapters included" if recompute == "full" else ""),
+    ) + (("QLoRA dequantisation is not a GEMM: dequant_elements counts the 4-bit weight elements dequantised to "
+          "bf16 per step (each use: forward, input gradient, recompute)",) if job.method == "qlora" else ())
+    report = FlopsReport(model=spec.name, batch=batch, seq=seq, causal=causal, recompute=recompute, forward=forward,
+                         backward=backward, recomputed=recomputed, training=training, layer_types=base.layer_types,
+                         head=base.head, notes=base.notes, conventions=conventions)
+    trainable = sum(p for _, p in _adapter_rows(spec, job))
+    return PeftFlops(report=report, dequant_elements=dequant, trainable_params=trainable)
+
+
+def _quantised(layer):
+    return [t for t in layer.tensors if t.kind == "linear" and not t.experts and t.component != "router"]
+
+
+def _adapter_rows(spec, job):
+    from trainmath.adapters import adapter_report
+
+    return adapter_report(spec, job, base_params=0).modules
+

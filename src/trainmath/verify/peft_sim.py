@@ -1,0 +1,104 @@
+"""MemTracker's peak of one LoRA step of transformers' real modeling code wrapped by peft, on the CPU: real tensors
+of a small config, or fake tensors (``FakeTensorMode``, the model built inside the mode) at full width.
+
+The loop: ``loss = model(input_ids=ids, labels=ids).loss`` (the logits die when the forward returns, as the HF
+Trainer's), ``loss.backward()``, ``opt.step()``, ``opt.zero_grad()`` (set_to_none) with torch's AdamW (``foreach``)
+over the trainable parameters; ``amp-bf16`` runs the forward under ``torch.autocast("cpu", bf16)`` and backward after
+it exits; ``bf16`` casts the base to bf16 before peft wraps it (adapters fp32: ``autocast_adapter_dtype=True``).
+Two steps; the second is measured (``reset_mod_stats`` between them). Two facts make fake tensors work: a fake
+parameter cannot be swapped, so peft's ``.to(device)`` of a new adapter is made a no-op while wrapping; and
+MemTracker hooks every parameter's gradient, so the model is registered before peft freezes the base.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from trainmath.errors import TrainmathError
+
+
+def _no_swap():
+    """peft moves each new adapter to its base weight's device (``module.to(weight.device)``); on fake tensors that
+    swaps a fake parameter, which torch refuses. Everything is on the CPU already: a ``Module.to`` whose only
+    argument is a device is made a no-op while peft wraps the model. Returns the restoring function."""
+    import torch
+
+    saved = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.device | str):
+            return self
+        return saved(self, *args, **kwargs)
+
+    import peft.tuners.tuners_utils as tu
+
+    move = tu.BaseTunerLayer._move_adapter_to_device_of_base_layer
+    torch.nn.Module.to = to
+    # its move also casts each new adapter to the base's dtype, which autocast_adapter_dtype=True undoes for a
+    # bf16 base (fp32 adapters, as they are created): skip the round trip
+    tu.BaseTunerLayer._move_adapter_to_device_of_base_layer = lambda self, *a, **k: None
+
+    def restore():
+        torch.nn.Module.to = saved
+        tu.BaseTunerLayer._move_adapter_to_device_of_base_layer = move
+
+    return restore
+
+
+def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, rank: int, recompute: str = "none",
+                   input_grads: bool | None = None, fake: bool = False, dropout: float = 0.0) -> dict:
+    """{"peak_bytes", "buffers_bytes", "trainable_params"} of the measured step (module docstring)."""
+    try:
+        import peft
+        import torch
+        import transformers
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError as e:
+        raise TrainmathError(f"the peft simulation needs torch, transformers and peft ({e.name} is missing)") from None
+    if precision not in ("fp32", "bf16", "amp-bf16"):
+        raise TrainmathError(f"precision {precision!r}: the peft simulation runs fp32, bf16 or amp-bf16")
+    mode = FakeTensorMode() if fake else contextlib.nullcontext()
+    restore = lambda: None  # noqa: E731
+    try:
+        with mode:
+            torch.manual_seed(0)
+            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+            model.train()
+            mt = MemTracker()
+            # MemTracker installs a gradient hook on every parameter of a module it enters, which torch refuses on
+            # a frozen one: install them now, while every weight still requires grad
+            mt._track_module_params_and_buffers(model, install_grad_hooks=True)
+            conf = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=dropout)
+            restore = _no_swap() if fake else restore
+            model = peft.get_peft_model(model, conf)
+            restore()
+            if recompute == "full":
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if input_grads if input_grads is not None else recompute == "full":
+                model.enable_input_require_grads()
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+            mt.track_external(model, opt)
+
+            def step() -> None:
+                ids = torch.randint(0, cfg.vocab_size, (micro_batch, seq))
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp-bf16"):
+                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            with mt:
+                step()
+                mt.reset_mod_stats()
+                step()
+                peak = mt.get_tracker_snapshot("peak")
+            buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
+    finally:
+        restore()
+    snap = next(iter(peak.values()))
+    kinds = {str(getattr(k, "value", k)): v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total"}
+    return {"peak_bytes": snap["Total"], "buffers_bytes": buffers, "by_kind": kinds,
+            "trainable_params": sum(p.numel() for p in trainable)}

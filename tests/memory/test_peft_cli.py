@@ -1,0 +1,56 @@
+"""``trainmath memory --peft`` and ``flops --peft``: figures that follow from the rules, and bad input as one line,
+exit 2."""
+
+import json
+
+import pytest
+
+from trainmath.cli import main
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_memory_json_states_the_job(capsys):
+    code, out, _ = _run(capsys, "memory", "meta-llama/Llama-3.1-8B", "--micro-batch", "1", "--seq", "1024",
+                        "--precision", "bf16", "--peft", "lora", "--lora-rank", "16", "--lora-targets",
+                        "all-linear", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["peft"]["trainable_params"] == 41_943_040
+    # no gradients or optimizer states for the frozen base: adapters only (fp32 grads, AdamW's two fp32 states)
+    assert d["peft"]["adapter_weight_bytes"] == 41_943_040 * 4
+    assert any(c.startswith("peft lora") for c in d["conventions"])
+
+
+def test_qlora_is_smaller_than_lora(capsys):
+    args = ("memory", "meta-llama/Llama-3.1-8B", "--micro-batch", "1", "--seq", "1024", "--precision", "bf16",
+            "--lora-rank", "16", "--json")
+    lora = json.loads(_run(capsys, *args, "--peft", "lora")[1])
+    qlora = json.loads(_run(capsys, *args, "--peft", "qlora")[1])
+    assert qlora["peft"]["base_weight_bytes"] < 0.4 * lora["peft"]["base_weight_bytes"]
+    assert qlora["peak_bytes"] < lora["peak_bytes"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("--peft", "lora", "--lora-rank", "0"), "--lora-rank 0"),
+    (("--peft", "qlora", "--precision", "fp8"), "--precision bf16"),
+    (("--peft", "lora", "--zero", "3", "--dp", "2"), "--zero 3"),
+    (("--peft", "lora", "--tp", "2"), "--tp"),
+    (("--peft", "lora", "--lora-targets", "qkv"), "no such Linear module"),
+    (("--lora-dropout", "0.1"), "needs --peft"),
+    (("--peft", "lora", "--paged-optimizer"), "--paged-optimizer needs"),
+    (("--peft", "lora", "--lora-dropout", "1.5"), "--lora-dropout"),
+])
+def test_bad_input_one_line(capsys, argv, needle):
+    code, out, err = _run(capsys, "memory", "meta-llama/Llama-3.1-8B", "--micro-batch", "1", "--seq", "512", *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("trainmath: error:") and needle in err
+
+
+def test_flops_bad_input(capsys):
+    code, _, err = _run(capsys, "flops", "Qwen/Qwen3-8B", "--seq", "512", "--input-grads", "on")
+    assert code == 2 and "needs --peft" in err and err.count("\n") == 1
