@@ -54,3 +54,19 @@ def test_bad_input_one_line(capsys, argv, needle):
 def test_flops_bad_input(capsys):
     code, _, err = _run(capsys, "flops", "Qwen/Qwen3-8B", "--seq", "512", "--input-grads", "on")
     assert code == 2 and "needs --peft" in err and err.count("\n") == 1
+
+
+def test_levers_one_reason_one_line(capsys):
+    """When nothing fits, the levers a fine-tune cannot build are listed once per reason, each naming all of
+    the levers it stops (three ZeRO-3 layouts, one line), in the levers' order."""
+    code, out, _ = _run(capsys, "memory", "meta-llama/Llama-3.1-70B", "--micro-batch", "1", "--seq", "4096",
+                        "--precision", "bf16", "--peft", "qlora", "--lora-rank", "16", "--lora-targets",
+                        "all-linear", "--recompute", "full", "--gpu", "l40s")
+    assert code == 0
+    assert "does NOT fit L40S" in out
+    unbuilt = [ln for ln in out.splitlines() if "cannot be built here" in ln]
+    zero3 = [ln for ln in unbuilt if "FSDP2 over frozen parameters" in ln]
+    assert len(zero3) == 1 and all(f"--dp {n} --zero 3" in zero3[0] for n in (2, 4, 8))
+    assert len(unbuilt) == len({ln.split(": cannot be built here: ")[1] for ln in unbuilt})
+    built = [ln for ln in out.splitlines() if "-> does not fit" in ln or "-> fits" in ln]
+    assert built and out.index(built[0]) < out.index(unbuilt[0])

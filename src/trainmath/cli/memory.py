@@ -452,10 +452,20 @@ def render_fit(v) -> str:
     good = [lv for lv in v.levers if lv.fits]
     lines.append("would fit with: " + (", ".join(f"{lv.name} ({human_bytes(lv.peak_bytes)})" for lv in good)
                                        if good else "none of the single levers below"))
+    unbuilt: dict[str, list[str]] = {}  # reason -> the levers it stops: one line per reason, in lever order
+    rows: list[str | None] = []  # None: the place of the next reason's line
     for lv in v.levers:
         if lv.peak_bytes is None:
-            lines.append(f"  {lv.name}: cannot be built here: {lv.reason}")
+            if lv.reason not in unbuilt:
+                rows.append(None)
+            unbuilt.setdefault(lv.reason, []).append(lv.name)
         else:
-            lines.append(f"  {lv.name}: peak {human_bytes(lv.peak_bytes)} -> {'fits' if lv.fits else 'does not fit'}"
-                         + (f" ({lv.reason})" if lv.reason else ""))
+            rows.append(f"  {lv.name}: peak {human_bytes(lv.peak_bytes)} -> {'fits' if lv.fits else 'does not fit'}"
+                        + (f" ({lv.reason})" if lv.reason else ""))
+    reasons = iter(unbuilt.items())
+    for row in rows:
+        if row is None:
+            reason, names = next(reasons)
+            row = f"  {', '.join(names)}: cannot be built here: {reason}"
+        lines.append(row)
     return "\n".join(lines)
