@@ -17,12 +17,11 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "perf"))
 
-from published_more import RUNS, spec  # noqa: E402
+from published_more import RUNS, estimate_run, spec, speed  # noqa: E402
 
 from trainmath.errors import TrainmathError  # noqa: E402
 from trainmath.hardware import presets  # noqa: E402
-from trainmath.layout import ParallelLayout  # noqa: E402
-from trainmath.perf import Job, estimate, fsdp  # noqa: E402
+from trainmath.perf import fsdp  # noqa: E402
 
 C_GRID = [i * 0.01 for i in range(51)]
 D_GRID = [i * 1e-4 for i in range(51)]
@@ -38,23 +37,15 @@ def rows() -> list[dict]:
         for r in RUNS:
             if not r.get("fsdp") or r["layout"].get("zero") != 3:
                 continue
-            job = dict(r["job"])
-            s = spec(r["id"])
-            if s.num_layers % (job.get("virtual_stages", 1) * r["layout"]["pp"]):
-                job["uneven_stages"] = True
             try:
-                e = estimate(s, ParallelLayout(**r["layout"]), Job(**job), hw.gpu(r["gpu"]), hardware=hw,
-                             memory=False)
+                e, job = estimate_run(r, hw)
             except TrainmathError:
                 continue
-            n = e.layout.ranks
-            per_gpu = {"step_time_s": 1 / e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s / n,
-                       "tflops_per_gpu": e.tflops_per_gpu}[r["metric"]]
-            base = r["published"] if r["metric"] != "step_time_s" else 1 / r["published"]
-            speed = per_gpu / base  # predicted / published throughput
+            s = spec(r["id"])
+            ratio = speed(r, e)  # predicted / published throughput
             units = (s.num_layers // r["layout"]["pp"] + 1) * e.micro_batches * (2 + (job["recompute"] == "full"))
             out.append({"source": r["paper"], "gen": hw.gpu(r["gpu"]).generation, "step": e.step_time_s,
-                        "published_step": e.step_time_s * speed, "units": units})
+                        "published_step": e.step_time_s * ratio, "units": units})
     finally:
         fsdp.OVERHEAD.update(saved)
     return out

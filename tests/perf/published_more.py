@@ -36,9 +36,9 @@ def gpus(run: dict) -> int:
     return lay["dp"] * lay["tp"] * lay["pp"] * lay.get("cp", 1)
 
 
-def predict(run: dict, hardware: Hardware | None = None) -> float:
-    """The model's figure for ``run``'s metric: tokens/s per GPU, seconds per step or model TFLOP/s per GPU (no
-    memory model: the runs did fit); raises TrainmathError when the model cannot price the run."""
+def estimate_run(run: dict, hardware: Hardware | None = None):
+    """(the step-time estimate of ``run``, the job it priced): uneven pipeline stages where the layers do not
+    divide, no memory model (the runs did fit); raises TrainmathError when the model cannot price the run."""
     hw = hardware or presets()
     job = dict(run["job"])
     uneven = job.get("virtual_stages", 1) * run["layout"]["pp"]
@@ -46,11 +46,28 @@ def predict(run: dict, hardware: Hardware | None = None) -> float:
         job["uneven_stages"] = True
     est = estimate(spec(run["id"]), ParallelLayout(**run["layout"]), Job(**job), hw.gpu(run["gpu"]),
                    hardware=hw, memory=False)
+    return est, job
+
+
+def metric(run: dict, est) -> float:
+    """The estimate's figure for ``run``'s metric: tokens/s per GPU, seconds per step or TFLOP/s per GPU."""
     if run["metric"] in ("step_time_s", "tflops_per_gpu", "hardware_tflops_per_gpu"):
         return getattr(est, run["metric"])
     if run["metric"] != "tokens_per_s_per_gpu":
         raise TrainmathError(f"unknown metric {run['metric']!r}")
     return est.tokens_per_s / gpus(run)
+
+
+def speed(run: dict, est) -> float:
+    """Predicted / published throughput (a step time is inverted first)."""
+    if run["metric"] == "step_time_s":
+        return run["published"] / est.step_time_s
+    return metric(run, est) / run["published"]
+
+
+def predict(run: dict, hardware: Hardware | None = None) -> float:
+    """The model's figure for ``run``'s metric; raises TrainmathError when the model cannot price the run."""
+    return metric(run, estimate_run(run, hardware)[0])
 
 
 def try_predict(run: dict) -> tuple[float | None, str]:
