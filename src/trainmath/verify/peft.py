@@ -155,7 +155,7 @@ def predict_peft(spec, cfg: TrainConfig, world_size: int, full: dict, *, cuda: b
 
 def compare_peft(predicted: dict, measured: dict[int, dict], cfg: TrainConfig) -> list:
     """Fields of every rank against the prediction (``verify.train.Field``)."""
-    from trainmath.verify.train import Field
+    from trainmath.verify.train import Field, collective_fields
 
     fields = []
     ranks = sorted(measured)
@@ -177,13 +177,7 @@ def compare_peft(predicted: dict, measured: dict[int, dict], cfg: TrainConfig) -
                                 note="FSDP2's optimizer states follow the unpadded local shard" if bound else
                                 "peft's get_nb_trainable_parameters()" if name in ("trainable_params", "total_params")
                                 else ""))
-    comm = predicted.get("collective_bytes")
-    for r in ranks if comm else ():
-        got = measured[r].get("collective_bytes", {})
-        for op in sorted(set(comm) | set(got)):
-            fields.append(Field(name=f"collective_bytes {op} (rank {r})", predicted=comm.get(op, 0),
-                                measured=got.get(op, 0), tolerance=0.0,
-                                note="DDP's gradient buckets: the adapters' gradients only"))
+    fields += collective_fields(predicted, measured, "DDP's gradient buckets: the adapters' gradients only")
     flops = predicted.get("flops")
     for r in ranks if flops else ():
         m = measured[r]

@@ -183,6 +183,18 @@ def _collective_bytes(spec, cfg: TrainConfig, layout: ParallelLayout) -> dict | 
                                     strategy=strategy, micro_batches=cfg.grad_accum)
 
 
+def collective_fields(predicted: dict, measured: dict[int, dict], note: str) -> list[Field]:
+    """One exact field per rank and collective op: the predicted ``collective_bytes`` against the measured."""
+    comm = predicted.get("collective_bytes")
+    fields = []
+    for r in sorted(measured) if comm else ():
+        got = measured[r].get("collective_bytes", {})
+        for op in sorted(set(comm) | set(got)):
+            fields.append(Field(name=f"collective_bytes {op} (rank {r})", predicted=comm.get(op, 0),
+                                measured=got.get(op, 0), tolerance=0.0, note=note))
+    return fields
+
+
 def compare(predicted: dict, measured: dict[int, dict], cfg: TrainConfig) -> list[Field]:
     """Fields of every rank (``measured``: rank → that rank's measurement) against the prediction."""
     fields: list[Field] = []
@@ -210,13 +222,7 @@ def compare(predicted: dict, measured: dict[int, dict], cfg: TrainConfig) -> lis
         fields.append(Field(name=f"attention_core_flops (rank {r})", predicted=predicted["attention_core_flops"],
                             measured=m["attention_core_flops"], tolerance=ATTENTION_TOLERANCE,
                             note="flash backward recomputes QKᵀ (2.5× forward; the calculator counts 2×)"))
-    comm = predicted.get("collective_bytes")
-    for r in ranks if comm else ():
-        got = measured[r].get("collective_bytes", {})
-        for op in sorted(set(comm) | set(got)):
-            fields.append(Field(name=f"collective_bytes {op} (rank {r})", predicted=comm.get(op, 0),
-                                measured=got.get(op, 0), tolerance=0.0,
-                                note="buffer bytes per step (nccl-tests' size), trainmath.comm.volume"))
+    fields += collective_fields(predicted, measured, "buffer bytes per step (nccl-tests' size), trainmath.comm.volume")
     peak_tol, _ = peak_tolerance(cfg)
     for r in ranks:
         fields.append(Field(name=f"peak_bytes (rank {r})", predicted=predicted["peak_bytes"],
