@@ -51,10 +51,12 @@ def _source_errors(runs: list[dict]) -> list[float]:
 
 
 def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
-    """Per source: its runs' |speed − 1| with the FSDP and MoE overheads refitted per generation on the other
-    sources only (a generation left with no runs to fit gets no overhead). Generations whose constant in the
-    code is zero stay zero (the code chose not to use their fit)."""
+    """Per source: its runs' |speed − 1| with the flash kernels' attention shares, then the FSDP and MoE
+    overheads refitted per generation on the other sources only (a generation left with no runs to fit gets no
+    overhead; a kernel left with no runs, the generation's native share). Generations whose constant in the code
+    is zero stay zero (the code chose not to use their fit)."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import attention_fit
     import fsdp_fit
     import moe_fit
     import plan_calibrate
@@ -62,8 +64,9 @@ def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
     from trainmath.hardware import presets
     from trainmath.perf import fsdp, moe
 
-    fsdp_rows, moe_rows = fsdp_fit.rows(), moe_fit.rows()
+    attention_rows = attention_fit.rows()
     saved_f, saved_m = dict(fsdp.OVERHEAD), dict(moe.OVERHEAD)
+    saved_a = {k: dict(t) for k, t in attention_fit.TABLES.items()}
     hw = presets()
     saved_g = dict(hw.generations)
     curve_sources = {r["paper"] for r in plan_calibrate.fit_runs("ampere", hw)}
@@ -71,6 +74,10 @@ def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
     try:
         for src in sorted({r["paper"] for r in runs}):
             hw.generations.update(saved_g)
+            attention_fit.apply(attention_fit.fitted(attention_rows, src))
+            fsdp.OVERHEAD.update(saved_f)
+            moe.OVERHEAD.update(saved_m)
+            fsdp_rows, moe_rows = fsdp_fit.rows(), moe_fit.rows()
             if src in curve_sources:  # the ampere curve refitted without this source's rows
                 hw.generations["ampere"] = plan_calibrate.fit(
                     "ampere", plan_calibrate.fit_runs("ampere", hw, exclude_source=src), hw)[1]
@@ -83,6 +90,9 @@ def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
             out[src] = _source_errors([r for r in runs if r["paper"] == src])
     finally:
         hw.generations.update(saved_g)
+        for k, t in attention_fit.TABLES.items():
+            t.clear()
+            t.update(saved_a[k])
         fsdp.OVERHEAD.clear()
         fsdp.OVERHEAD.update(saved_f)
         moe.OVERHEAD.clear()
@@ -124,7 +134,7 @@ def more() -> None:
         tail = (f" {100 * statistics.median(held):10.1f}% {100 * sum(e <= 0.15 for e in held) / len(held):7.0f}%"
                 if held else "")
         print(f"{name:26s} {len(errs):6d} {100 * statistics.median(errs):11.1f}% {100 * within:9.0f}%{tail}")
-    print("LOSO: the FSDP and MoE overheads and the ampere curve refitted without the source (leave-one-source-out);"
+    print("LOSO: the flash-kernel shares, the FSDP and MoE overheads and the ampere curve refitted without the source;"
           " groups: in-sample")
     for run_id, why in skipped:
         print(f"not priced: {run_id}: {why}")

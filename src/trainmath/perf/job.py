@@ -31,6 +31,9 @@ class Job:
     """Attention FLOPs in MFU/HFU: ``executed`` (all s², Megatron-LM's and PaLM's formulas) or ``half``."""
     attention: str = "flash"
     """Attention kernel: ``flash`` or ``eager`` (materialised scores; ``trainmath.perf.compute``)."""
+    flash_kernel: str = "native"
+    """Which flash kernel (``trainmath.perf.attention``): ``native`` (the generation's calibrated one), ``te``
+    (Transformer Engine's, as Megatron-Core and NeMo run it) or ``fa2`` (FlashAttention-2: flash-attn 2, SDPA)."""
     profile: str = "megatron"
     """Activation profile of the memory model."""
     uneven_stages: bool = False
@@ -154,6 +157,10 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
             bad.append(f"{name.replace('_', ' ')} must be a positive integer, got {v!r}")
     if job.attention not in ("flash", "eager"):
         bad.append(f"attention kernel must be flash or eager, got {job.attention!r}")
+    if job.attention == "flash":
+        from trainmath.perf.attention import kernel_problems
+
+        bad += kernel_problems(job.flash_kernel)
     if not isinstance(job.moe_imbalance, (int, float)) or not 1 <= job.moe_imbalance <= 1e3:
         bad.append(f"moe imbalance (busiest EP rank's tokens / the mean) must be a number from 1 to 1000, got "
                    f"{job.moe_imbalance!r}")
