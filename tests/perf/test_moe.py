@@ -151,14 +151,14 @@ def test_published_error_table_does_not_regress():
         if r["moe"]:
             errs["moe"].append(abs(ratio - 1))
     assert len(errs["all"]) == 184 and len(errs["moe"]) == 32
-    assert statistics.median(errs["all"]) <= 0.057  # with the flash kernels (perf.attention)
-    assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.725
+    assert statistics.median(errs["all"]) <= 0.053  # with the flash kernels (perf.attention), FSDP at ZeRO-2
+    assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.76
     assert statistics.median(errs["moe"]) <= MOE_MEDIAN
     # with the sources added after the MoE terms and the ampere refit (docs/benchmarks.md, "four more publishers")
     every = errs["every source"]
     assert len(every) == 220
-    assert statistics.median(every) <= 0.077
-    assert sum(e <= 0.15 for e in every) / len(every) >= 0.705
+    assert statistics.median(every) <= 0.076
+    assert sum(e <= 0.15 for e in every) / len(every) >= 0.74
 
 
 def test_cli_refuses_an_imbalance_below_one():

@@ -40,6 +40,9 @@ class Job:
     """Allow pp · virtual_stages not dividing the layers (stages differ by one layer, like Llama 3's)."""
     fp8_head: bool = False
     """With ``precision="fp8"``: run the LM head's GEMMs in FP8 too (Transformer Engine's recipe keeps it BF16)."""
+    fsdp: bool = False
+    """The data-parallel sharding runs as PyTorch FSDP units (``zero`` 3 FULL_SHARD, 2 SHARD_GRAD_OP): the fitted
+    FSDP overhead (``trainmath.perf.fsdp``: per-unit hooks) applies at ZeRO-2 too. ZeRO-3 pays it either way."""
     moe_imbalance: float = 1.0
     """MoE load imbalance: tokens routed to the busiest expert-parallel rank / the mean (1.0 balanced; a capacity
     factor with dropping bounds it; ``trainmath.perf.moe``)."""
