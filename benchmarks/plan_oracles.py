@@ -2,6 +2,7 @@
 
     python benchmarks/plan_oracles.py
     python benchmarks/plan_oracles.py --more     # the runs of tests/perf/published_runs_more.json (not calibrated)
+    python benchmarks/plan_oracles.py --memory   # their stated layouts through the memory model: fit, peak
 
 Columns: the run, its GPU, the figure the paper reports (its own FLOP convention: Megatron-LM's Eq. 3 counts
 recompute, Llama 3's TFLOPs/GPU 6N + causal attention; Korthikanti et al. report seconds), the prediction, and
@@ -140,10 +141,45 @@ def more() -> None:
         print(f"not priced: {run_id}: {why}")
 
 
+def memory() -> None:
+    """Every run of published_runs_more.json at its stated layout through the memory model: the predicted peak
+    (the megatron profile), the fit verdict under the one fit rule, and the memory the source reports."""
+    from published_more import RUNS as MORE
+    from published_more import memory_check
+
+    from trainmath.errors import TrainmathError
+
+    print(f"{'run':64s} {'GPU GiB':>7s} {'usable':>7s} {'peak':>7s} {'fits':>5s} {'published':>9s} {'ratio':>6s}")
+    fit = judged = 0
+    ratios = []
+    for r in MORE:
+        try:
+            m = memory_check(r)
+        except TrainmathError as exc:
+            print(f"{r['id']:64s} not priced: {exc}")
+            continue
+        judged += 1
+        fit += bool(m["fits"])
+        pub = m["published_gib"]
+        tail = f"{pub:9.1f} {m['peak_gib'] / pub:6.2f}" if pub else ""
+        if pub:
+            ratios.append(m["peak_gib"] / pub)
+        print(f"{r['id']:64s} {m['memory_gib']:7.0f} {m['usable_gib']:7.1f} {m['peak_gib']:7.1f} "
+              f"{'yes' if m['fits'] else 'NO':>5s} {tail}")
+    print(f"\n{fit} of {judged} stated layouts judged to fit (they all ran); {len(ratios)} runs report memory: "
+          f"predicted peak / published median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-"
+          f"{max(ratios):.2f}")
+
+
 def main() -> None:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--more", action="store_true", help="the runs of tests/perf/published_runs_more.json")
-    if args.parse_args().more:
+    args.add_argument("--memory", action="store_true", help="those runs' layouts through the memory model")
+    parsed = args.parse_args()
+    if parsed.memory:
+        memory()
+        return
+    if parsed.more:
         more()
         return
     print(f"{'run':36s} {'GPU':14s} {'metric':30s} {'published':>9s} {'predicted':>9s} {'ratio':>6s}")

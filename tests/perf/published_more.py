@@ -76,3 +76,26 @@ def try_predict(run: dict) -> tuple[float | None, str]:
         return predict(run), ""
     except TrainmathError as exc:
         return None, str(exc)
+
+
+def memory_check(run: dict, hardware: Hardware | None = None) -> dict:
+    """The run's stated layout through the memory model (its job's profile, ``megatron`` unless it says): the
+    predicted peak, the usable bytes of the fit rule on the GPUs it ran on (``gpu_memory_gib`` where the source's
+    differ from the preset), the verdict, and the memory the source reports (``published_memory_gib``, or None)."""
+    from dataclasses import replace
+
+    from trainmath.usable import usable_bytes
+
+    hw = hardware or presets()
+    job = dict(run["job"])
+    if len(spec(run["id"]).layers) % (job.get("virtual_stages", 1) * run["layout"]["pp"]):
+        job["uneven_stages"] = True
+    gpu = hw.gpu(run["gpu"])
+    if "gpu_memory_gib" in run:
+        gpu = replace(gpu, memory_bytes=int(run["gpu_memory_gib"] * 2**30))
+    j = Job(**job)
+    est = estimate(spec(run["id"]), ParallelLayout(**run["layout"]), j, gpu, hardware=hw)
+    usable = usable_bytes(gpu.memory_bytes, j.mem_util_percent)
+    return {"peak_gib": est.peak_bytes / 2**30, "usable_gib": usable / 2**30, "fits": est.fits,
+            "memory_gib": gpu.memory_bytes / 2**30, "published_gib": run.get("published_memory_gib"),
+            "profile": j.profile}
