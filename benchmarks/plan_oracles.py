@@ -22,6 +22,7 @@ import argparse
 import pathlib
 import statistics
 import sys
+from dataclasses import replace
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "perf"))
 
@@ -70,7 +71,10 @@ def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
     saved_a = {k: dict(t) for k, t in attention_fit.TABLES.items()}
     hw = presets()
     saved_g = dict(hw.generations)
-    curve_sources = {r["paper"] for r in plan_calibrate.fit_runs("ampere", hw)}
+    curves = ("ampere", "blackwell")  # the generation curves fitted on rows of this file
+    curve_sources = {g: {r["paper"] for r in plan_calibrate.fit_runs(g, hw)} for g in curves}
+    # a curve left with no runs without the source: the values gpus.json set before its fit (hopper's)
+    prior = {"blackwell": replace(saved_g["hopper"], generation="blackwell", how="hopper's (left-out prior)")}
     out: dict[str, list[float]] = {}
     try:
         for src in sorted({r["paper"] for r in runs}):
@@ -79,9 +83,10 @@ def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
             fsdp.OVERHEAD.update(saved_f)
             moe.OVERHEAD.update(saved_m)
             fsdp_rows, moe_rows = fsdp_fit.rows(), moe_fit.rows()
-            if src in curve_sources:  # the ampere curve refitted without this source's rows
-                hw.generations["ampere"] = plan_calibrate.fit(
-                    "ampere", plan_calibrate.fit_runs("ampere", hw, exclude_source=src), hw)[1]
+            for g in curves:  # a curve refitted without this source's rows
+                if src in curve_sources[g]:
+                    rest = plan_calibrate.fit_runs(g, hw, exclude_source=src)
+                    hw.generations[g] = plan_calibrate.fit(g, rest, hw)[1] if rest else prior[g]
             for gen, const in saved_f.items():
                 rest = [r for r in fsdp_rows if r["gen"] == gen and r["source"] != src]
                 fsdp.OVERHEAD[gen] = fsdp_fit.fit(rest) if rest and any(const) else (0.0, 0.0)
@@ -135,7 +140,8 @@ def more() -> None:
         tail = (f" {100 * statistics.median(held):10.1f}% {100 * sum(e <= 0.15 for e in held) / len(held):7.0f}%"
                 if held else "")
         print(f"{name:26s} {len(errs):6d} {100 * statistics.median(errs):11.1f}% {100 * within:9.0f}%{tail}")
-    print("LOSO: the flash-kernel shares, the FSDP and MoE overheads and the ampere curve refitted without the source;"
+    print("LOSO: the flash-kernel shares, the FSDP and MoE overheads, the ampere and blackwell curves refitted without"
+          " the source;"
           " groups: in-sample")
     for run_id, why in skipped:
         print(f"not priced: {run_id}: {why}")

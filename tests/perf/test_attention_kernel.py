@@ -66,3 +66,4 @@ def test_the_shares_in_the_code_are_the_fit_scripts_answer():
         left = attention_fit.fitted(rows, src)[("hopper", "fa2")]
         errs = sorted(abs(r["speeds"][left] - 1) for r in held)
         assert errs[len(errs) // 2] <= 0.07
+
