@@ -44,9 +44,18 @@ def estimate_run(run: dict, hardware: Hardware | None = None):
     uneven = job.get("virtual_stages", 1) * run["layout"]["pp"]
     if len(spec(run["id"]).layers) % uneven:
         job["uneven_stages"] = True
-    est = estimate(spec(run["id"]), ParallelLayout(**run["layout"]), Job(**job), hw.gpu(run["gpu"]),
+    est = estimate(spec(run["id"]), ParallelLayout(**run["layout"]), Job(**job), run_gpu(run, hw),
                    hardware=hw, memory=False)
     return est, job
+
+
+def run_gpu(run: dict, hw: Hardware):
+    """The run's GPU preset with the scale-out network its source states (``network``: NICs per GPU and their
+    Gb/s) where it differs from the preset's reference node."""
+    from dataclasses import replace
+
+    gpu = hw.gpu(run["gpu"])
+    return replace(gpu, **run["network"]) if "network" in run else gpu
 
 
 def metric(run: dict, est) -> float:
@@ -90,7 +99,7 @@ def memory_check(run: dict, hardware: Hardware | None = None) -> dict:
     job = dict(run["job"])
     if len(spec(run["id"]).layers) % (job.get("virtual_stages", 1) * run["layout"]["pp"]):
         job["uneven_stages"] = True
-    gpu = hw.gpu(run["gpu"])
+    gpu = run_gpu(run, hw)
     if "gpu_memory_gib" in run:
         gpu = replace(gpu, memory_bytes=int(run["gpu_memory_gib"] * 2**30))
     j = Job(**job)
