@@ -67,3 +67,24 @@ def test_the_shares_in_the_code_are_the_fit_scripts_answer():
         errs = sorted(abs(r["speeds"][left] - 1) for r in held)
         assert errs[len(errs) // 2] <= 0.07
 
+
+
+def test_cli_flash_kernel_prices_the_kernel_and_refuses_an_unknown_one():
+    import json
+    import subprocess
+
+    def step(kernel: str) -> float:
+        out = subprocess.run([sys.executable, "-m", "trainmath", "estimate", "meta-llama/Llama-3.1-8B", "--gpus", "8",
+                              "--gpu", "h100", "--seq", "32768", "--global-batch", "8", "--flash-kernel", kernel,
+                              "--json"], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)["step_time_s"]
+
+    lay, gpu = ParallelLayout(dp=8, zero=1), HW.gpu("h100")
+    for k in ("native", "fa2"):
+        api = estimate(LLAMA8B, lay, Job(global_batch=8, seq=32768, flash_kernel=k), gpu)
+        assert step(k) == pytest.approx(api.step_time_s, rel=1e-9)
+    bad = subprocess.run([sys.executable, "-m", "trainmath", "estimate", "meta-llama/Llama-3.1-8B", "--gpus", "8",
+                          "--gpu", "h100", "--seq", "4096", "--global-batch", "8", "--flash-kernel", "fa4"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("trainmath: error:") and "Traceback" not in bad.stderr
