@@ -27,7 +27,24 @@ def test_page_shows_the_adapters_of_params(capsys):
     got = out["summary"]["peft"]
     assert {k: got[k] for k in ("trainable_params", "adapter_params", "total_params")} == {
         k: want[k] for k in ("trainable_params", "adapter_params", "total_params")}
-    assert got["trainable_params"] == 41_943_040 and "full training's" in got["memory_note"]
+    assert got["trainable_params"] == 41_943_040
+    from trainmath.report.peft import FINE_TUNE_NOTE
+
+    assert got["memory_note"] == FINE_TUNE_NOTE or "full training's" in got["memory_note"]
+
+
+def test_page_flops_are_flops_peft(capsys):
+    """The page's training FLOPs are ``trainmath flops --peft``'s for the same micro-batch, not full training's."""
+    out = calc(FIELDS)
+    assert out["ok"], out.get("error")
+    capsys.readouterr()
+    assert main(["flops", FIELDS["model"], "--batch", "1", "--seq", "4096", "--json",
+                 *[x for k, v in PEFT.items() for x in (f"--{k}", v)]]) == 0
+    want = json.loads(capsys.readouterr().out)["training"]["per_step"]
+    assert out["summary"]["training_flops"] == want
+    capsys.readouterr()
+    assert main(["flops", FIELDS["model"], "--batch", "1", "--seq", "4096", "--json"]) == 0
+    assert want < json.loads(capsys.readouterr().out)["training"]["per_step"]
 
 
 def test_full_training_has_no_peft_part():

@@ -184,7 +184,8 @@ def render(result, *, explain: bool = False, tokens: int | None = None, price: f
     lines.append(result.fit_rule)
     lines.append(f"fit: every layout's peak fits under the {' and the '.join(result.fit_profiles)} activation "
                  f"profile{'s' if len(result.fit_profiles) > 1 else ''} (memory column: the larger peak)")
-    lines.append("search: tp within a node, sp on whenever tp > 1, cp while each rank keeps >= 1024 tokens; "
+    lines.append(f"search (--peft): {result.search}" if result.search else
+                 "search: tp within a node, sp on whenever tp > 1, cp while each rank keeps >= 1024 tokens; "
                  "micro-batch 1/2/4/8, virtual stages 1/2/4, ZeRO 0-3, recompute none/selective/full")
     return "\n".join(lines)
 
