@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Enumerates every layout of the GPUs (degrees, ZeRO stage, recompute, micro-batch, virtual "
                     "stages), drops those that cannot be built or do not fit the GPU's memory, and ranks the rest "
                     "by step time (the model of `trainmath estimate`). Exit 1 when nothing fits, with the closest "
-                    "candidates and what they lack.",
+                    "candidates and what they lack. With --peft lora|qlora, the layouts a fine-tune is modelled on "
+                    "(one device, DDP, ZeRO-1/2; the rest rejected with the reason), timed as `estimate --peft`.",
     )
     add_job_arguments(p, gpus_auto=True, offload_auto=True)
     p.add_argument("--deadline", default=None, metavar="DURATION",
