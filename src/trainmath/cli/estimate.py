@@ -90,9 +90,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="step time, MFU/HFU and memory of one training layout on a GPU cluster; GPU-hours of a token budget",
         description="Step time of one training layout (compute at the GPU generation's efficiency, each exposed "
                     "collective, pipeline bubble, optimizer step), tokens/s, TFLOP/s per GPU, MFU and HFU, memory "
-                    "per GPU with a fit verdict, and with --tokens the time, GPU-hours and cost of a budget. With --peft "
-                    "lora|qlora, the fine-tune's step: frozen base fprop + dgrad, the adapters' GEMMs, QLoRA's "
-                    "dequantisation, MFU over the fine-tune's executed FLOPs (one device, DDP, ZeRO-1/2).",
+                    "per GPU with a fit verdict, and with --tokens the time, GPU-hours and cost of a budget. "
+                    "With --peft lora|qlora, the fine-tune's step: frozen base fprop + dgrad, the adapters' GEMMs, "
+                    "QLoRA's dequantisation, MFU over the fine-tune's executed FLOPs (one device, DDP, ZeRO-1/2).",
     )
     add_job_arguments(p)
     p.add_argument("--tp", type=count(), default=1)
