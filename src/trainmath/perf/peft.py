@@ -207,6 +207,17 @@ def _fine_tune_flops(spec, pj, seq: int, causal: str, recompute: str, input_grad
                                    input_grads=input_grads).report.training.value)
 
 
+def peft_peak_bytes(spec, layout, job: Job, micro_batches: int) -> int:
+    """``trainmath memory --peft``'s peak for the fine-tune ``job`` on ``layout`` (the hf activation profile)."""
+    from trainmath.memory.training import TrainingSetup, training_memory
+
+    setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision, optimizer=job.optimizer,
+                          recompute=job.recompute, profile=job.profile,
+                          attention="eager" if job.attention == "eager" else "sdpa", micro_batches=micro_batches,
+                          offload=job.offload, peft=job.peft)
+    return training_memory(spec, setup, layout).peak_bytes
+
+
 def peft_estimate(spec, layout, job: Job, gpu: GPU, *, hardware: Hardware | None = None, memory: bool = True,
                   peak_bytes: int | None = None, validate: bool = True) -> Estimate:
     """The step of the fine-tune ``job.peft`` on ``layout`` (see the module docstring); arguments as
@@ -263,9 +274,7 @@ def peft_estimate(spec, layout, job: Job, gpu: GPU, *, hardware: Hardware | None
     hw_flops = _fine_tune_flops(spec, pj, job.seq, job.mfu_causal, job.recompute, ig) * job.global_batch
     peak = gpu.peak_flops_per_s("bf16")
     if peak_bytes is None and memory:
-        from trainmath.perf.step import memory_peak_bytes
-
-        peak_bytes = memory_peak_bytes(spec, layout, job, M)
+        peak_bytes = peft_peak_bytes(spec, layout, job, M)
     fits = None if peak_bytes is None else peak_bytes <= usable_bytes(gpu.memory_bytes, job.mem_util_percent)
     compute = {c: {"flops": M * mb.flops.get(c, 0), "seconds": M * s[c]} for c in CLASSES + MEMORY_CLASSES}
     # forward + backward + recompute + qlora_dequant of the breakdown == the sum of these seconds

@@ -128,7 +128,7 @@ def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_b
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
                           optimizer=job.optimizer, recompute=memory_recompute(job), profile=job.profile,
                           attention="eager" if job.attention == "eager" else "sdpa", micro_batches=micro_batches,
-                          offload=job.offload, peft=job.peft)
+                          offload=job.offload)
     return training_memory(spec, setup, layout).peak_bytes
 
 

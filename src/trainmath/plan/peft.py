@@ -16,8 +16,7 @@ from trainmath.errors import TrainmathError
 from trainmath.hardware import presets
 from trainmath.perf.compute import memo, spec_cache
 from trainmath.perf.job import job_problems
-from trainmath.perf.peft import layout_problems, peft_estimate
-from trainmath.perf.step import memory_peak_bytes
+from trainmath.perf.peft import layout_problems, peft_estimate, peft_peak_bytes
 from trainmath.plan import search as full
 from trainmath.plan.search import MAX_GPUS, MICRO_BATCHES, PlanResult, Rejected, reason_category
 from trainmath.usable import usable_bytes
@@ -87,7 +86,7 @@ def plan_peft(spec, *, gpus: int, gpu, job, gpus_per_node: int | None = None, to
         if key not in spec_cache(spec):
             checks += 1
         try:
-            peak = memo(spec, key, lambda: memory_peak_bytes(spec, lay, jb, est.micro_batches))
+            peak = memo(spec, key, lambda: peft_peak_bytes(spec, lay, jb, est.micro_batches))
         except TrainmathError as e:
             rejected.append(Rejected(layout=lay, micro_batch=jb.micro_batch, recompute=jb.recompute, virtual_stages=1,
                                      reason=reason_category(str(e)), detail=str(e), step_time_s=est.step_time_s))
@@ -111,3 +110,11 @@ def plan_peft(spec, *, gpus: int, gpu, job, gpus_per_node: int | None = None, to
                       closest=() if layouts else full._closest(rejected, top),
                       usable_bytes=limit, candidates=n, memory_checks=checks, bounded=bounded, fit_profiles=("hf",),
                       memory_bytes=gpu.memory_bytes, mem_util_percent=job.mem_util_percent, search=SEARCH_TEXT)
+
+
+def plan_job(spec, *, job, **kw) -> PlanResult:
+    """The planner for ``job``: ``plan.search.plan`` for full training, ``plan_peft`` for a fine-tune
+    (``job.peft``); keyword arguments as ``plan.search.plan``."""
+    if job.peft is not None:
+        return plan_peft(spec, job=job, **kw)
+    return full.plan(spec, job=job, **kw)

@@ -238,13 +238,8 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     """The ``top`` fastest layouts of ``job`` on ``gpus`` GPUs of type ``gpu`` that fit, and every rejection.
     ``job``'s micro-batch, recompute and virtual stages are ignored (searched). ``fit_profiles``: the activation
     profiles whose peak must fit (the largest is the layout's ``peak_bytes``; default ``fit_profiles_default``;
-    the hf profile is skipped for a layout it refuses, e.g. fused projections under tp). A fine-tune
-    (``job.peft``) is searched by ``plan.peft``."""
-    if job.peft is not None:
-        from trainmath.plan.peft import plan_peft
-
-        return plan_peft(spec, gpus=gpus, gpu=gpu, job=job, gpus_per_node=gpus_per_node, top=top, hardware=hardware,
-                         fit_profiles=fit_profiles)
+    the hf profile is skipped for a layout it refuses, e.g. fused projections under tp). Full training only: a
+    fine-tune (``job.peft``) is searched by ``plan.peft.plan_peft`` (``trainmath.plan.plan`` picks)."""
     profiles = fit_profiles_default(spec, job) if fit_profiles is None else tuple(fit_profiles)
     if not profiles or any(p not in ("megatron", "hf") for p in profiles):
         raise TrainmathError(f"--fit-profiles must name megatron and/or hf, got {','.join(profiles) or 'nothing'}")
