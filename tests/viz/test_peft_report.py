@@ -92,3 +92,17 @@ def test_page_memory_is_what_its_note_says(capsys):
     capsys.readouterr()
     assert main(argv) == 0
     assert out["summary"]["peak_bytes"] == json.loads(capsys.readouterr().out)["peak_bytes"]
+
+
+def test_report_planner_is_plan_peft(capsys, tmp_path):
+    """With --gpus the page's planner is ``trainmath plan --peft``'s: the same top layout and step time."""
+    path = tmp_path / "r.html"
+    job = ["--seq", "4096", "--precision", "bf16", *[x for k, v in PEFT.items() for x in (f"--{k}", v)]]
+    assert main(["report", "meta-llama/Llama-3.1-8B", "--micro-batch", "1", "--profile", "hf", "--gpu", "h100",
+                 "--gpus", "8", *job, "-o", str(path)]) == 0
+    html = path.read_text()
+    capsys.readouterr()
+    assert main(["plan", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--gpus", "8", "--global-batch", "8",
+                 "--top", "3", "--json", *job]) == 0
+    top = json.loads(capsys.readouterr().out)["layouts"][0]
+    assert "hf profile" in html and f"<td>{top['step_time_s']:.3f}</td>" in html

@@ -131,13 +131,13 @@ def micro_batch_compute(spec, job: Job, gpu: GPU, eff, input_grads: bool) -> _Su
         n = lr.count
         block = next((b for b in lr.layer.blocks if b.kind == "moe"), None)
         experts = block.dims.experts if block else 0
-        fwd_s = elem_fwd
+        moe_s = 0.0  # permutations and router, forward and again backward (as full training's)
         if block:
-            fwd_s += moe_terms.dispatch_memory_s(moe_terms.dispatch_bytes(
+            moe_s = moe_terms.dispatch_memory_s(moe_terms.dispatch_bytes(
                 tokens, block.dims.top_k, spec.hidden_size, experts, 2, job.moe_imbalance), gpu, eff)
-        out.add("elementwise_forward", 0, fwd_s, n)
-        out.add("elementwise_backward", 0, 2 * fwd_s, n)
-        out.add("elementwise_recompute", 0, fwd_s if full else 0.0, n)
+        out.add("elementwise_forward", 0, elem_fwd + moe_s, n)
+        out.add("elementwise_backward", 0, 2 * elem_fwd + moe_s, n)
+        out.add("elementwise_recompute", 0, elem_fwd + moe_s if full else 0.0, n)
         dq = 0
         for row in lr.rows:
             g = row.gemm
