@@ -188,3 +188,15 @@ def test_plan_refuses_in_one_line(flags, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+def test_eager_attention_prices_the_executed_products_and_their_scores():
+    """Eager attention: every s² product executed (the FLOPs of flops --peft causal=executed) and the score
+    tensors' HBM traffic, so slower than flash; the decomposition still sums to the step's FLOPs."""
+    flash, eager = _est(_job(recompute="full")), _est(_job(recompute="full", attention="eager"))
+    assert eager.peft["flops_causal"] == "executed" and flash.peft["flops_causal"] == "half"
+    want = peft_flops(SPEC, eager.job.peft.job, batch=G, seq=SEQ, causal="executed", recompute="full",
+                      input_grads=True)
+    assert sum(v["flops"] for v in eager.peft["compute"].values()) == want.report.training.value
+    assert eager.peft["compute"]["attention_forward"]["seconds"] > flash.peft["compute"]["attention_forward"]["seconds"]
+    assert eager.model_flops == flash.model_flops  # MFU's convention (mfu_causal) does not follow the kernel

@@ -149,7 +149,7 @@ def micro_batch_compute(spec, job: Job, gpu: GPU, eff, input_grads: bool) -> _Su
                     t = gemm_time_s(g.m, g.k, g.n, g.count, g.flops, gpu, eff)
                     if g.name.endswith("scores"):
                         t += g.count * g.m * g.n * EAGER_SCORE_BYTES / hbm
-                    tb = 2 * t * row.backward_flops / (2 * row.forward_flops)
+                    tb = t * row.backward_flops / row.forward_flops  # each operand's gradient a GEMM alike
                 cls = "attention"
             else:
                 if g.component == "experts" and experts:
