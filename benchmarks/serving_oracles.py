@@ -1,10 +1,13 @@
 """Serving speed against published benchmark runs: `tests/infer/published_serving.json` (each record transcribed
 with its exact source location), predicted by `trainmath.infer.speed` / `trainmath.infer.batching`.
 
-    python benchmarks/serving_oracles.py [--file PATH] [--json OUT]
+    python benchmarks/serving_oracles.py [--file PATH] [--json OUT] [--residuals]
 
 Prints, per source and metric (ttft_s, tpot_s, output_tokens_per_s, e2e_s), the count, the median |error| and
-the share within 15%, three ways (below).
+the share within 15%, three ways (below). ``--residuals`` adds every record's signed error (stored constants and
+leave-one-source-out) and the median signed error per group of a likely cause: source, GPU generation, the
+regime (``prefill`` when the predicted prefill is over half the e2e time, else ``decode``), the architecture
+(``moe``, ``mla``, ``dense``), the tensor-parallel degree and the fixed batch or concurrency.
 
 Concurrency records run the continuous-batching steady state within vLLM's KV capacity (requests past it
 queue; below it a prompt waits for the prompts ahead in the prefill budget: their TTFT includes both). A record
@@ -86,15 +89,21 @@ def raw(r: dict, kv_heads: str = "model-code") -> dict:
         dec = [trip(step(spec, setup, gpu, (Part(n=b, t=1, c=c),), unit))
                for c in decode_samples(inp, max(out - 1, 1))]
         return {"generation": gpu.generation, "layers": spec.num_layers, "kind": "batch", "n": b,
+                "arch": _arch(spec),
                 "I": inp, "O": out, "prefill": pre,
                 "decode": dec}
     cap = vllm_capacity(spec, setup, gpu, request_tokens=inp + out, engine=EngineMemory())
     st = steady_state(spec, setup, gpu, concurrency=r["concurrency"], input=inp, output=out, eff=unit,
                       capacity=cap.max_concurrency)
-    return {"generation": gpu.generation, "layers": spec.num_layers, "kind": "concurrency",
+    return {"generation": gpu.generation, "layers": spec.num_layers, "kind": "concurrency", "arch": _arch(spec),
             "n": r["concurrency"], "I": inp, "O": out,
             "step": trip(st.step), "chunk": trip(st.chunk_step), "p": st.prefill_steps, "queue": st.queue_factor,
             "running": st.running, "per_step": max(1, st.chunk_tokens // inp)}
+
+
+def _arch(spec) -> str:
+    kinds = {b.kind for layer in spec.layers for b in layer.blocks}
+    return "mla" if "mla" in kinds else "moe" if "moe" in kinds else "dense"
 
 
 def prefill_wait(prompt_s: float, per_step: int, running: int, e2e_s: float) -> float:
@@ -181,6 +190,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--file", default=DEFAULT, help="published records (default tests/infer/published_serving.json)")
     ap.add_argument("--json", help="write every record's prediction here")
+    ap.add_argument("--residuals", action="store_true",
+                    help="print every record's signed error and the median signed error per group of a likely cause")
     a = ap.parse_args()
     if not os.path.exists(a.file):
         print(f"no published records at {a.file}")
@@ -200,6 +211,8 @@ def main() -> int:
                    + ", ".join(f"{g} {fmt(consts[g])}" for g in sorted(gens)) + "):", errors(records, raws, consts))
     lines += table("leave-one-source-out (constants fitted on the other sources):", loso(records, raws))
     print("\n".join(lines))
+    if a.residuals:
+        print("\n".join(residuals(records, raws, defaults)))
     if a.json:
         with open(a.json, "w") as f:
             json.dump([{"id": r["id"], "published": {k: r.get(k) for k in METRICS},
@@ -221,6 +234,53 @@ def loso(records, raws) -> list:
         held = [r for r in records if r["source"] == src]
         out += errors(held, raws, fit(train, raws))
     return out
+
+
+def loso_consts(records, raws) -> dict:
+    """Per record id, the constants fitted on the other sources (``loso``'s fits)."""
+    out = {}
+    for src in sorted({r["source"] for r in records}):
+        consts = fit([r for r in records if r["source"] != src], raws)
+        out.update({r["id"]: consts for r in records if r["source"] == src})
+    return out
+
+
+def groups(r: dict, x: dict, p: dict) -> dict:
+    """The record's group under each likely cause of a residual."""
+    prefill = p["ttft_s"] > 0.5 * p["e2e_s"]
+    n = "concurrency" if x["kind"] == "concurrency" else "batch"
+    size = x["n"]
+    band = "1" if size == 1 else "2-32" if size <= 32 else "33-256" if size <= 256 else ">256"
+    return {"source": r["source"], "generation": x["generation"], "regime": "prefill" if prefill else "decode",
+            "architecture": x["arch"], "tp": f"tp {r.get('tp') or 1}", "size": f"{n} {band}"}
+
+
+def residuals(records, raws, defaults) -> list[str]:
+    """Every record's signed error (stored constants, leave-one-source-out) and the median per cause group."""
+    held = loso_consts(records, raws)
+    lines = ["", "per record: signed error = predicted / published - 1 (stored constants; leave-one-source-out)",
+             f"  {'id':<58} {'metric':<20} {'published':>11} {'stored':>8} {'loso':>8}"]
+    by = defaultdict(list)
+    for r in records:
+        x = raws[r["id"]]
+        p = predict(x, *defaults[x["generation"]])
+        q = predict(x, *held[r["id"]][x["generation"]])
+        for k in METRICS:
+            if r.get(k):
+                e, f = p[k] / r[k] - 1, q[k] / r[k] - 1
+                lines.append(f"  {r['id']:<58} {k:<20} {r[k]:>11.4g} {e * 100:>+7.1f}% {f * 100:>+7.1f}%")
+                metric = "ttft_s" if k == "ttft_s" else "speed"  # TPOT, tok/s and e2e move together
+                fast = (e, f) if k == "output_tokens_per_s" else (r[k] / p[k] - 1, r[k] / q[k] - 1)
+                for cause, g in groups(r, x, p).items():
+                    by[(cause, g, metric)].append(fast)
+    lines += ["", "median speed error per group: predicted speed / published speed - 1, positive = predicted too "
+              "fast (ttft_s: published / predicted TTFT; speed: tpot_s, e2e_s and output_tokens_per_s together)",
+              f"  {'cause':<13} {'group':<26} {'metric':<11} {'n':>3} {'stored':>8} {'loso':>8}"]
+    for (cause, g, metric), es in sorted(by.items()):
+        lines.append(f"  {cause:<13} {g:<26} {metric:<11} {len(es):>3} "
+                     f"{statistics.median(e for e, _ in es) * 100:>+7.1f}% "
+                     f"{statistics.median(f for _, f in es) * 100:>+7.1f}%")
+    return lines
 
 
 def load(data: dict):
