@@ -45,6 +45,7 @@ stored in ``hardware/serving.json``; the link efficiency is the generation's ``l
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, replace
@@ -157,7 +158,33 @@ class Step:
                 "comm_bytes_per_rank": self.comm_bytes}
 
 
-@lru_cache(maxsize=4096)
+_SPECS: dict[int, tuple[ModelSpec, dict]] = {}
+"""Per model spec (by identity), what the step functions computed for it."""
+
+
+def per_spec(fn):
+    """Memoise ``fn(spec, *args)`` by the spec's identity and the (small, hashable) other arguments. A ModelSpec
+    is a deep frozen tree whose hash walks every layer and tensor; ``functools.lru_cache`` keyed on it hashed it
+    at every call, which was most of ``infer-plan``'s time (thousands of steps). The entry holds the spec
+    itself, so its id cannot be reused while the entry lives; at most 32 specs are kept."""
+
+    @functools.wraps(fn)
+    def memoised(spec: ModelSpec, *args):
+        hit = _SPECS.get(id(spec))
+        if hit is None or hit[0] is not spec:
+            if len(_SPECS) >= 32:
+                _SPECS.clear()
+            hit = _SPECS[id(spec)] = (spec, {})
+        key = (fn.__name__, *args)
+        memo = hit[1]
+        if key not in memo:
+            memo[key] = fn(spec, *args)
+        return memo[key]
+
+    return memoised
+
+
+@per_spec
 def _forward(spec: ModelSpec, seq: int) -> tuple[int, int]:
     """(forward FLOPs of one sequence of ``seq`` tokens, LM-head FLOPs per token) under causal ``half``."""
     from trainmath.flops.model import count_flops
@@ -184,7 +211,7 @@ def attention_flops(spec: ModelSpec, part: Part) -> int:
     return max(new_token_flops(spec, part) - part.n * (part.t * (one - head) + head), 0)
 
 
-@lru_cache(maxsize=256)
+@per_spec
 def _mla_layers(spec: ModelSpec) -> tuple[tuple[int, int, int, int], ...]:
     """(heads, kv_lora_rank, qk_nope_head_dim, v_head_dim) of every MLA layer."""
     return tuple((b.dims.heads, b.dims.kv_lora_rank, b.dims.qk_nope_head_dim, b.dims.v_head_dim)
@@ -200,7 +227,7 @@ def absorbed_extra(spec: ModelSpec, pairs: int) -> int:
     return sum(2 * h * pairs * (2 * c - nope - v) for h, c, nope, v in _mla_layers(spec))
 
 
-@lru_cache(maxsize=256)
+@per_spec
 def _moe(spec: ModelSpec) -> tuple[int, int, int]:
     """(routed experts E, experts per token k, MoE layers); (0, 0, 0) for a dense model."""
     from trainmath.ops.emit import layer_top_k
@@ -218,12 +245,16 @@ def touched_fraction(experts: int, k: int, tokens: int) -> float:
     return 1.0 - (1.0 - k / experts) ** tokens if experts else 1.0
 
 
-@lru_cache(maxsize=256)
 def _weights(spec: ModelSpec, setup: InferenceSetup) -> tuple[int, int]:
     """(weight bytes one rank reads per step besides routed experts, routed-expert bytes on the rank)."""
+    return _weight_parts(spec, setup.weights, setup.tp, setup.ep, setup.ranks)
+
+
+@per_spec
+def _weight_parts(spec: ModelSpec, fmt, tp: int, ep: int, gpus: int) -> tuple[int, int]:
     from trainmath.infer.weights import weights_tree
 
-    tree = weights_tree(spec, fmt=setup.weights, tp=setup.tp, ep=setup.ep, gpus=setup.ranks)
+    tree = weights_tree(spec, fmt=fmt, tp=tp, ep=ep, gpus=gpus)
     parts = {c.name: c.value for c in tree.children}
     experts = parts.pop("experts", 0)
     if "lm_head" in parts:  # untied: the input table is looked up, one row per token
@@ -232,11 +263,16 @@ def _weights(spec: ModelSpec, setup: InferenceSetup) -> tuple[int, int]:
 
 
 def _cache(spec: ModelSpec, setup: InferenceSetup, n: int, c: int) -> int:
-    from trainmath.infer.kv import cache_tree
-
     if c <= 0 or n <= 0:
         return 0
-    return cache_tree(spec, batch=n, context=c, fmt=setup.cache, tp=setup.tp).value
+    return _cache_bytes(spec, setup.cache, setup.tp, n, c)
+
+
+@per_spec
+def _cache_bytes(spec: ModelSpec, fmt, tp: int, n: int, c: int) -> int:
+    from trainmath.infer.kv import cache_tree
+
+    return cache_tree(spec, batch=n, context=c, fmt=fmt, tp=tp).value
 
 
 def native_formats(gpu: GPU) -> tuple[tuple[str, ...], float | None]:
@@ -260,7 +296,7 @@ def compute_peak(gpu: GPU, weights_dtype: str) -> tuple[float, str]:
     return float(gpu.bf16_flops_per_s), "bf16"
 
 
-@lru_cache(maxsize=256)
+@per_spec
 def routed_flops_per_token(spec: ModelSpec) -> int:
     """Forward FLOPs of the routed experts per token: 2 · k · (one expert's weights) summed over the MoE layers
     (2·m·k·n per expert GEMM, k experts per token); 0 for a dense model."""
