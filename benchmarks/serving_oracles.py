@@ -1,13 +1,14 @@
 """Serving speed against published benchmark runs: `tests/infer/published_serving.json` (each record transcribed
 with its exact source location), predicted by `trainmath.infer.speed` / `trainmath.infer.batching`.
 
-    python benchmarks/serving_oracles.py [--file PATH] [--json OUT] [--residuals]
+    python benchmarks/serving_oracles.py [--file PATH] [--json OUT] [--residuals] [--overlap-scan]
 
 Prints, per source and metric (ttft_s, tpot_s, output_tokens_per_s, e2e_s), the count, the median |error| and
 the share within 15%, three ways (below). ``--residuals`` adds every record's signed error (stored constants and
 leave-one-source-out) and the median signed error per group of a likely cause: source, GPU generation, the
 regime (``prefill`` when the predicted prefill is over half the e2e time, else ``decode``), the architecture
-(``moe``, ``mla``, ``dense``), the tensor-parallel degree and the fixed batch or concurrency.
+(``moe``, ``mla``, ``dense``), the tensor-parallel degree and the fixed batch or concurrency. ``--overlap-scan``
+refits everything for each p of the compute/memory overlap norm (``infer.speed.combine``) and prints both errors.
 
 Concurrency records run the continuous-batching steady state within vLLM's KV capacity (requests past it
 queue; below it a prompt waits for the prompts ahead in the prefill budget: their TTFT includes both). A record
@@ -116,13 +117,19 @@ def prefill_wait(prompt_s: float, per_step: int, running: int, e2e_s: float) -> 
     return wait(prompt_s, per_step, running, e2e_s)
 
 
-def predict(x: dict, compute: float, memory: float, step_s: float = 0.0, layer_s: float = 0.0) -> dict:
+def predict(x: dict, compute: float, memory: float, step_s: float = 0.0, layer_s: float = 0.0,
+            overlap: float | None = None) -> dict:
+    """The record's figures at these constants; ``overlap`` is the p of ``infer.speed.combine`` (default: the
+    stored ``overlap_norm``), as ``Step.time_s`` joins each kernel class's compute and memory times."""
+    from trainmath.infer.speed import combine, overlap_norm
+
+    p = overlap_norm() if overlap is None else overlap
     over = step_s + x["layers"] * layer_s
 
     def t(trip) -> float:
         c, m, k, ac, cm, ec, em = trip
-        return (max(c / compute, m / memory) + max(ec / compute, em / memory) + max(ac / compute, cm / memory)
-                + k + over)
+        return (combine(c / compute, m / memory, p) + combine(ec / compute, em / memory, p)
+                + combine(ac / compute, cm / memory, p) + k + over)
 
     if x["kind"] == "batch":
         ttft = t(x["prefill"])
@@ -171,17 +178,19 @@ def descend(rs, raws, start, passes: int = 3) -> tuple[float, tuple]:
     return best_score, tuple(best)
 
 
-def fit(records, raws, passes: int = 3) -> dict:
+def fit(records, raws, passes: int = 3, overlap: float | None = None) -> dict:
     """Per generation, the (compute, memory, step_s, layer_s) minimising the median |log(pred / published)|:
     the best of coordinate descents over the grids from each of ``STARTS`` (the first start wins ties);
-    generations without records get ``NEUTRAL``."""
+    generations without records get ``NEUTRAL``. With ``overlap`` the constants carry that p of
+    ``infer.speed.combine`` as a fifth, fixed element (the stored ``overlap_norm`` otherwise)."""
+    extra = () if overlap is None else (overlap,)
     by_gen = defaultdict(list)
     for r in records:
         by_gen[raws[r["id"]]["generation"]].append(r)
-    consts = defaultdict(lambda: NEUTRAL)
+    consts = defaultdict(lambda: NEUTRAL + extra)
     for gen, rs in by_gen.items():
         best = None
-        for start in STARTS:
+        for start in (s + extra for s in STARTS):
             trial = descend(rs, raws, start, passes)
             if best is None or trial[0] < best[0] - 1e-12:
                 best = trial
@@ -205,6 +214,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--file", default=DEFAULT, help="published records (default tests/infer/published_serving.json)")
     ap.add_argument("--json", help="write every record's prediction here")
+    ap.add_argument("--overlap-scan", action="store_true",
+                    help="print the in-sample and leave-one-source-out errors for each overlap norm p (slow)")
     ap.add_argument("--residuals", action="store_true",
                     help="print every record's signed error and the median signed error per group of a likely cause")
     a = ap.parse_args()
@@ -219,6 +230,9 @@ def main() -> int:
           f"{len(skipped)} skipped")
     for s in skipped:
         print(f"  skipped {s}")
+    from trainmath.infer.speed import overlap_norm
+
+    print(f"compute/memory overlap norm p = {overlap_norm():g} (hardware/serving.json overlap_norm, every generation)")
     lines = table("stored constants (hardware/serving.json, fitted in-sample by serving_calibrate.py):",
                   errors(records, raws, defaults))
     consts = fit(records, raws)
@@ -228,6 +242,8 @@ def main() -> int:
     print("\n".join(lines))
     if a.residuals:
         print("\n".join(residuals(records, raws, defaults)))
+    if a.overlap_scan:
+        print("\n".join(overlap_scan(records, raws)))
     if a.json:
         with open(a.json, "w") as f:
             json.dump([{"id": r["id"], "published": {k: r.get(k) for k in METRICS},
@@ -237,18 +253,39 @@ def main() -> int:
 
 
 def fmt(const) -> str:
-    c, m, s, layer = const
+    c, m, s, layer = const[:4]
     return f"({c:.2f}, {m:.2f}, {s * 1e3:.1f} ms, {layer * 1e6:.0f} us)"
 
 
-def loso(records, raws) -> list:
+def loso(records, raws, overlap: float | None = None) -> list:
     """Errors of each source predicted by constants fitted on the other sources only."""
     out = []
     for src in sorted({r["source"] for r in records}):
         train = [r for r in records if r["source"] != src]
         held = [r for r in records if r["source"] == src]
-        out += errors(held, raws, fit(train, raws))
+        out += errors(held, raws, fit(train, raws, overlap=overlap))
     return out
+
+
+OVERLAP_SCAN = (math.inf, 6.0, 4.0, 3.0, 2.5, 2.0, 1.5)
+"""The p of ``infer.speed.combine`` that ``--overlap-scan`` compares (∞: the plain roofline max)."""
+
+
+def overlap_scan(records, raws) -> list[str]:
+    """Median |error| in-sample (a fresh fit) and leave-one-source-out for each p of ``OVERLAP_SCAN``: how the
+    stored ``overlap_norm`` was chosen (the lowest leave-one-source-out TTFT and tokens/s together)."""
+    keys = ("tpot_s", "output_tokens_per_s", "ttft_s")
+    lines = ["", "overlap norm p: median |error| in-sample (fresh fit) / leave-one-source-out",
+             f"  {'p':>5} " + " ".join(f"{k:>27}" for k in keys)]
+    for p in OVERLAP_SCAN:
+        med = []
+        for errs in (errors(records, raws, fit(records, raws, overlap=p)), loso(records, raws, overlap=p)):
+            by = defaultdict(list)
+            for _, k, e in errs:
+                by[k].append(abs(e))
+            med.append({k: statistics.median(v) * 100 for k, v in by.items()})
+        lines.append(f"  {p:>5} " + " ".join(f"{med[0][k]:>12.1f}% / {med[1][k]:>10.1f}%" for k in keys))
+    return lines
 
 
 def loso_consts(records, raws) -> dict:

@@ -36,9 +36,13 @@ while its MoE GEMMs are memory-bound; a replica prefilling a prompt under attent
 compute-bound in its own projections while the routed experts stay memory-bound; one max over the whole step
 would overlap them.
 
-step = max(other GEMM compute, other weight bytes) + max(expert compute, expert bytes touched)
-       + max(attention compute, cache bytes) + communication + overhead.
-The floor is the same at efficiency 1 and without overhead. The compute and memory efficiencies and the two
+step = ‖other GEMM compute, other weight bytes‖ + ‖expert compute, expert bytes touched‖
+       + ‖attention compute, cache bytes‖ + communication + overhead,
+
+‖c, m‖ = (c^p + m^p)^(1/p) with p = ``overlap_norm`` (``hardware/serving.json``, global): a kernel's math and its
+memory traffic overlap imperfectly, most visibly near the ridge, where the two are about equal (a batch-1 prefill
+of 128 tokens of a 7B model on A100); far from the ridge the norm is the larger of the two. The floor is the
+roofline itself: efficiency 1, p = ∞ (the larger), no overhead. The compute and memory efficiencies and the two
 overheads are per GPU generation, fitted by ``benchmarks/serving_calibrate.py`` to published serving runs and
 stored in ``hardware/serving.json``; the link efficiency is the generation's ``link_fraction`` (``gpus.json``).
 """
@@ -78,6 +82,8 @@ class Efficiency:
     """Fixed time of every forward step (launches, scheduler, sampling)."""
     layer_s: float = 0.0
     """Fixed time per decoder layer per step."""
+    overlap: float = math.inf
+    """p of the p-norm that joins a kernel class's compute and memory times (``combine``); ∞: the larger."""
 
     @classmethod
     def of(cls, gpu: GPU) -> Efficiency:
@@ -86,7 +92,7 @@ class Efficiency:
         if g is None:
             return cls(compute=e.gemm_peak_fraction, memory=e.hbm_fraction, link=e.link_fraction)
         return cls(compute=g["prefill_compute_fraction"], memory=g["decode_memory_fraction"], link=e.link_fraction,
-                   step_s=g["step_overhead_s"], layer_s=g["layer_overhead_s"])
+                   step_s=g["step_overhead_s"], layer_s=g["layer_overhead_s"], overlap=overlap_norm())
 
     def overhead_s(self, layers: int) -> float:
         """Fixed time of one forward step of a model of ``layers`` decoder layers: step_s + layers · layer_s."""
@@ -94,6 +100,19 @@ class Efficiency:
 
 
 FLOOR = Efficiency(compute=1.0, memory=1.0, link=1.0)
+
+
+def overlap_norm() -> float:
+    """The global ``overlap_norm`` of ``hardware/serving.json`` (chosen there by leave-one-source-out error)."""
+    return float(serving_data()["overlap_norm"]["p"])
+
+
+def combine(compute_s: float, memory_s: float, p: float) -> float:
+    """Time of a kernel class doing ``compute_s`` of math and ``memory_s`` of memory traffic: (c^p + m^p)^(1/p),
+    the larger of the two when p is infinite (the roofline)."""
+    if math.isinf(p):
+        return max(compute_s, memory_s)
+    return (compute_s ** p + memory_s ** p) ** (1 / p)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,13 +150,16 @@ class Step:
     """The routed-expert GEMMs' share of ``compute_s``."""
     expert_memory_s: float = 0.0
     """The routed-expert weights' share of ``memory_s``."""
+    overlap: float = math.inf
+    """p of ``combine`` (``Efficiency.overlap``)."""
 
     @property
     def time_s(self) -> float:
-        other = max(self.compute_s - self.attention_compute_s - self.expert_compute_s,
-                    self.memory_s - self.cache_memory_s - self.expert_memory_s)
-        return (other + max(self.expert_compute_s, self.expert_memory_s)
-                + max(self.attention_compute_s, self.cache_memory_s) + self.comm_s + self.overhead_s)
+        p = self.overlap
+        other = combine(self.compute_s - self.attention_compute_s - self.expert_compute_s,
+                        self.memory_s - self.cache_memory_s - self.expert_memory_s, p)
+        return (other + combine(self.expert_compute_s, self.expert_memory_s, p)
+                + combine(self.attention_compute_s, self.cache_memory_s, p) + self.comm_s + self.overhead_s)
 
     @property
     def bound(self) -> str:
@@ -372,7 +394,7 @@ def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ..
                 overhead_s=eff.overhead_s(spec.num_layers), attention_compute_s=attn / (attn_peak * eff.compute),
                 cache_memory_s=cache_bytes / (gpu.hbm_bytes_per_s * eff.memory),
                 expert_compute_s=expert_flops / (peak * eff.compute),
-                expert_memory_s=touched_bytes / (gpu.hbm_bytes_per_s * eff.memory))
+                expert_memory_s=touched_bytes / (gpu.hbm_bytes_per_s * eff.memory), overlap=eff.overlap)
 
 
 def decode_samples(start: int, steps: int, most: int = 17) -> list[int]:
