@@ -58,3 +58,16 @@ def test_far_from_the_ridge_the_norm_is_nearly_the_larger():
     roofline = (max(s.compute_s - s.attention_compute_s, s.memory_s - s.cache_memory_s)
                 + max(s.attention_compute_s, s.cache_memory_s) + s.comm_s + s.overhead_s)
     assert roofline <= s.time_s < roofline * 1.001
+
+
+def test_per_spec_memo_is_keyed_by_identity_and_bounded():
+    """The step terms are memoised per spec object: a second call returns the stored result, which equals the
+    unmemoised computation; the entry holds the spec itself (so its id cannot be reused) and at most 32 are kept."""
+    from trainmath.infer import speed
+
+    spec = load_spec("meta-llama/Llama-3.1-8B")
+    first = speed._forward(spec, 64)
+    assert speed._forward(spec, 64) is first
+    assert speed._forward.__wrapped__(spec, 64) == first
+    assert speed._SPECS[id(spec)][0] is spec and ("_forward", 64) in speed._SPECS[id(spec)][1]
+    assert len(speed._SPECS) <= 32

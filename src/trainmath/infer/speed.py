@@ -188,7 +188,8 @@ def per_spec(fn):
     """Memoise ``fn(spec, *args)`` by the spec's identity and the (small, hashable) other arguments. A ModelSpec
     is a deep frozen tree whose hash walks every layer and tensor; ``functools.lru_cache`` keyed on it hashed it
     at every call, which was most of ``infer-plan``'s time (thousands of steps). The entry holds the spec
-    itself, so its id cannot be reused while the entry lives; at most 32 specs are kept."""
+    itself, so its id cannot be reused while the entry lives; at most 32 specs and 65,536 results per spec are
+    kept."""
 
     @functools.wraps(fn)
     def memoised(spec: ModelSpec, *args):
@@ -200,6 +201,8 @@ def per_spec(fn):
         key = (fn.__name__, *args)
         memo = hit[1]
         if key not in memo:
+            if len(memo) >= 1 << 16:  # a long-lived server pricing many layouts: start afresh
+                memo.clear()
             memo[key] = fn(spec, *args)
         return memo[key]
 
