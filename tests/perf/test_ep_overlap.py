@@ -1,5 +1,6 @@
 """The EP all-to-all under Megatron-Core's combined 1F1B schedule (``Job.ep_overlap``), against its derivation:
-exposed = max(one micro-batch's all-to-all, all of them − (M − 1) micro-batch computes), nothing else moves."""
+exposed = max(one micro-batch's all-to-all, all of them − (M − 1) micro-batch computes), nothing else moves; and
+DeepEP's dispatch (``Job.ep_dispatcher``): one RDMA copy per token per destination node."""
 
 from __future__ import annotations
 
@@ -60,3 +61,36 @@ def test_one_micro_batch_has_nothing_to_overlap_with():
 def test_a_non_boolean_overlap_is_refused():
     with pytest.raises(TrainmathError, match="ep overlap must be true or false"):
         estimate(SPEC, LAYOUT, replace(JOB, ep_overlap="yes"), H100, memory=False)
+
+
+def test_deepep_share_is_the_distinct_nodes_a_token_reaches_over_its_remote_copies():
+    from math import comb
+
+    from trainmath.perf.moe import deepep_node_share
+
+    E, k, N = 128, 8, 4
+    hit = 1 - comb(E - E // N, k) / comb(E, k)
+    assert deepep_node_share(E, k, N) == pytest.approx((N - 1) * hit / (k * (N - 1) / N))
+    assert deepep_node_share(E, k, 1) == 1.0
+    assert deepep_node_share(8, 1, 4) == pytest.approx(1.0)  # top-1: one copy either way
+    assert deepep_node_share(E, k, 8) < 1.0
+
+
+def test_deepep_scales_the_cross_node_all_to_all_and_nothing_inside_a_node():
+    from trainmath.perf.moe import deepep_node_share
+
+    (dims,) = [b.dims for b in SPEC.layers[0].blocks if b.kind == "moe"]
+    plain = estimate(SPEC, LAYOUT, JOB, H100, memory=False)
+    deep = estimate(SPEC, LAYOUT, replace(JOB, ep_dispatcher="deepep"), H100, memory=False)
+    assert _ep(deep).size_bytes == pytest.approx(_ep(plain).size_bytes * deepep_node_share(dims.experts, dims.top_k, 2))
+    assert _ep(deep).time_s < _ep(plain).time_s
+    assert any("DeepEP" in c for c in deep.conventions)
+    inside = ParallelLayout(dp=16, ep=8, zero=1)
+    a = estimate(SPEC, inside, JOB, H100, memory=False)
+    b = estimate(SPEC, inside, replace(JOB, ep_dispatcher="deepep"), H100, memory=False)
+    assert _ep(a).size_bytes == _ep(b).size_bytes and a.step_time_s == b.step_time_s
+
+
+def test_an_unknown_dispatcher_is_refused():
+    with pytest.raises(TrainmathError, match="ep dispatcher must be one of alltoall, deepep"):
+        estimate(SPEC, LAYOUT, replace(JOB, ep_dispatcher="nccl"), H100, memory=False)

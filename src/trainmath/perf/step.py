@@ -220,6 +220,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         # (expert TP 1: each rank dispatches only its sequence-parallel 1/tp of the tokens)
         size = (tokens / (layout.tp // layout.expert_tp) * moe[0].dims.top_k * spec.hidden_size * c
                 * job.moe_imbalance)
+        if job.ep_dispatcher == "deepep":  # one RDMA copy per destination node (its cross-node share dominates)
+            size *= moe_terms.deepep_node_share(moe[0].dims.experts, moe[0].dims.top_k, groups.ep.nodes)
         items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, topo))
         if job.ep_overlap and M > 1:
             items[-1] = _overlapped_ep(items[-1], M, f + b + r)
@@ -303,6 +305,10 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
         *((moe_terms.moe_text(gpu.generation, job.moe_imbalance, cm.link_of(groups.ep), layout.ep,
                               groups.ep.local),) if moe else ()),
+        *((f"EP dispatcher DeepEP: one RDMA copy per token per destination node, the all-to-all's bytes × "
+           f"{moe_terms.deepep_node_share(moe[0].dims.experts, moe[0].dims.top_k, groups.ep.nodes):.3f} "
+           f"(experts spread evenly, top-k uniform)",) if moe and job.ep_dispatcher == "deepep" and layout.ep > 1
+          else ()),
         *(("EP all-to-all overlapped with the other micro-batch's forward and backward (Megatron-Core combined "
            "1F1B, --overlap-moe-expert-parallel-comm): exposed = max(one micro-batch's, all − (M − 1) micro-batch "
            "computes)",) if moe and job.ep_overlap and layout.ep > 1 else ()),
