@@ -28,6 +28,7 @@ from trainmath import families
 from trainmath.adapters import ADAPTER_DTYPES, PeftJob, adapter_report, select
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
+from trainmath.memory import peft_fsdp2
 from trainmath.memory import states as st
 from trainmath.memory.optimizers import state_tensors, step_temporary_bytes
 from trainmath.memory.step import Persistent
@@ -63,8 +64,9 @@ def check(spec, setup, layout, run: PeftRun) -> None:
     job = run.job
     if layout.tp > 1 or layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
         raise TrainmathError("--peft with --tp/--pp/--cp/--ep is not modelled (one device, DDP and ZeRO-1/2 are)")
-    if layout.zero >= 3:
-        raise TrainmathError("--peft with --zero 3 (FSDP2 over frozen parameters) is not modelled yet; use --zero 0-2")
+    if fsdp_stage(setup, layout) and run.job.method == "qlora":
+        raise TrainmathError("--peft qlora with FSDP2 (--zero 3, or --zero 2 --zero-impl fsdp2) is not modelled: "
+                             "bitsandbytes' Params4bit is not a tensor fully_shard can shard; use --zero 0-2")
     if setup.profile != "hf" or setup.recompute == "selective":
         raise TrainmathError("--peft is modelled with the hf activation profile and --recompute none|full")
     if setup.offload != "none" or setup.zero_impl == "trainmath" or setup.backward_in_autocast:
@@ -85,6 +87,24 @@ def check(spec, setup, layout, run: PeftRun) -> None:
                              f"8-bit optimizers), got {setup.optimizer}")
     if setup.attention != "sdpa" and spec.family.style.attention != "eager":
         raise TrainmathError("--peft memory is modelled with --attention sdpa")
+
+
+def fsdp_stage(setup, layout) -> bool:
+    """The layout runs as FSDP2 (``memory.training``'s rule): ZeRO-3, or ZeRO-2 with ``--zero-impl fsdp2``."""
+    return layout.zero_degree > 1 and (layout.zero >= 3 or (layout.zero == 2 and setup.zero_impl == "fsdp2"))
+
+
+def fsdp_terms(spec, setup, layout, pl, prec, gran: int) -> tuple[dict, dict, dict]:
+    """(FSDP2's units, layer index → ``fsdp2.MixerBackward``, layer index → ``fsdp2.NormBackward``) of the
+    fine-tune (``memory.peft_fsdp2``)."""
+    from trainmath.memory.fsdp2 import norm_backward
+
+    norms = {}
+    for i, (_, ops, input_grad) in layer_ops(spec, setup, prec, setup.peft, pl.layers).items():
+        norm = norm_backward(ops) if input_grad else None  # no input gradient: the norm runs no backward
+        if norm:
+            norms[i] = norm
+    return peft_fsdp2.units(spec, layout, pl, prec, setup.peft, granularity=gran), {}, norms
 
 
 def quantised(spec, t) -> bool:
@@ -140,8 +160,8 @@ def _bytes(ops) -> int:
     return sum(s.nbytes() for _, s in saved_storages(ops))
 
 
-def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int, int]]:
-    """layer index → (saved bytes in full training, saved bytes under peft), folded from its op list."""
+def layer_ops(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[list, list, bool]]:
+    """layer index → (its op list in full training, under peft, whether its input requires grad)."""
     from trainmath.ops.program import context, layer_program
 
     job = _job(setup, prec)
@@ -152,9 +172,13 @@ def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int,
         prog = layer_program(spec, job, spec.layers[i], ctx)
         lr = LoraRun(targets=targets, rank=run.job.rank, adapter_bytes=ADAPTER_DTYPES[run.job.dtype],
                      dropout=run.dropout, input_grad=i > 0 or run.input_grad(setup.recompute), device=setup.device)
-        out[i] = (_bytes(prog.ops), _bytes(lora_layer(prog.ops, lr, autocast=ctx.p.autocast,
-                                                      compute=ctx.p.compute)))
+        out[i] = (prog.ops, lora_layer(prog.ops, lr, autocast=ctx.p.autocast, compute=ctx.p.compute), lr.input_grad)
     return out
+
+
+def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int, int]]:
+    """layer index → (saved bytes in full training, saved bytes under peft), folded from its op list."""
+    return {i: (_bytes(full), _bytes(mine)) for i, (full, mine, _) in layer_ops(spec, setup, prec, run, layers).items()}
 
 
 def head_saved_delta(spec, setup, prec) -> int:
@@ -221,6 +245,9 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
     bucket = inp.persistent.framework_overhead_bytes // prec.grad_bytes if layout.zero in (1, 2) else 0
     ad = adapter_states(spec, setup, layout, prec, run, gran, bucket)
     weights = base_weight_bytes(spec, pl, prec, run.job.method, gran) + ad["weights"]
+    if fsdp_stage(setup, layout):  # every parameter a dim-0 shard; FSDP2's buffers are events of its walk
+        sh = peft_fsdp2.sharded_states(spec, setup, layout, pl, prec, run, granularity=gran)
+        weights, ad = sh["weights"], {**ad, "master": 0, "states": sh["states"], "temps": sh["temps"], "overhead": 0}
     transient = largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora" else 0
     units = {u: ad["grads"].get(u, 0) for u in inp.unit_grads}
     head = head_saved_delta(spec, setup, prec) if inp.last else 0
