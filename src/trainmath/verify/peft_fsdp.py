@@ -9,7 +9,8 @@ original dtype of a unit's *trainable* parameters only (``FSDPParamGroup._init_m
 fp32 adapters is one unit. The loop is ``verify.peft_sim``'s (``loss = model(...).loss``, ``backward``, ``step``,
 ``zero_grad``), with for-loop AdamW over the adapters (foreach and fused AdamW misbehave on fake DTensor shards),
 two steps, the second measured. On fake tensors peft's ``.to(device)`` of a new adapter is a no-op while wrapping
-(``verify.peft_sim``); FSDPMemTracker hooks only the FSDP modules' states, so the base is frozen before it starts.
+(``verify.peft_sim``), and the batch is told unpacked (``peft_sim.unpacked``); FSDPMemTracker hooks only the FSDP
+modules' states, so the base is frozen before it starts.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precisio
             from None
     from trainmath.runtime.fsdp import shard_model
     from trainmath.runtime.train.model import decoder_layers
-    from trainmath.verify.peft_sim import _no_swap
+    from trainmath.verify.peft_sim import _no_swap, unpacked
 
     if precision not in ("fp32", "bf16"):
         raise TrainmathError(f"precision {precision!r}: the peft FSDP2 simulation runs fp32 or bf16")
@@ -48,7 +49,7 @@ def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precisio
     restore = lambda: None  # noqa: E731
     try:
         mesh = init_device_mesh("cpu", (world,))  # outside the fake mode
-        with FakeTensorMode() if fake else contextlib.nullcontext():
+        with FakeTensorMode() if fake else contextlib.nullcontext(), unpacked(fake):
             torch.manual_seed(0)
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
