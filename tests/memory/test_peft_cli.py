@@ -35,6 +35,18 @@ def test_qlora_is_smaller_than_lora(capsys):
     assert qlora["peak_bytes"] < lora["peak_bytes"]
 
 
+def test_fsdp2_shards_the_frozen_base(capsys):
+    """--zero 3 --dp 8: the rank holds an eighth of the frozen base (padded dim-0 shards), and its peak is lower."""
+    args = ("memory", "meta-llama/Llama-3.1-8B", "--micro-batch", "1", "--seq", "4096", "--precision", "bf16",
+            "--peft", "lora", "--lora-rank", "16", "--lora-targets", "all-linear", "--json")
+    one = json.loads(_run(capsys, *args)[1])
+    eight = json.loads(_run(capsys, *args, "--dp", "8", "--zero", "3")[1])
+    assert eight["peft"]["trainable_params"] == one["peft"]["trainable_params"]
+    assert one["peft"]["base_weight_bytes"] // 8 <= eight["peft"]["base_weight_bytes"]
+    assert eight["peft"]["base_weight_bytes"] < one["peft"]["base_weight_bytes"] // 8 + 2**20
+    assert eight["peak_bytes"] < one["peak_bytes"]
+
+
 @pytest.mark.parametrize("argv,needle", [
     (("--peft", "lora", "--lora-rank", "0"), "--lora-rank 0"),
     (("--peft", "qlora", "--precision", "fp8"), "--precision bf16"),

@@ -266,9 +266,12 @@ def peft_summary(spec, setup, layout, pl, prec, gran: int) -> dict:
     run: PeftRun = setup.peft
     rep = adapter_report(spec, run.job, base_params=sum(t.params for t in pl.tensors))
     ad = adapter_states(spec, setup, layout, prec, run, gran)
+    base = base_weight_bytes(spec, pl, prec, run.job.method, gran)
+    if fsdp_stage(setup, layout):  # the rank's shards
+        sh = peft_fsdp2.sharded_states(spec, setup, layout, pl, prec, run, granularity=gran)
+        base, ad = sh["base"], {**ad, "weights": sh["adapters"]}
     return {"trainable_params": rep.trainable_params, "adapter_params": rep.adapter_params,
-            "base_weight_bytes": base_weight_bytes(spec, pl, prec, run.job.method, gran),
-            "adapter_weight_bytes": ad["weights"], "paged_optimizer_states_bytes": ad["paged"],
+            "base_weight_bytes": base, "adapter_weight_bytes": ad["weights"], "paged_optimizer_states_bytes": ad["paged"],
             "qlora_dequant_transient_bytes": largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora"
             else 0, "input_grads": run.input_grad(setup.recompute), "lora_dropout": run.dropout}
 

@@ -65,7 +65,8 @@ def units(spec, layout: ParallelLayout, pl, prec, run, *, granularity: int) -> d
 
 
 def sharded_states(spec, setup, layout: ParallelLayout, pl, prec, run, *, granularity: int) -> dict:
-    """The rank's persistent shards: ``weights`` (the frozen base's and the adapters' padded dim-0 shards),
+    """The rank's persistent shards: ``weights`` (the frozen base's, ``base``, and the adapters', ``adapters``,
+    padded dim-0 shards),
     ``states`` (the optimizer's, over the adapters' shards) and ``temps`` (the optimizer step's)."""
     deg = layout.zero_degree
     ab = ADAPTER_DTYPES[run.job.dtype]
@@ -75,9 +76,9 @@ def sharded_states(spec, setup, layout: ParallelLayout, pl, prec, run, *, granul
                                   granularity)
     held = [st.zero_shard_shape(s, deg) for u, v in _adapter_shapes(spec, run).items()
             if u in {t.unit for t in pl.tensors} for s in v]
-    weights += sum(st.alloc_bytes(numel(s) * ab, granularity) for s in held)
+    adapters = sum(st.alloc_bytes(numel(s) * ab, granularity) for s in held)
     states = sum(st.alloc_bytes(x.nbytes, granularity) for s in held
                  for x in state_tensors(setup.optimizer, s, state_bytes=ab, impl=setup.optimizer_impl)
                  if x.on_device or setup.device == "cpu")
     temps = step_temporary_bytes(setup.optimizer, held, state_bytes=ab, impl=setup.optimizer_impl)
-    return {"weights": weights, "states": states, "temps": temps}
+    return {"weights": weights + adapters, "base": weights, "adapters": adapters, "states": states, "temps": temps}
