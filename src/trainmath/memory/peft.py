@@ -74,9 +74,15 @@ def check(spec, setup, layout, run: PeftRun) -> None:
     if spec.family.layer is None:
         raise TrainmathError(f"--peft memory needs {spec.model_type}'s op list (families: "
                              f"{', '.join(families.modelled())})")
-    if any(b.kind in ("moe", "mamba", "linear_attention", "mla") for ly in spec.layers for b in ly.blocks):
-        raise TrainmathError(f"--peft memory is modelled for dense attention layers; {spec.name} has MoE, MLA, "
-                             f"Mamba or linear-attention blocks")
+    if any(b.kind in ("mamba", "linear_attention", "mla") for ly in spec.layers for b in ly.blocks):
+        raise TrainmathError(f"--peft memory is modelled for attention layers with dense or MoE MLPs; {spec.name} "
+                             f"has MLA, Mamba or linear-attention blocks")
+    params = [m.name for m in select(spec, job) if m.name.startswith("experts.") or m.name == "gate.weight"]
+    if params:
+        raise TrainmathError(f"--peft memory with routed-expert or router targets ({', '.join(params)}: bare "
+                             f"Parameters peft adapts through target_parameters, whose ParamWrapper adds B·A to the "
+                             f"whole weight in every forward) is not modelled; target the attention and dense "
+                             f"Linears (e.g. --lora-targets q_proj,k_proj,v_proj,o_proj)")
     if job.method == "qlora" and setup.precision not in QLORA_PRECISIONS:
         raise TrainmathError(f"--peft qlora runs a bf16 model over its 4-bit weights (bnb_4bit_compute_dtype "
                              f"bf16): pass --precision bf16, not {setup.precision}")
@@ -147,13 +153,14 @@ def largest_dequant(spec, pl, prec, gran: int) -> int:
                default=0)
 
 
-def _job(setup, prec):
+def _job(spec, setup, prec):
+    from trainmath.memory.training import experts_path
     from trainmath.ops.context import Precision as OpPrecision
     from trainmath.ops.program import EmitJob
 
     return EmitJob(batch=setup.micro_batch, seq=setup.seq,
                    precision=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
-                   attention=setup.attention, experts=setup.experts, device=setup.device)  # dense layers (``check``)
+                   attention=setup.attention, experts=experts_path(spec, setup), device=setup.device)
 
 
 def _bytes(ops) -> int:
@@ -164,7 +171,7 @@ def layer_ops(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[list, 
     """layer index → (its op list in full training, under peft, whether its input requires grad)."""
     from trainmath.ops.program import context, layer_program
 
-    job = _job(setup, prec)
+    job = _job(spec, setup, prec)
     ctx = context(spec, job)
     targets = frozenset(m.name for m in select(spec, run.job))
     out = {}
@@ -186,7 +193,7 @@ def head_saved_delta(spec, setup, prec) -> int:
     weights' gradients)."""
     from trainmath.ops.program import head_program
 
-    ops = head_program(spec, _job(setup, prec))[0].ops
+    ops = head_program(spec, _job(spec, setup, prec))[0].ops
     return _bytes(ops) - _bytes(frozen_head(ops))
 
 
@@ -271,7 +278,8 @@ def peft_summary(spec, setup, layout, pl, prec, gran: int) -> dict:
         sh = peft_fsdp2.sharded_states(spec, setup, layout, pl, prec, run, granularity=gran)
         base, ad = sh["base"], {**ad, "weights": sh["adapters"]}
     return {"trainable_params": rep.trainable_params, "adapter_params": rep.adapter_params,
-            "base_weight_bytes": base, "adapter_weight_bytes": ad["weights"], "paged_optimizer_states_bytes": ad["paged"],
+            "base_weight_bytes": base, "adapter_weight_bytes": ad["weights"],
+            "paged_optimizer_states_bytes": ad["paged"],
             "qlora_dequant_transient_bytes": largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora"
             else 0, "input_grads": run.input_grad(setup.recompute), "lora_dropout": run.dropout}
 
