@@ -16,8 +16,11 @@
   transient of every forward and backward event.
 
 Modelled: one device and DDP (ZeRO-0), ZeRO-1/2 (DeepSpeed: the adapters' states and the reduce bucket over the
-trainable parameters). ZeRO-3 / FSDP2, tensor, pipeline, context and expert parallelism with peft are refused in
-one line.
+trainable parameters), and FSDP2 (``--zero 3``, or ``--zero 2 --zero-impl fsdp2``: ``memory.peft_fsdp2``, every
+parameter sharded and gathered, the adapters alone reduced; LoRA only, bitsandbytes' 4-bit weights are not
+shardable). Dense and MoE MLPs (the routed experts and router frozen; targeting them, peft's
+``target_parameters``, is refused). Tensor parallelism is refused with peft's reason (``check``); pipeline,
+context and expert parallelism in one line.
 """
 
 from __future__ import annotations
@@ -62,8 +65,13 @@ class PeftRun:
 def check(spec, setup, layout, run: PeftRun) -> None:
     """One-line refusals of what is not a peft run or not modelled."""
     job = run.job
-    if layout.tp > 1 or layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
-        raise TrainmathError("--peft with --tp/--pp/--cp/--ep is not modelled (one device, DDP and ZeRO-1/2 are)")
+    if layout.tp > 1:  # torch 2.13 style.py ColwiseParallel/RowwiseParallel._apply; peft 0.21 tuners/lora/tp_layer.py
+        raise TrainmathError("--peft with --tp is not modelled: peft's tensor-parallel LoRA is Megatron-core's "
+                             "(LoraParallelLinear over ColumnParallelLinear/RowParallelLinear), and torch's "
+                             "parallelize_module, the runtime's TP plan, shards only nn.Linear and nn.Embedding, not "
+                             "peft's lora.Linear (one device, DDP, ZeRO-1/2 and FSDP2 are modelled)")
+    if layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
+        raise TrainmathError("--peft with --pp/--cp/--ep is not modelled (one device, DDP, ZeRO-1/2 and FSDP2 are)")
     if fsdp_stage(setup, layout) and run.job.method == "qlora":
         raise TrainmathError("--peft qlora with FSDP2 (--zero 3, or --zero 2 --zero-impl fsdp2) is not modelled: "
                              "bitsandbytes' Params4bit is not a tensor fully_shard can shard; use --zero 0-2")
@@ -101,16 +109,19 @@ def fsdp_stage(setup, layout) -> bool:
 
 
 def fsdp_terms(spec, setup, layout, pl, prec, gran: int) -> tuple[dict, dict, dict]:
-    """(FSDP2's units, layer index → ``fsdp2.MixerBackward``, layer index → ``fsdp2.NormBackward``) of the
-    fine-tune (``memory.peft_fsdp2``)."""
+    """(FSDP2's units, layer index → ``fsdp2.MixerBackward``: none, layer index → ``fsdp2.NormBackward``) of the
+    fine-tune (``memory.peft_fsdp2``); the input norm's backward runs only where the layer's input needs a
+    gradient."""
     from trainmath.memory.fsdp2 import norm_backward
 
+    run: PeftRun = setup.peft
     norms = {}
-    for i, (_, ops, input_grad) in layer_ops(spec, setup, prec, setup.peft, pl.layers).items():
-        norm = norm_backward(ops) if input_grad else None  # no input gradient: the norm runs no backward
+    for i, (_, ops, input_grad) in layer_ops(spec, setup, prec, run, pl.layers).items():
+        norm = norm_backward(ops) if input_grad else None
         if norm:
             norms[i] = norm
-    return peft_fsdp2.units(spec, layout, pl, prec, setup.peft, granularity=gran), {}, norms
+    return peft_fsdp2.units(layout, pl, prec, adapter_shapes(spec, run.job), ADAPTER_DTYPES[run.job.dtype],
+                            granularity=gran), {}, norms
 
 
 def quantised(spec, t) -> bool:
@@ -154,13 +165,12 @@ def largest_dequant(spec, pl, prec, gran: int) -> int:
 
 
 def _job(spec, setup, prec):
-    from trainmath.memory.training import experts_path
     from trainmath.ops.context import Precision as OpPrecision
     from trainmath.ops.program import EmitJob
 
     return EmitJob(batch=setup.micro_batch, seq=setup.seq,
                    precision=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
-                   attention=setup.attention, experts=experts_path(spec, setup), device=setup.device)
+                   attention=setup.attention, experts=setup.experts, device=setup.device)  # training passes its path
 
 
 def _bytes(ops) -> int:
@@ -253,7 +263,8 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
     ad = adapter_states(spec, setup, layout, prec, run, gran, bucket)
     weights = base_weight_bytes(spec, pl, prec, run.job.method, gran) + ad["weights"]
     if fsdp_stage(setup, layout):  # every parameter a dim-0 shard; FSDP2's buffers are events of its walk
-        sh = peft_fsdp2.sharded_states(spec, setup, layout, pl, prec, run, granularity=gran)
+        sh = peft_fsdp2.sharded_states(setup, layout, pl, prec, adapter_shapes(spec, run.job),
+                                       ADAPTER_DTYPES[run.job.dtype], granularity=gran)
         weights, ad = sh["weights"], {**ad, "master": 0, "states": sh["states"], "temps": sh["temps"], "overhead": 0}
     transient = largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora" else 0
     units = {u: ad["grads"].get(u, 0) for u in inp.unit_grads}
@@ -275,7 +286,8 @@ def peft_summary(spec, setup, layout, pl, prec, gran: int) -> dict:
     ad = adapter_states(spec, setup, layout, prec, run, gran)
     base = base_weight_bytes(spec, pl, prec, run.job.method, gran)
     if fsdp_stage(setup, layout):  # the rank's shards
-        sh = peft_fsdp2.sharded_states(spec, setup, layout, pl, prec, run, granularity=gran)
+        sh = peft_fsdp2.sharded_states(setup, layout, pl, prec, adapter_shapes(spec, run.job),
+                                       ADAPTER_DTYPES[run.job.dtype], granularity=gran)
         base, ad = sh["base"], {**ad, "weights": sh["adapters"]}
     return {"trainable_params": rep.trainable_params, "adapter_params": rep.adapter_params,
             "base_weight_bytes": base, "adapter_weight_bytes": ad["weights"],

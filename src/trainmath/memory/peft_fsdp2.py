@@ -21,7 +21,6 @@ fake process group, ``verify.peft_fsdp``).
 
 from __future__ import annotations
 
-from trainmath.adapters import ADAPTER_DTYPES
 from trainmath.arith import numel
 from trainmath.layout import ParallelLayout
 from trainmath.memory import fsdp2
@@ -29,17 +28,11 @@ from trainmath.memory import states as st
 from trainmath.memory.optimizers import state_tensors, step_temporary_bytes
 
 
-def _adapter_shapes(spec, run) -> dict[str, list[tuple[int, int]]]:
-    from trainmath.memory.peft import adapter_shapes
-
-    return adapter_shapes(spec, run.job)
-
-
-def units(spec, layout: ParallelLayout, pl, prec, run, *, granularity: int) -> dict[str, fsdp2.Unit]:
+def units(layout: ParallelLayout, pl, prec, adapters: dict, ab: int, *, granularity: int) -> dict[str, fsdp2.Unit]:
     """``root`` and ``layer.<i>`` → ``fsdp2.Unit`` of the fine-tune (module docstring): every parameter gathered
-    in its dtype, the adapters alone reduced."""
+    in its dtype, the adapters alone reduced. ``adapters``: unit → the adapters' weight shapes in it
+    (``memory.peft.adapter_shapes``), ``ab`` bytes each element."""
     deg = layout.zero_degree
-    ab = ADAPTER_DTYPES[run.job.dtype]
     acc: dict[str, dict] = {}
 
     def add(name: str, unit: str, shape: tuple[int, ...], nbytes: int, trainable: bool) -> None:
@@ -54,7 +47,7 @@ def units(spec, layout: ParallelLayout, pl, prec, run, *, granularity: int) -> d
 
     for t in pl.tensors:
         add("root" if t.unit in fsdp2.ROOT else t.unit, t.unit, fsdp2.runtime_shape(t), prec.weight_bytes, False)
-    for unit, shapes in _adapter_shapes(spec, run).items():
+    for unit, shapes in adapters.items():
         if unit in acc:
             for shape in shapes:
                 add(unit, unit, shape, ab, True)
@@ -64,17 +57,16 @@ def units(spec, layout: ParallelLayout, pl, prec, run, *, granularity: int) -> d
             for name, a in acc.items()}
 
 
-def sharded_states(spec, setup, layout: ParallelLayout, pl, prec, run, *, granularity: int) -> dict:
+def sharded_states(setup, layout: ParallelLayout, pl, prec, adapters: dict, ab: int, *, granularity: int) -> dict:
     """The rank's persistent shards: ``weights`` (the frozen base's, ``base``, and the adapters', ``adapters``,
     padded dim-0 shards),
     ``states`` (the optimizer's, over the adapters' shards) and ``temps`` (the optimizer step's)."""
     deg = layout.zero_degree
-    ab = ADAPTER_DTYPES[run.job.dtype]
     weights = 0
     for t in pl.tensors:
         weights += st.alloc_bytes(numel(st.zero_shard_shape(fsdp2.runtime_shape(t), deg)) * prec.weight_bytes,
                                   granularity)
-    held = [st.zero_shard_shape(s, deg) for u, v in _adapter_shapes(spec, run).items()
+    held = [st.zero_shard_shape(s, deg) for u, v in adapters.items()
             if u in {t.unit for t in pl.tensors} for s in v]
     adapters = sum(st.alloc_bytes(numel(s) * ab, granularity) for s in held)
     states = sum(st.alloc_bytes(x.nbytes, granularity) for s in held

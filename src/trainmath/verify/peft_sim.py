@@ -6,7 +6,8 @@ Trainer's), ``loss.backward()``, ``opt.step()``, ``opt.zero_grad()`` (set_to_non
 over the trainable parameters; ``amp-bf16`` runs the forward under ``torch.autocast("cpu", bf16)`` and backward after
 it exits; ``bf16`` casts the base to bf16 before peft wraps it (adapters fp32: ``autocast_adapter_dtype=True``).
 Two steps; the second is measured (``reset_mod_stats`` between them). On fake tensors the batch is told
-unpacked (``unpacked``, as ``verify.simulate`` does). Two facts make fake tensors work: a fake
+unpacked (``unpacked``) and fp32 ``grouped_mm`` runs as the CPU kernel does (``fake_experts.grouped_mm_rule``), as
+``verify.simulate`` does. Two facts make fake tensors work: a fake
 parameter cannot be swapped, so peft's ``.to(device)`` of a new adapter is made a no-op while wrapping; and
 MemTracker hooks every parameter's gradient, so the model is registered before peft freezes the base.
 """
@@ -81,7 +82,9 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     restore = lambda: None  # noqa: E731
     try:
-        with mode, unpacked(fake):
+        from trainmath.verify.fake_experts import grouped_mm_rule
+
+        with mode, unpacked(fake), grouped_mm_rule() if fake else contextlib.nullcontext():
             torch.manual_seed(0)
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
