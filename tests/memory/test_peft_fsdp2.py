@@ -1,6 +1,7 @@
 """Oracle: ``training_memory(..., peft=..., ParallelLayout(dp=W, zero=3))`` against FSDPMemTracker's peak of rank 0
-of a real FSDP2 LoRA step over a fake process group (``trainmath.verify.peft_fsdp``: peft applied before
-``fully_shard``, for-loop AdamW over the adapters), on small CPU models with real tensors.
+of a real FSDP2 LoRA step (ZeRO-3, and ZeRO-2's ``reshard_after_forward=False``) over a fake process group
+(``trainmath.verify.peft_fsdp``: peft applied before ``fully_shard``, for-loop AdamW over the adapters), on small
+CPU models with real tensors.
 
 Exact where the peak is the loss (the sharded base and adapters, the root's and the last layer's gathered buffers,
 the adapters' sharded states). Where the peak is a layer's forward all-gather, the gathered buffers, the shards
@@ -27,16 +28,16 @@ BASE = dict(vocab_size=1024, hidden_size=64, intermediate_size=96, num_hidden_la
             num_key_value_heads=2, max_position_embeddings=256, head_dim=16)
 
 
-def _both(precision, targets, world, *, b=2, s=64, recompute="none", input_grads=None, **extra):
+def _both(precision, targets, world, *, b=2, s=64, recompute="none", input_grads=None, zero=3, **extra):
     cfg = transformers.AutoConfig.for_model("llama", **{**BASE, **extra})
     m = peft_fsdp_step_peak(cfg, world=world, micro_batch=b, seq=s, precision=precision, targets=targets, rank=4,
-                            recompute=recompute, input_grads=input_grads)
+                            recompute=recompute, input_grads=input_grads, reshard=zero == 3)
     spec = spec_from_config(cfg.to_dict(), name="tiny", source="test")
     run = PeftRun(job=PeftJob(method="lora", rank=4, targets=targets if isinstance(targets, str) else tuple(targets)),
                   input_grads=input_grads)
     setup = TrainingSetup(micro_batch=b, seq=s, precision=precision, device="cpu", recompute=recompute,
-                          loop_keeps="loss", optimizer_impl="forloop", peft=run)
-    return m, training_memory(spec, setup, ParallelLayout(dp=world, zero=3))
+                          loop_keeps="loss", optimizer_impl="forloop", zero_impl="fsdp2", peft=run)
+    return m, training_memory(spec, setup, ParallelLayout(dp=world, zero=zero))
 
 
 def _kinds(m, r):
@@ -67,6 +68,16 @@ def test_forward_all_gather_peak(precision, targets, world, recompute):
     _kinds(m, r)
     gap = m["peak_bytes"] - m["buffers_bytes"] - r.peak_bytes
     assert 0 <= gap <= b * s * BASE["hidden_size"] * (2 if precision == "bf16" else 4)
+
+
+@pytest.mark.parametrize("extra,b,s", [({}, 2, 64), ({"intermediate_size": 2048}, 1, 16)])
+def test_fsdp2_zero2(extra, b, s):
+    """``--zero 2 --zero-impl fsdp2`` (``reshard_after_forward=False``): each layer stays gathered from its forward
+    to its backward; exact at the loss, one (T, d) tensor under at layer 1's forward all-gather."""
+    m, r = _both("bf16", "all-linear", 4, b=b, s=s, zero=2, **extra)
+    _kinds(m, r)
+    gap = m["peak_bytes"] - m["buffers_bytes"] - r.peak_bytes
+    assert gap == (0 if not extra else b * s * BASE["hidden_size"] * 2)
 
 
 def test_sharding_lowers_the_peak():

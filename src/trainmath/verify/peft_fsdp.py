@@ -22,8 +22,9 @@ from trainmath.errors import TrainmathError
 
 def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precision: str, targets, rank: int,
                         recompute: str = "none", input_grads: bool | None = None, fake: bool = False,
-                        rank_id: int = 0) -> dict:
-    """{"peak_bytes", "buffers_bytes", "trainable_params", "by_kind"} of rank ``rank_id``'s measured step."""
+                        rank_id: int = 0, reshard: bool = True) -> dict:
+    """{"peak_bytes", "buffers_bytes", "trainable_params", "by_kind"} of rank ``rank_id``'s measured step;
+    ``reshard``: ``reshard_after_forward`` (False: FSDP2's ZeRO-2, ``--zero 2 --zero-impl fsdp2``)."""
     try:
         import peft
         import torch
@@ -62,7 +63,7 @@ def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precisio
                 pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if input_grads if input_grads is not None else recompute == "full":
                 pm.enable_input_require_grads()
-            shard_model(model, decoder_layers(model), mesh=mesh, reshard_after_forward=True)
+            shard_model(model, decoder_layers(model), mesh=mesh, reshard_after_forward=reshard)
             trainable = [p for p in pm.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
 
