@@ -50,6 +50,8 @@ class Job:
     """Host RAM per node for the host fit with ``offload`` (``memory.host.HOST_MEMORY_BYTES``, a DGX H100's)."""
     host_bytes_per_s: float | None = None
     """Achieved host DRAM rate of the CPU optimizer step per node (B/s); None: ``perf.offload``'s calibration."""
+    peft: object = None
+    """A LoRA / QLoRA fine-tune (``memory.peft.PeftRun``): timed by ``perf.peft``; None: full training."""
 
     @property
     def fp8_gemms(self) -> str:
@@ -103,6 +105,9 @@ class Estimate:
     offload: dict | None = None
     """With ``job.offload``: the offload terms, their bytes and rates, and the host RAM verdict
     (``perf.offload.with_offload``); None without."""
+    peft: dict | None = None
+    """A fine-tune's figures (``perf.peft``: the adapters, the compute by op class with its FLOPs and seconds);
+    None for full training."""
 
     def budget(self, tokens: float, price_per_gpu_hour: float | None = None) -> dict:
         """Wall time, GPU-hours and cost of training on ``tokens`` tokens at this step's rate."""
@@ -135,7 +140,8 @@ class Estimate:
                 "conventions": list(self.conventions), "stage_times_s": list(self.stage_times_s),
                 "stage_layers": list(self.stage_layers),
                 "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers,
-                **({"offload": self.offload} if self.offload is not None else {})}
+                **({"offload": self.offload} if self.offload is not None else {}),
+                **({"peft": self.peft} if self.peft is not None else {})}
 
 
 def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | None = None) -> list[str]:

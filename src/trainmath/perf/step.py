@@ -136,7 +136,13 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
              memory: bool = True, peak_bytes: int | None = None, validate: bool = True) -> Estimate:
     """The step of ``job`` on ``layout`` over dp·tp·pp·cp GPUs of type ``gpu`` (see the module docstring).
     ``memory=False`` skips the memory model (``peak_bytes`` and ``fits`` None) unless ``peak_bytes`` is given;
-    ``validate=False`` skips ``job_problems`` (the planner has checked)."""
+    ``validate=False`` skips ``job_problems`` (the planner has checked). A fine-tune (``job.peft``) is timed by
+    ``perf.peft``."""
+    if job.peft is not None:
+        from trainmath.perf.peft import peft_estimate
+
+        return peft_estimate(spec, layout, job, gpu, hardware=hardware, memory=memory, peak_bytes=peak_bytes,
+                             validate=validate)
     bad = job_problems(spec, layout, job) if validate else []
     if bad:
         raise TrainmathError(f"impossible job ({layout.describe()}, micro-batch {job.micro_batch}, "
