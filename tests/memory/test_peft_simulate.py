@@ -41,6 +41,7 @@ def test_simulated_peak_equals_prediction(layout, impl):
     (dict(optimizer_impl="fused"), ParallelLayout(), "--optimizer-impl fused on one device"),
     (dict(precision="amp-bf16", optimizer_impl="forloop"), ParallelLayout(dp=2, zero=3), "--precision amp-bf16"),
     (dict(loop_keeps="output"), ParallelLayout(), "--loop-keeps output"),
+    (dict(precision="mixed-bf16"), ParallelLayout(), "--precision mixed-bf16"),
 ])
 def test_refusals_one_line(kw, layout, needle):
     from trainmath.verify.peft_simulate import check

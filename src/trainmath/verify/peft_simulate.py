@@ -34,6 +34,8 @@ def check(setup, layout, *, fold_layers: int | None = None) -> None:
         bad.append(f"--optimizer-impl {setup.optimizer_impl} on one device (simulate foreach)")
     if fsdp and setup.precision not in ("fp32", "bf16"):
         bad.append(f"--precision {setup.precision} with --zero 3 (simulate fp32 or bf16)")
+    elif setup.precision not in ("fp32", "bf16", "amp-bf16"):
+        bad.append(f"--precision {setup.precision} (simulate fp32, bf16 or amp-bf16)")
     if setup.loop_keeps != "loss" or setup.backward_in_autocast:
         bad.append("--loop-keeps output / --backward-in-autocast (the loop keeps the loss only)")
     if fold_layers is not None:
@@ -66,7 +68,7 @@ def peft_simulation(config: dict, spec, setup, layout) -> dict:
     seconds = time.perf_counter() - start
     cpu = training_memory(spec, replace(setup, device="cpu"), layout)
     return {"peak_bytes": sim["peak_bytes"], "by_kind": sim["by_kind"], "buffers_bytes": sim["buffers_bytes"],
-            "seconds": round(seconds, 2), "loop": LOOP, "peak_segment": f"the step's peak ({where})",
+            "seconds": round(seconds, 2), "loop": LOOP, "peak_segment": f"the step, {where} (no per-layer segments)",
             "trainable_params": sim["trainable_params"], "predicted_cpu_peak_bytes": cpu.peak_bytes,
             "predicted_cpu_peak_event": cpu.stages[cpu.stage].phase,
             "difference_bytes": cpu.peak_bytes - (sim["peak_bytes"] - sim["buffers_bytes"])}
