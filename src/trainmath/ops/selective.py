@@ -111,11 +111,15 @@ def cached(ops: Sequence[Op], layer: LayerSpec, *, every_second_mm: bool = True)
     return out
 
 
+LAYER_INPUT = "layer.input"
+"""The name the families give the residual stream entering a layer (``families.common.residual``)."""
+
+
 def layer_input(ops: Sequence[Op]) -> Tensor:
-    """The residual stream entering the layer (the tensor the families name ``layer.input``)."""
+    """The residual stream entering the layer (the tensor the families name ``LAYER_INPUT``)."""
     for op in ops:
         for t in op.inputs:
-            if t.name == "layer.input":
+            if t.name == LAYER_INPUT:
                 return t
     raise TrainmathError("selective checkpointing folds layers whose op list reads 'layer.input'")
 

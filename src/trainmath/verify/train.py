@@ -158,16 +158,16 @@ def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> d
 
 def _sdpa_math(spec, batch: int, seq: int, cuda: bool) -> bool:
     """Whether the run's SDPA takes PyTorch's math fallback (``ops.kernels``: dropout on the CPU, GPT-2's
-    ``attn_pdrop``; fewer key than query heads without ``enable_gqa``, Falcon-7B), read from the op lists as the
-    activation fold names them: its Q·Kᵀ and P·V are ``bmm``s in the GEMM field, the attention core counts 0."""
+    ``attn_pdrop``; fewer key than query heads without ``enable_gqa``, Falcon-7B), read from the kernels of the op
+    lists' attention: its Q·Kᵀ and P·V are ``bmm``s in the GEMM field, the attention core counts 0."""
     from trainmath.errors import TrainmathError
     from trainmath.memory.activations import activation_bytes
 
     try:
-        tree = activation_bytes(spec, micro_batch=batch, seq=seq, device="cuda" if cuda else "cpu")
+        act = activation_bytes(spec, micro_batch=batch, seq=seq, device="cuda" if cuda else "cpu")
     except TrainmathError:
         return False
-    return any(n.name.startswith("sdpa_math.") for _, n in tree.walk())
+    return "sdpa_math" in act.attention_kernels
 
 
 def _collective_bytes(spec, cfg: TrainConfig, layout: ParallelLayout) -> dict | None:
