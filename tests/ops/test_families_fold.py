@@ -6,11 +6,12 @@ import pytest
 
 from trainmath.families import spec_from_config
 from trainmath.memory.activations import activation_bytes, logits_bytes
-from trainmath.ops.context import Ctx, Family, Precision
+from trainmath.ops.context import Ctx, Family
 from trainmath.ops.fold import layer_node
 from trainmath.ops.ir import SINGLE, Degrees, Program
 from trainmath.sources import catalog_index, load_spec
 from trainmath.tree import check_sums
+from trainmath.vocabulary import precision_of
 
 PREC = [(2, 4), (2, 2), (4, 4)]
 # activation_bytes(b=1, s=128) and logits_bytes' saved part per precision (autocast, bf16, fp32): the values of the
@@ -49,7 +50,8 @@ def test_catalog_pinned(model):
 
 def _emit(spec, layer, *, b=2, s=16, c=2, p=2, eager=False):
     st = spec.family.style
-    ctx = Ctx(b=b, s=s, d=spec.hidden_size, p=Precision(compute=c, param=p), eager=eager or st.attention == "eager",
+    ctx = Ctx(b=b, s=s, d=spec.hidden_size, p=precision_of(compute_bytes=c, weight_bytes=p),
+              eager=eager or st.attention == "eager",
               family=Family.from_config(spec.options, spec.family.config_defaults))
     prog = Program()
     spec.family.layer(prog, ctx, layer, st)

@@ -61,7 +61,6 @@ from trainmath.ops.context import (  # noqa: F401
     INT64,
     Ctx,
     Family,
-    Precision,
     Router,
 )
 from trainmath.ops.fold import layer_node, saved_leaves, saved_storages
@@ -69,7 +68,7 @@ from trainmath.ops.ir import Axis, Degrees, Tensor
 from trainmath.ops.program import EmitJob, context, head_program, layer_program
 from trainmath.ops.selective import LAYER_INPUT, mask_arguments, selective_layer
 from trainmath.tree import Node
-from trainmath.vocabulary import DEVICES, RECOMPUTE
+from trainmath.vocabulary import DEVICES, RECOMPUTE, precision_of
 
 PROFILES = ("hf", "eager", "megatron")
 SCAN_KINDS = {"linear_attention": "Gated DeltaNet", "mamba": "Mamba-2"}
@@ -166,7 +165,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                               topk_method=Router.from_config(spec.options, defaults).topk_method)
     family = family or Family.from_config(spec.options, defaults)
     _check_dropout(spec, style, family)
-    p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
+    p = precision_of(compute_bytes=compute_dtype_bytes, weight_bytes=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     # Style.attention: the kernel transformers picks by default (Gemma-2: eager, as SDPA cannot soft-cap)
     job = EmitJob(batch=b, seq=s, precision=p, attention="eager" if profile == "eager" else "sdpa", experts=experts,
@@ -200,7 +199,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         if largest is None or one.value > largest.value:
             largest = one
         if recompute == "full":  # torch.utils.checkpoint keeps the rank's layer input: s/cp, and /tp with --sp
-            ckpt = Tensor(name="layer input (checkpoint)", axes=(*ctx.rows(), Axis(d)), dtype_bytes=p.residual)
+            ckpt = Tensor(name="layer input (checkpoint)", axes=(*ctx.rows(), Axis(d)), dtype_bytes=p.residual_bytes)
             one = Node.of(layer.label, [Node(name=ckpt.name, value=ckpt.nbytes(deg), unit="bytes")], "bytes")
         groups.append(LayerGroup(label=layer.label, layers=tuple(mine), one=one))
     embedding = rotary_node = mask_node = transient = None
@@ -224,7 +223,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     return SavedActivations(profile=profile, recompute=recompute, groups=tuple(groups), embedding=embedding,
                             rotary=rotary_node, masks=mask_node, recompute_transient=transient,
                             keeps_layer_input=keeps_input, weight_casts=casts, attention_kernels=frozenset(kernels),
-                            note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B{where}")
+                            note=f"b={b}, s={s}, compute {p.compute_bytes} B, params {p.weight_bytes} B{where}")
 
 
 def _check_dropout(spec: ModelSpec, style: families.Style, family: Family) -> None:
@@ -312,7 +311,7 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     if tp < 1 or cp < 1:
         raise TrainmathError(f"tp ({tp}) and cp ({cp}) must be at least 1")
     family = family or Family.from_config(spec.options, spec.family.config_defaults)
-    p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
+    p = precision_of(compute_bytes=compute_dtype_bytes, weight_bytes=param_dtype_bytes)
     deg = Degrees(tp=tp, sp=sp and tp > 1, cp=cp, vocab_parallel=vocab_parallel and tp > 1)
     prog, held = head_program(spec, EmitJob(batch=micro_batch, seq=seq, precision=p, family=family, degrees=deg))
     loss = [op for op in prog.ops if op.kind == "loss"][-1]  # nll_loss: the labels and total_weight it saves

@@ -128,11 +128,9 @@ def largest_dequant(spec, pl, prec, gran: int) -> int:
 
 
 def _job(setup, prec):
-    from trainmath.ops.context import Precision as OpPrecision
     from trainmath.ops.program import EmitJob
 
-    return EmitJob(batch=setup.micro_batch, seq=setup.seq,
-                   precision=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
+    return EmitJob(batch=setup.micro_batch, seq=setup.seq, precision=prec,
                    attention=setup.attention, experts=setup.experts, device=setup.device)  # dense layers (``check``)
 
 
@@ -153,7 +151,7 @@ def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int,
         lr = LoraRun(targets=targets, rank=run.job.rank, adapter_bytes=ADAPTER_DTYPES[run.job.dtype],
                      dropout=run.dropout, input_grad=i > 0 or run.input_grad(setup.recompute), device=setup.device)
         out[i] = (_bytes(prog.ops), _bytes(lora_layer(prog.ops, lr, autocast=ctx.p.autocast,
-                                                      compute=ctx.p.compute)))
+                                                      compute=ctx.p.compute_bytes)))
     return out
 
 

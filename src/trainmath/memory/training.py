@@ -36,11 +36,11 @@ from trainmath.ops.kernels.experts import routed_weights
 from trainmath.placement import Placement, place
 from trainmath.tree import Node
 from trainmath.vocabulary import (
-    ATTENTION,
     DEVICES,
     EXPERTS,
     GRAD_LIFETIMES,
     LOOP_KEEPS,
+    MEMORY_ATTENTION,
     OFFLOAD,
     PROFILES,
     RECOMPUTE,
@@ -139,7 +139,7 @@ def check_setup(setup: TrainingSetup) -> list[str]:
         bad.append(f"seq must be a positive integer, got {setup.seq!r}")
     if setup.micro_batches is not None and setup.micro_batches < 1:
         bad.append(f"micro-batches must be a positive integer, got {setup.micro_batches!r}")
-    for field, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("profile", PROFILES),
+    for field, allowed in (("recompute", RECOMPUTE), ("attention", MEMORY_ATTENTION), ("profile", PROFILES),
                            ("grad_lifetime", GRAD_LIFETIMES), ("loop_keeps", LOOP_KEEPS),
                            ("device", DEVICES), ("offload", OFFLOAD), ("zero_impl", ZERO_IMPLS),
                            ("experts", EXPERTS)):
@@ -214,12 +214,10 @@ def _fsdp2_mixer(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if setup.profile != "hf" or layout.tp > 1 or layout.cp > 1 or layout.ep > 1 \
             or spec.family.layer is None:
         return {}, {}
-    from trainmath.ops.context import Precision as OpPrecision
     from trainmath.ops.program import EmitJob, context, layer_program
 
-    job = EmitJob(batch=setup.micro_batch, seq=setup.seq,
-                  precision=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
-                  attention=setup.attention, experts=experts_path(spec, setup), device=setup.device)
+    job = EmitJob(batch=setup.micro_batch, seq=setup.seq, precision=prec, attention=setup.attention,
+                  experts=experts_path(spec, setup), device=setup.device)
     ctx = context(spec, job)
     out, norms = {}, {}
     for i in pl.layers:

@@ -135,7 +135,7 @@ def mask_arguments(ctx, spec, style, layers: Sequence[int]) -> list[Tensor]:
                if isinstance(bl.dims, AttentionDims)]
     axes = (Axis(ctx.b), Axis(1), Axis(ctx.s, "seq"), Axis(ctx.s))
     if ctx.eager or style.attention == "eager":
-        return [tensor("attention_mask.sliding" if sliding else "attention_mask", axes, ctx.p.param,
+        return [tensor("attention_mask.sliding" if sliding else "attention_mask", axes, ctx.p.weight_bytes,
                        "eager attention's additive (b, 1, s, s) mask in the parameters' dtype, one per attention kind")
                 for sliding in sorted({w is not None for w in windows})]
     if style.layer_mask == "bool" and windows:

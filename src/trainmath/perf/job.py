@@ -10,6 +10,7 @@ from trainmath.model.spec import ModelSpec
 from trainmath.perf.compute import memo
 from trainmath.perf.placement import Groups
 from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
+from trainmath.vocabulary import STEP_ATTENTION
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +153,7 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
         v = getattr(job, name)
         if not isinstance(v, int) or v < 1:
             bad.append(f"{name.replace('_', ' ')} must be a positive integer, got {v!r}")
-    if job.attention not in ("flash", "eager"):
+    if job.attention not in STEP_ATTENTION:
         bad.append(f"attention kernel must be flash or eager, got {job.attention!r}")
     if not isinstance(job.moe_imbalance, (int, float)) or not 1 <= job.moe_imbalance <= 1e3:
         bad.append(f"moe imbalance (busiest EP rank's tokens / the mean) must be a number from 1 to 1000, got "
