@@ -34,7 +34,6 @@ from dataclasses import dataclass, replace
 
 from trainmath.layout import ParallelLayout
 from trainmath.runtime.train.config import TrainConfig
-from trainmath.vocabulary import optimizer_name
 
 ATTENTION_TOLERANCE = 0.2
 """Flash attention's recomputed QKᵀ in backward: 3.5/3 − 1 ≈ 0.17 (see the module docstring)."""
@@ -103,13 +102,10 @@ class Field:
 
 
 def training_setup(cfg: TrainConfig, world_size: int, *, cuda: bool = False):
-    """The calculator's ``TrainingSetup`` of the run's step (see ``predict``)."""
-    from trainmath.memory.training import TrainingSetup
-
-    return TrainingSetup(micro_batch=cfg.micro_batch_for(world_size), seq=cfg.seq, precision=cfg.precision,
-                         optimizer=optimizer_name(cfg.optimizer), optimizer_impl="forloop",
-                         recompute=cfg.recompute, micro_batches=cfg.grad_accum, granularity=512 if cuda else 1,
-                         loop_keeps="loss", device="cuda" if cuda else "cpu", zero_impl=zero_impl(cfg))
+    """The run's step (``TrainConfig.step``) on ``world_size`` ranks of the device it ran on, with the ZeRO buffers
+    its strategy holds (see ``predict``)."""
+    return replace(cfg.step, micro_batch=cfg.micro_batch_for(world_size), granularity=512 if cuda else 1,
+                   device="cuda" if cuda else "cpu", zero_impl=zero_impl(cfg))
 
 
 def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> dict:
