@@ -71,6 +71,10 @@ from trainmath.tree import Node
 from trainmath.vocabulary import DEVICES, RECOMPUTE, precision_of
 
 PROFILES = ("hf", "eager", "megatron")
+SAVED_LAYER_INPUT = (LAYER_INPUT, "input_layernorm.x_fp32")
+"""The saved tensors that are the layer's input itself under an fp32 residual stream (the input, or the input norm's
+fp32 alias of it, ``kernels.norms``), which full recompute does not save again beside the checkpoint. Only these
+names are matched: a LayerNorm's view of the input (GPT-2, Falcon) is counted as recomputed again."""
 SCAN_KINDS = {"linear_attention": "Gated DeltaNet", "mamba": "Mamba-2"}
 """Sequence mixers that context parallelism cannot split (block kind: what the refusal calls it)."""
 
@@ -187,7 +191,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                                  f"not modelled: torch's context_parallel runs SDPA with is_causal only (no attn_mask "
                                  f"or attn_bias); pass --cp 1")
         kept = saved_storages(prog.ops, deg)
-        keeps_input = keeps_input or any(t.name == LAYER_INPUT for t, _ in kept)
+        keeps_input = keeps_input or any(n in t.name for t, _ in kept for n in SAVED_LAYER_INPUT)
         casts = casts or any(st.kind == "weight_copy" for _, st in kept)
         kernels.update(op.kernel for op in prog.ops if op.kind == "attention")
         one = layer_node(layer.label, prog.ops, deg)
