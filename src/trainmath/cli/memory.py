@@ -12,6 +12,8 @@ from trainmath.vocabulary import (
     EXPERTS,
     GRAD_LIFETIMES,
     LOOP_KEEPS,
+    MEMORY_ATTENTION,
+    MEMORY_ATTENTION_HELP,
     OFFLOAD,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
@@ -19,6 +21,7 @@ from trainmath.vocabulary import (
     RECIPES,
     RECOMPUTE,
     ZERO_IMPLS,
+    attention_as,
 )
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
@@ -71,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
                         "; full = every decoder layer")
-    p.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    p.add_argument("--attention", choices=ATTENTION, default="sdpa", help=MEMORY_ATTENTION_HELP)
     p.add_argument("--profile", choices=PROFILES, default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")
     p.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
@@ -176,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
 
     setup = TrainingSetup(micro_batch=args.micro_batch, seq=args.seq, precision=args.precision,
                           optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
-                          attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
+                          attention=attention_as(args.attention, MEMORY_ATTENTION), profile=args.profile,
+                          micro_batches=args.micro_batches,
                           grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
                           offload=args.offload, experts=args.experts, loop_keeps=args.loop_keeps,
                           backward_in_autocast=args.backward_in_autocast,

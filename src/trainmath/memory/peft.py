@@ -165,12 +165,10 @@ def largest_dequant(spec, pl, prec, gran: int) -> int:
 
 
 def _job(spec, setup, prec):
-    from trainmath.ops.context import Precision as OpPrecision
     from trainmath.ops.program import EmitJob
 
-    return EmitJob(batch=setup.micro_batch, seq=setup.seq,
-                   precision=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
-                   attention=setup.attention, experts=setup.experts, device=setup.device)  # training passes its path
+    return EmitJob(batch=setup.micro_batch, seq=setup.seq, precision=prec, attention=setup.attention,
+                   experts=setup.experts, device=setup.device)  # training passes its path
 
 
 def _bytes(ops) -> int:
@@ -189,7 +187,8 @@ def layer_ops(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[list, 
         prog = layer_program(spec, job, spec.layers[i], ctx)
         lr = LoraRun(targets=targets, rank=run.job.rank, adapter_bytes=ADAPTER_DTYPES[run.job.dtype],
                      dropout=run.dropout, input_grad=i > 0 or run.input_grad(setup.recompute), device=setup.device)
-        out[i] = (prog.ops, lora_layer(prog.ops, lr, autocast=ctx.p.autocast, compute=ctx.p.compute), lr.input_grad)
+        out[i] = (prog.ops, lora_layer(prog.ops, lr, autocast=ctx.p.autocast, compute=ctx.p.compute_bytes),
+                  lr.input_grad)
     return out
 
 

@@ -10,6 +10,7 @@ from trainmath.model.spec import ModelSpec
 from trainmath.perf.compute import memo
 from trainmath.perf.placement import Groups
 from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
+from trainmath.vocabulary import STEP_ATTENTION
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,7 +172,7 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
         v = getattr(job, name)
         if not isinstance(v, int) or v < 1:
             bad.append(f"{name.replace('_', ' ')} must be a positive integer, got {v!r}")
-    if job.attention not in ("flash", "eager"):
+    if job.attention not in STEP_ATTENTION:
         bad.append(f"attention kernel must be flash or eager, got {job.attention!r}")
     if job.attention == "flash":
         from trainmath.perf.attention import kernel_problems

@@ -35,7 +35,7 @@ from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.placement import place, stage_layers
 from trainmath.usable import rule_text, usable_bytes
-from trainmath.vocabulary import get_precision
+from trainmath.vocabulary import MEMORY_ATTENTION, attention_as, get_precision
 
 BREAKDOWN = ("forward", "backward", "recompute", "fp8_cast", "tp_comm", "cp_comm", "ep_comm", "zero3_comm",
              "pipeline_bubble", "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step", "fsdp_overhead",
@@ -138,7 +138,7 @@ def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_b
 
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
                           optimizer=job.optimizer, recompute=memory_recompute(job), profile=job.profile,
-                          attention="eager" if job.attention == "eager" else "sdpa", micro_batches=micro_batches,
+                          attention=attention_as(job.attention, MEMORY_ATTENTION), micro_batches=micro_batches,
                           offload=job.offload)
     return training_memory(spec, setup, layout).peak_bytes
 
