@@ -176,10 +176,10 @@ def hf_config(config: dict):
 
 
 def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = ParallelLayout(), *,
-             moe: bool = False, layers: int | None = None, progress=None) -> Simulation:
+             moe: bool = False, layers: int | None = None, progress=None, position=None) -> Simulation:
     """MemTracker's peak of one step of ``config`` on fake CPU tensors (``moe``: the model has routed experts,
     run by ``setup.experts``'s path; ``layers``: build only that many decoder layers; ``progress``: called with
-    a line per decoder layer entered, ``segments.Segments``)."""
+    a line per decoder layer entered, ``segments.Segments``; ``position``: the layers' position classes there)."""
     check_simulable(setup, layout)
     try:
         import torch
@@ -295,7 +295,7 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
                 mt.track_external(model, *([masters.module] if masters else []), opt)
             names = dict(model.named_modules())
             segments = Segments({f"{type(model).__name__}.{n}": i for i, n in enumerate(
-                n for n, m in names.items() for d in decoder if m is d)}, progress=progress)
+                n for n, m in names.items() for d in decoder if m is d)}, progress=progress, position=position)
             segments.install(mt)
             routing: list[str] = []
             with mt, routing_standin(mode, model, routing), grouped_mm_rule():
