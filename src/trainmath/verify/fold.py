@@ -1,4 +1,5 @@
-"""``--simulate-layers N``: simulate N and N+1 decoder layers, fold in the rest; and the time estimate.
+"""``--simulate-layers N``: simulate N and N+1 decoder layers (repeats of the layer-type pattern), fold in the rest;
+and the time estimate.
 
 **The fold.** In a model of L identical decoder layers, the bytes live at a given moment of the step are a sum of
 per-layer terms (saved tensors, gradients, weights, states) and terms that do not depend on L, so the peak of each
@@ -8,8 +9,22 @@ layer i is also affine in i at fixed L (each layer further on holds one layer's 
 largest value over the interior lies at an end of the interior, the layers at position 1 and L − 2, which are
 simulated as themselves (``bottom 1``, ``top 1``); the first and last layers, which FSDP2's prefetch makes
 different, are too. The full step's peak is the largest of the extrapolated segments. Needs N ≥ 4 so that
-both ends are distinct in both runs, and layers of one type (the config's layers identical in the parameter
-ledger); the test compares it with the full simulation on a real-width model, to the byte.
+both ends are distinct in both runs.
+
+**Several layer types.** The same argument holds with a repeat of the model's unit of layer types in place of a
+layer (``trainmath.verify.pattern``: ``prefix · unit^R · suffix``, e.g. Gemma-2's (sliding, full) ×21, Gemma-3's
+(sliding ×5, full) ×R then two sliding, DeepSeek-V3's three dense layers then MoE ×58). The bytes live at a moment
+inside layer i are what i and its neighbours hold (FSDP2 prefetches one layer ahead) plus, per other layer, a
+term that depends on its type and on whether it lies before or after i. The prefix and the suffix are simulated
+whole; adding a repeat adds one unit's terms to every segment outside it, so each segment is affine in R; inside
+interior repeat r, at a fixed place in the unit, i's neighbours are of the same types for every r and each repeat
+before or after adds one unit's bytes, so the segment is affine in r and its largest value over the interior lies
+at repeat 1 or R − 2, simulated as themselves (``bottom 1 +k``, ``top 1 +k``). Where the peak falls (the end of
+the forward, the backward of the first layer, the loss, the optimizer step) does not matter: every segment but the
+interior ones is extrapolated, and the interior ones are bounded by those. The shorter models are simulated with
+N and N + 1 repeats. A model whose unit does not repeat N + 2 times, or whose fold would simulate at least as
+many layers as the model has, is simulated whole, and the output says so. The tests compare every extrapolated
+segment, not only the peak, with the full simulation of each multi-type family, to the byte.
 
 **The estimate.** A simulation's time is linear in the layer count once MemTracker's per-module peak updates
 are left out (``segments``): a 2-layer calibration run of the same width gives the seconds inside layers per
@@ -108,7 +123,9 @@ def simulate_folded(config: dict, setup, layout, *, moe: bool, plan: FoldPlan, n
         sims.append(simulate(check_shrunk(config, pattern, r, name), setup, layout, moe=moe, progress=progress,
                              position=cut.position))
     small, large = sims
-    peak, kinds, at = fold(small.segments, large.segments, n, pattern.repeats)
+    segments = extrapolate(small.segments, large.segments, n, pattern.repeats)
+    at = max(sorted(segments), key=lambda k: segments[k][0])
+    peak, kinds = segments[at]
     extra = pattern.repeats - n
 
     def grow(a, b):
@@ -125,7 +142,7 @@ def simulate_folded(config: dict, setup, layout, *, moe: bool, plan: FoldPlan, n
     return replace(large, peak_bytes=peak, by_kind={k: v for k, v in kinds.items() if k != "Total"},
                    buffers_bytes=grow(small.buffers_bytes, large.buffers_bytes),
                    saved_bytes=grow(small.saved_bytes, large.saved_bytes), seconds=small.seconds + large.seconds,
-                   peak_segment=segment_text(at), layers=plan.layers, segments={}, folded=said)
+                   peak_segment=segment_text(at), layers=plan.layers, segments=segments, folded=said)
 
 
 def estimate_seconds(config: dict, setup, layout, *, moe: bool, runs: list[int]) -> tuple[float, float, float]:

@@ -75,13 +75,25 @@ class Pattern:
         return where if self.period == 1 or where == "interior" else f"{where} +{offset}"
 
     def describe(self) -> str:
-        """The pattern in words: ``(sliding_attention + mlp, full_attention + mlp) ×21``."""
-        unit = self.types[self.prefix:self.prefix + self.period]
-        parts = [", ".join(self.types[:self.prefix])] if self.prefix else []
-        parts.append(f"({', '.join(unit)}) ×{self.repeats}" if self.period > 1 else f"{unit[0]} ×{self.repeats}")
+        """The pattern in words: ``(sliding_attention + mlp ×5, full_attention + mlp) ×4 then sliding_attention +
+        mlp ×2``."""
+        unit = _runs(self.types[self.prefix:self.prefix + self.period])
+        parts = [_runs(self.types[:self.prefix])] if self.prefix else []
+        parts.append(f"({unit}) ×{self.repeats}" if self.period > 1 else f"{unit} ×{self.repeats}")
         if self.suffix:
-            parts.append(", ".join(self.types[len(self.types) - self.suffix:]))
+            parts.append(_runs(self.types[len(self.types) - self.suffix:]))
         return " then ".join(parts)
+
+
+def _runs(types) -> str:
+    """``a ×3, b``: consecutive equal types counted."""
+    out: list[list] = []
+    for t in types:
+        if out and out[-1][0] == t:
+            out[-1][1] += 1
+        else:
+            out.append([t, 1])
+    return ", ".join(t if k == 1 else f"{t} ×{k}" for t, k in out)
 
 
 def _repeats(types: tuple, start: int, period: int) -> int:
@@ -117,12 +129,12 @@ def shrink_config(config: dict, keep: list[int]) -> dict:
 
     cfg = hf_config(config)
     if isinstance(config.get("text_config"), dict):
-        return {**config, "text_config": _cut(config["text_config"], cfg.text_config.to_dict(), keep)}
-    return _cut(config, cfg.to_dict(), keep)
+        cfg = cfg.text_config
+        return {**config, "text_config": _cut(config["text_config"], cfg.to_dict(), cfg.num_hidden_layers, keep)}
+    return _cut(config, cfg.to_dict(), cfg.num_hidden_layers, keep)
 
 
-def _cut(data: dict, filled: dict, keep: list[int]) -> dict:
-    layers = filled["num_hidden_layers"]
+def _cut(data: dict, filled: dict, layers: int, keep: list[int]) -> dict:
     out = dict(data)
     for key, value in {**filled, **data}.items():
         if key in INDEX_LISTS and isinstance(value, list):
