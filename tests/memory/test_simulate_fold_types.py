@@ -82,7 +82,7 @@ def check(folded, full) -> None:
 def test_fold_equals_the_full_simulation(family):
     """The defaults (mixed-bf16, AdamW foreach, one device) with the attention each family's code allows."""
     repo, layers, overrides, words = FAMILIES[family]
-    setup = TrainingSetup(micro_batch=1, seq=64, attention="eager", device="cpu")
+    setup = TrainingSetup(micro_batch=1, seq=32, attention="eager", device="cpu")
     pattern, folded, full = fold_against_full(narrow(repo, layers, **overrides), setup)
     assert pattern.describe() == words
     check(folded, full)
@@ -91,9 +91,9 @@ def test_fold_equals_the_full_simulation(family):
 
 
 @pytest.mark.parametrize("setup, layout", [
-    (TrainingSetup(micro_batch=1, seq=64, attention="eager", optimizer_impl="forloop", device="cpu"),
+    (TrainingSetup(micro_batch=1, seq=32, attention="eager", optimizer_impl="forloop", device="cpu"),
      ParallelLayout(dp=4, zero=3)),
-    (TrainingSetup(micro_batch=1, seq=64, attention="eager", precision="bf16", recompute="full", device="cpu"),
+    (TrainingSetup(micro_batch=1, seq=32, attention="eager", precision="bf16", recompute="full", device="cpu"),
      ParallelLayout()),
 ], ids=["fsdp2", "bf16-full-recompute"])
 def test_fold_under_fsdp2_and_recompute(setup, layout):
@@ -102,3 +102,31 @@ def test_fold_under_fsdp2_and_recompute(setup, layout):
     repo, layers, overrides, _ = FAMILIES["gemma2"]
     _, folded, full = fold_against_full(narrow(repo, layers, **overrides), setup, layout)
     check(folded, full)
+
+
+def test_cli_says_which_layers_ran(capsys, tmp_path):
+    """The CLI on a narrow Gemma-2: 20 layers fold (8 + 10 simulated, said in the JSON); 12 layers would simulate
+    more than the model, so it runs whole and says so; N = 3 is one line, exit 2."""
+    import json
+
+    from trainmath.cli import main
+
+    repo, _, overrides, words = FAMILIES["gemma2"]
+    argv = ["--micro-batch", "1", "--seq", "32", "--attention", "eager", "--simulate", "--simulate-layers"]
+    path = str(tmp_path / "gemma2.json")
+    with open(path, "w") as f:
+        json.dump(narrow(repo, 20, **overrides), f)
+    assert main(["memory", path, *argv, "4", "--json"]) == 0
+    out, err = capsys.readouterr()
+    d = json.loads(out)["simulation"]
+    assert d["layers"] == 20 and d["folded"].startswith(
+        "simulated 8 and 10 of 20 layers, read as (sliding_attention + mlp, full_attention + mlp) ×10")
+    assert "estimated" in err and "for 8 + 10 layers" in err
+    with open(path, "w") as f:
+        json.dump(narrow(repo, 12, **overrides), f)
+    assert main(["memory", path, *argv, "4"]) == 0
+    out = capsys.readouterr().out
+    assert f"simulated all 12 layers: folding ({words}) would simulate 8 + 10 layers" in out
+    assert main(["memory", path, *argv, "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--simulate-layers must be at least 4" in err and err.count("\n") == 1

@@ -221,7 +221,7 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
     start = time.perf_counter()
     saved = masking.find_packed_sequence_indices
     masking.find_packed_sequence_indices = lambda position_ids: None  # an unpacked batch (module docstring)
-    if tp:
+    if fsdp or tp:
         import torch.distributed.tensor._sharding_prop as prop
 
         detect = prop.detect_fake_mode
@@ -310,7 +310,7 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
             buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
     finally:
         masking.find_packed_sequence_indices = saved
-        if tp:
+        if fsdp or tp:
             prop.detect_fake_mode = detect
         if fsdp or tp:
             dist.destroy_process_group()
