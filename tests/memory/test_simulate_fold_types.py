@@ -8,7 +8,9 @@ full run are checked to lie below the folded peak (they are the ones the fold do
 
 Configs: the catalog entry of each family, its published switches kept (windows, softcapping, MLA ranks, the
 Mamba mixer, ``first_k_dense_replace``), narrowed to a width the full simulation runs in seconds, with enough
-layers for six repeats of the unit (the fold simulates four and five).
+layers for six repeats of the unit (the fold simulates four and five); Qwen3-Next's unit is cut from three linear
+layers and one full to one of each (``full_attention_interval=2``), which halves its time (Gemma-3 keeps its five
+sliding layers and one full, the unit with runs of a type).
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ FAMILIES = {  # repo, layers, overrides, the pattern as fold.py reads it
                "(sliding_attention + mlp ×5, full_attention + mlp) ×6 then sliding_attention + mlp ×2"),
     "gpt_oss": ("openai/gpt-oss-20b", 12, dict(num_local_experts=4, num_experts_per_tok=2),
                 "(sliding_attention + moe, full_attention + moe) ×6"),
-    "qwen3_next": ("Qwen/Qwen3-Next-80B-A3B-Thinking", 24, dict(
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16),
-        "(linear_attention + moe ×3, full_attention + moe) ×6"),
+    "qwen3_next": ("Qwen/Qwen3-Next-80B-A3B-Thinking", 12, dict(
+        full_attention_interval=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16), "(linear_attention + moe, full_attention + moe) ×6"),
     "nemotron_h": ("nvidia/Nemotron-H-56B-Base-8K", 18, dict(
         hybrid_override_pattern="M*-" * 6, mamba_num_heads=4, mamba_head_dim=8, n_groups=2, ssm_state_size=8,
         chunk_size=64), "(mamba, full_attention, mlp) ×6"),

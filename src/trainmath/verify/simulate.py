@@ -17,11 +17,14 @@ One deviation from an eager run, and why: transformers treats fake tensors as tr
 position ids for packed sequences and builds an explicit attention mask (then SDPA repeats K/V for GQA). An eager
 run of an unpacked batch finds no packing and runs SDPA with ``is_causal``; ``find_packed_sequence_indices`` is
 patched to say so for the duration of the step (the tests check the fake step against a real one, op for op).
-A second, for TP: DTensor infers each op's global output shape by running it on fake tensors of the ambient fake
-mode (``_sharding_prop.detect_fake_mode() or FakeTensorMode()``), cached per op and arguments. In a real run that
+A second, for TP and FSDP2 (both step DTensors): DTensor infers each op's global output shape by running it on fake
+tensors of the ambient fake mode (``_sharding_prop.detect_fake_mode() or FakeTensorMode()``), cached per op and
+arguments. In a real run that
 is a private mode whose tensors MemTracker does not count; under the simulation's own fake mode they would be
 counted, and AdamW's bias corrections change every step, so each step's optimizer ops miss the cache and add
-global-shape transients (86,016 bytes more at the optimizer step of the tiny tp = 2 test model).
+global-shape transients (86,016 bytes more at the optimizer step of the tiny tp = 2 test model; under FSDP2 the
+for-loop AdamW's first step, whose states are made lazily on DTensor shards, rose 655,232 B above the second on
+the tiny dp = 2 Qwen3 of ``tests/memory/test_fsdp2_first_step.py``).
 ``detect_fake_mode`` is patched for the duration of the step so that the propagation gets a private mode, as it
 does in a real run.
 
