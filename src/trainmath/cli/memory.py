@@ -116,7 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--simulate-layers", type=integer, default=None, metavar="N",
                    help="with --simulate: simulate N and N+1 decoder layers (N >= 4) and fold in the rest, each "
                         "segment's peak extrapolated linearly; a model of several layer types (Gemma-2/3, gpt-oss, "
-                        "Qwen3-Next, Llama-4, DeepSeek-V3's dense-first layers) keeps its pattern, with N and N+1 "
+                        "Qwen3-Next, Nemotron-H, DeepSeek-V3's dense-first layers) keeps its pattern, with N and N+1 "
                         "repeats of its unit of layer types; exact where layers of a type are identical; which "
                         "layers ran is said in the output (a model too short to gain is simulated whole)")
     p.add_argument("--timeline", action="store_true",
