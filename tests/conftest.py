@@ -19,6 +19,7 @@ SLOW_MODULES = {
     # more process spawning, live servers and browsers, timing on this CPU
     "train/test_checkpoint_damage.py", "robustness/test_json_sweep.py", "robustness/test_serve_hostile.py",
     "viz/test_browser_serving.py", "infer/test_serving_cpu.py", "viz/test_browser_peft.py",
+    "infer/test_serving_loso.py",
 }
 """Test modules of the slow tier (``-m slow``); ``-m "not slow"`` is the fast tier for development. CI runs both."""
 

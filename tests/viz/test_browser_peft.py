@@ -1,6 +1,6 @@
 """The fine-tuning fields of the served page, in headless Chromium: picking LoRA shows the trainable parameters
-`trainmath params --peft --json` prints, with the note that the memory beside them is full training's; back to
-full training hides them."""
+`trainmath params --peft --json` prints, with the note saying whose memory and FLOPs are beside them (the
+fine-tune's where the calculator models its step, else full training's); back to full training hides them."""
 
 import json
 import os
@@ -35,7 +35,10 @@ def test_page_shows_the_adapters(browser, url, capsys):
     browser.wait_for("!document.getElementById('peft-card').hidden")
     shown = browser.eval("document.getElementById('trainable-params').textContent")
     assert int(shown.replace(",", "")) == want
-    assert "full training's" in browser.eval("document.getElementById('peft-note').textContent")
+    from trainmath.report.peft import FINE_TUNE_NOTE
+
+    note = browser.eval("document.getElementById('peft-note').textContent")
+    assert note == FINE_TUNE_NOTE or "full training's" in note
     _set(browser, "peft", "none")  # the rank and targets are still set: the CLI's one line, on the page
     browser.wait_for("document.getElementById('error').textContent.includes('needs --peft lora')")
     assert browser.problems() == []

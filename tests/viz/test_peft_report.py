@@ -27,7 +27,24 @@ def test_page_shows_the_adapters_of_params(capsys):
     got = out["summary"]["peft"]
     assert {k: got[k] for k in ("trainable_params", "adapter_params", "total_params")} == {
         k: want[k] for k in ("trainable_params", "adapter_params", "total_params")}
-    assert got["trainable_params"] == 41_943_040 and "full training's" in got["memory_note"]
+    assert got["trainable_params"] == 41_943_040
+    from trainmath.report.peft import FINE_TUNE_NOTE
+
+    assert got["memory_note"] == FINE_TUNE_NOTE or "full training's" in got["memory_note"]
+
+
+def test_page_flops_are_flops_peft(capsys):
+    """The page's training FLOPs are ``trainmath flops --peft``'s for the same micro-batch, not full training's."""
+    out = calc(FIELDS)
+    assert out["ok"], out.get("error")
+    capsys.readouterr()
+    assert main(["flops", FIELDS["model"], "--batch", "1", "--seq", "4096", "--json",
+                 *[x for k, v in PEFT.items() for x in (f"--{k}", v)]]) == 0
+    want = json.loads(capsys.readouterr().out)["training"]["per_step"]
+    assert out["summary"]["training_flops"] == want
+    capsys.readouterr()
+    assert main(["flops", FIELDS["model"], "--batch", "1", "--seq", "4096", "--json"]) == 0
+    assert want < json.loads(capsys.readouterr().out)["training"]["per_step"]
 
 
 def test_full_training_has_no_peft_part():
@@ -75,3 +92,17 @@ def test_page_memory_is_what_its_note_says(capsys):
     capsys.readouterr()
     assert main(argv) == 0
     assert out["summary"]["peak_bytes"] == json.loads(capsys.readouterr().out)["peak_bytes"]
+
+
+def test_report_planner_is_plan_peft(capsys, tmp_path):
+    """With --gpus the page's planner is ``trainmath plan --peft``'s: the same top layout and step time."""
+    path = tmp_path / "r.html"
+    job = ["--seq", "4096", "--precision", "bf16", *[x for k, v in PEFT.items() for x in (f"--{k}", v)]]
+    assert main(["report", "meta-llama/Llama-3.1-8B", "--micro-batch", "1", "--profile", "hf", "--gpu", "h100",
+                 "--gpus", "8", *job, "-o", str(path)]) == 0
+    html = path.read_text()
+    capsys.readouterr()
+    assert main(["plan", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--gpus", "8", "--global-batch", "8",
+                 "--top", "3", "--json", *job]) == 0
+    top = json.loads(capsys.readouterr().out)["layouts"][0]
+    assert "hf profile" in html and f"<td>{top['step_time_s']:.3f}</td>" in html

@@ -47,16 +47,24 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
                         "denominator peak (default bf16)")
     p.add_argument("--attention", choices=("flash", "eager"), default="flash",
                    help="attention kernel: flash (default) or eager (materialised s×s scores)")
+    p.add_argument("--flash-kernel", choices=("native", "te", "fa2"), default="native",
+                   help="flash kernel and its fitted share of peak: native (the GPU generation's, default), te "
+                        "(Transformer Engine: Megatron-Core, NeMo) or fa2 (FlashAttention-2: flash-attn 2, PyTorch "
+                        "SDPA; below native on Hopper)")
     p.add_argument("--mfu-causal", choices=("executed", "half"), default="executed",
                    help="attention FLOPs in MFU/HFU: executed (all s², Megatron-LM/PaLM, default) or half")
-    p.add_argument("--profile", choices=("megatron", "hf"), default="megatron",
+    p.add_argument("--profile", choices=("megatron", "hf"), default=None,
                    help="activation profile of the memory model: megatron (default; any layout) or hf "
-                        "(transformers' saved tensors per rank: plain --tp keeps embedding, head and loss whole)")
+                        "(transformers' saved tensors per rank: plain --tp keeps embedding, head and loss whole; "
+                        "the default and the only one with --peft)")
     p.add_argument("--moe-imbalance", type=number(1, 1000), default=1.0,
                    help="MoE load imbalance: tokens routed to the busiest expert-parallel rank / the mean (default 1: "
                         "balanced; with a capacity factor and token dropping, at most that factor)")
     add_mem_util(p)
     add_offload_arguments(p, auto=offload_auto)
+    from trainmath.cli.peft_job import add_arguments as add_peft_arguments
+
+    add_peft_arguments(p)  # --peft lora|qlora: the fine-tune's step (perf.peft)
     if printing:  # what is printed; a chart has no use for these
         p.add_argument("--tokens", type=tokens, default=None,
                        help="token budget (1T, 300B, ...): time, GPU-hours and cost")
@@ -86,7 +94,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="step time, MFU/HFU and memory of one training layout on a GPU cluster; GPU-hours of a token budget",
         description="Step time of one training layout (compute at the GPU generation's efficiency, each exposed "
                     "collective, pipeline bubble, optimizer step), tokens/s, TFLOP/s per GPU, MFU and HFU, memory "
-                    "per GPU with a fit verdict, and with --tokens the time, GPU-hours and cost of a budget.",
+                    "per GPU with a fit verdict, and with --tokens the time, GPU-hours and cost of a budget. "
+                    "With --peft lora|qlora, the fine-tune's step: frozen base fprop + dgrad, the adapters' GEMMs, "
+                    "QLoRA's dequantisation, MFU over the fine-tune's executed FLOPs (one device, DDP, ZeRO-1/2).",
     )
     add_job_arguments(p)
     p.add_argument("--tp", type=count(), default=1)
@@ -151,11 +161,15 @@ def load(args: argparse.Namespace):
     positions_warning(spec, args.seq, "--seq")  # learned positions: an error, as in flops and memory
     job = Job(global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
               dtype=args.dtype, attention=args.attention, mfu_causal=args.mfu_causal, mem_util_percent=args.mem_util,
+              flash_kernel=getattr(args, "flash_kernel", "native"),
               profile=args.profile, fp8_head=getattr(args, "fp8_head", False),
               moe_imbalance=getattr(args, "moe_imbalance", 1.0),
               micro_batch=getattr(args, "micro_batch", 1), recompute=getattr(args, "recompute", "none"),
               virtual_stages=getattr(args, "virtual_stages", 1), uneven_stages=getattr(args, "uneven_stages", False))
     job = _with_offload(job, args)
+    from trainmath.cli.peft_job import with_peft
+
+    job = with_peft(spec, job, args)
     gpu.peak_flops_per_s(args.dtype)  # an error now if the chip has no such format
     if job.precision == "fp8" and gpu.fp8_flops_per_s is None:
         raise TrainmathError(f"--precision fp8 needs FP8 tensor cores; {gpu.name} has none: use mixed-bf16")
@@ -216,6 +230,10 @@ def render(est, budget: dict | None = None) -> str:
     lines = [f"{est.model} on {est.gpus} × {est.gpu}: {lay.describe()}, micro-batch {job.micro_batch} × "
              f"{est.micro_batches} per step, {job.virtual_stages} virtual stage(s), recompute {job.recompute}",
              "", summary_line(est), ""]
+    if est.peft is not None:
+        from trainmath.cli.peft_job import lines as peft_lines
+
+        lines += peft_lines(est)
     rows = [[k, f"{v:.4f}", f"{100 * v / est.step_time_s:.1f}%"] for k, v in est.breakdown.items() if v > 0]
     rows.append(["step", f"{est.step_time_s:.4f}", "100.0%"])
     lines.append(table(["step breakdown", "seconds", "share"], rows))

@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Enumerates every layout of the GPUs (degrees, ZeRO stage, recompute, micro-batch, virtual "
                     "stages), drops those that cannot be built or do not fit the GPU's memory, and ranks the rest "
                     "by step time (the model of `trainmath estimate`). Exit 1 when nothing fits, with the closest "
-                    "candidates and what they lack.",
+                    "candidates and what they lack. With --peft lora|qlora, the layouts a fine-tune is modelled on "
+                    "(one device, DDP, ZeRO-1/2; the rest rejected with the reason), timed as `estimate --peft`.",
     )
     add_job_arguments(p, gpus_auto=True, offload_auto=True)
     p.add_argument("--deadline", default=None, metavar="DURATION",
@@ -184,7 +185,8 @@ def render(result, *, explain: bool = False, tokens: int | None = None, price: f
     lines.append(result.fit_rule)
     lines.append(f"fit: every layout's peak fits under the {' and the '.join(result.fit_profiles)} activation "
                  f"profile{'s' if len(result.fit_profiles) > 1 else ''} (memory column: the larger peak)")
-    lines.append("search: tp within a node, sp on whenever tp > 1, cp while each rank keeps >= 1024 tokens; "
+    lines.append(f"search (--peft): {result.search}" if result.search else
+                 "search: tp within a node, sp on whenever tp > 1, cp while each rank keeps >= 1024 tokens; "
                  "micro-batch 1/2/4/8, virtual stages 1/2/4, ZeRO 0-3, recompute none/selective/full")
     return "\n".join(lines)
 

@@ -43,36 +43,83 @@ class PeftFlops:
     trainable_params: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One GEMM of a layer's forward with its forward and backward FLOPs under peft, and the 4-bit weight it
+    reads (QLoRA dequantises ``dequant_numel`` elements before each use: forward, and the input's gradient when
+    ``backward_flops`` is not 0)."""
+
+    gemm: Gemm
+    forward_flops: int
+    backward_flops: int
+    dequant_numel: int = 0
+    """Elements of the frozen weight dequantised per use (0: not a quantisable Linear, or an adapter)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerRows:
+    """The rows of one layer type in one position (layer 0 or later), and how many layers share them."""
+
+    layer: object
+    count: int
+    rows: tuple[Row, ...]
+    recompute_dequant: int
+    """Elements dequantised again by a full recompute of one layer (its quantised Linears)."""
+
+
 def _layer(spec, layer, index: int, job: PeftJob, targets: frozenset, *, batch: int, seq: int, causal: str,
-           input_grads: bool):
-    """(forward, backward) per module of one layer, and the quantised weights' uses (elements dequantised)."""
+           input_grads: bool) -> list[Row]:
+    """The rows of one layer: each frozen GEMM, its adapters and the attention core's products."""
     ops = layer_ops(spec, layer, batch=batch, seq=seq)
     if any(op.kind in ("scan", "conv") for op in ops):
         raise TrainmathError(f"--peft FLOPs are modelled for attention layers; {spec.name} has scan/conv layers")
     run = LoraRun(targets=targets, rank=job.rank, input_grad=index > 0 or input_grads)
     flow = grad_flow(ops, run)
     linears = op_flops.linear_gemms_from_ops(ops, top_k=layer_top_k(layer))
-    fwd: list[tuple[Gemm, int, int]] = []  # (gemm, forward flops, backward flops)
-    dequant = 0
+    out: list[Row] = []
     it = iter(linears)
     for op, rg, target in flow:
         if op.kind == "linear" and op.weight is not None:
             g = next(it)
-            fwd.append((g, g.flops, g.flops if rg[0] else 0))
-            uses = 1 + (1 if rg[0] else 0)
-            if not op.weight.experts:
-                dequant += uses * op.weight.numel
+            out.append(Row(gemm=g, forward_flops=g.flops, backward_flops=g.flops if rg[0] else 0,
+                           dequant_numel=0 if op.weight.experts else op.weight.numel))
             if target:
                 a = Gemm(name=f"{module_of(op)}.lora_A", component=LORA, m=g.m, k=g.k, n=job.rank)
                 b = Gemm(name=f"{module_of(op)}.lora_B", component=LORA, m=g.m, k=job.rank, n=g.n)
-                fwd.append((a, a.flops, a.flops * (2 if rg[0] else 1)))
-                fwd.append((b, b.flops, 2 * b.flops))
+                out.append(Row(gemm=a, forward_flops=a.flops, backward_flops=a.flops * (2 if rg[0] else 1)))
+                out.append(Row(gemm=b, forward_flops=b.flops, backward_flops=2 * b.flops))
         elif op.kind == "attention":
             q, k, v = rg[:3]
             scores, values = op_flops.attention_gemms(op, causal=causal)
-            fwd.append((scores, scores.flops, scores.flops * (q + k)))
-            fwd.append((values, values.flops, values.flops * ((q or k) + v)))
-    return fwd, dequant
+            out.append(Row(gemm=scores, forward_flops=scores.flops, backward_flops=scores.flops * (q + k)))
+            out.append(Row(gemm=values, forward_flops=values.flops, backward_flops=values.flops * ((q or k) + v)))
+    return out
+
+
+def targets_of(spec, job: PeftJob) -> frozenset:
+    """The adapted modules' names; routed-expert and router targets are refused (not modelled)."""
+    chosen = select(spec, job)
+    if any(m.name.startswith("experts.") or m.name == "gate.weight" for m in chosen):
+        raise TrainmathError("--peft FLOPs with routed-expert or router targets are not modelled; target the "
+                             "attention and dense Linear modules")
+    return frozenset(m.name for m in chosen)
+
+
+def peft_rows(spec, job: PeftJob, *, batch: int, seq: int, causal: str = "executed",
+              input_grads: bool = False) -> tuple[tuple[LayerRows, ...], tuple[Gemm, ...]]:
+    """(each layer type's rows, the head's GEMMs) of one micro-batch: what ``peft_flops`` sums and the step-time
+    model (``perf.peft``) prices, so the two count the same FLOPs."""
+    targets = targets_of(spec, job)
+    out = []
+    for layer, idx in spec.layer_groups():
+        for first in (True, False):
+            n = sum(1 for i in idx if (i == 0) == first)
+            if n:
+                rows = _layer(spec, layer, 0 if first else 1, job, targets, batch=batch, seq=seq, causal=causal,
+                              input_grads=input_grads)
+                again = sum(w.numel for w in _quantised(layer))
+                out.append(LayerRows(layer=layer, count=n, rows=tuple(rows), recompute_dequant=again))
+    return tuple(out), tuple(op_flops.linear_gemms_from_ops(head_ops(spec, batch=batch, seq=seq)))
 
 
 def peft_flops(spec, job: PeftJob, *, batch: int, seq: int, causal: str = "executed", recompute: str = "none",
@@ -81,11 +128,7 @@ def peft_flops(spec, job: PeftJob, *, batch: int, seq: int, causal: str = "execu
     if recompute not in ("none", "full"):
         raise TrainmathError(f"--peft FLOPs count --recompute none or full, not {recompute}")
     base = count_flops(spec, batch=batch, seq=seq, causal=causal)
-    chosen = select(spec, job)
-    if any(m.name.startswith("experts.") or m.name == "gate.weight" for m in chosen):
-        raise TrainmathError("--peft FLOPs with routed-expert or router targets are not modelled; target the "
-                             "attention and dense Linear modules")
-    targets = frozenset(m.name for m in chosen)
+    groups, head = peft_rows(spec, job, batch=batch, seq=seq, causal=causal, input_grads=input_grads)
     fw: dict[str, dict[str, int]] = {}
     bw: dict[str, dict[str, int]] = {}
     rc: dict[str, dict[str, int]] = {}
@@ -95,22 +138,17 @@ def peft_flops(spec, job: PeftJob, *, batch: int, seq: int, causal: str = "execu
         mods[g.name] = mods.get(g.name, 0) + v * times
 
     dequant = 0
-    for layer, idx in spec.layer_groups():
-        for first in (True, False):
-            n = sum(1 for i in idx if (i == 0) == first)
-            if not n:
-                continue
-            rows, dq = _layer(spec, layer, 0 if first else 1, job, targets, batch=batch, seq=seq, causal=causal,
-                              input_grads=input_grads)
-            for g, f, b in rows:
-                add(fw, g, f, n)
-                add(bw, g, b, n)
-                if recompute == "full":
-                    add(rc, g, f, n)
-            dequant += dq * n
+    for lr in groups:
+        n = lr.count
+        for row in lr.rows:
+            add(fw, row.gemm, row.forward_flops, n)
+            add(bw, row.gemm, row.backward_flops, n)
             if recompute == "full":
-                dequant += n * sum(w.numel for w in _quantised(layer))
-    for g in op_flops.linear_gemms_from_ops(head_ops(spec, batch=batch, seq=seq)):
+                add(rc, row.gemm, row.forward_flops, n)
+            dequant += n * row.dequant_numel * (1 + (1 if row.backward_flops else 0))
+        if recompute == "full":
+            dequant += n * lr.recompute_dequant
+    for g in head:
         add(fw, g, g.flops, 1)
         add(bw, g, g.flops, 1)  # the input's gradient only
     if job.method != "qlora":

@@ -31,12 +31,18 @@ class Job:
     """Attention FLOPs in MFU/HFU: ``executed`` (all s², Megatron-LM's and PaLM's formulas) or ``half``."""
     attention: str = "flash"
     """Attention kernel: ``flash`` or ``eager`` (materialised scores; ``trainmath.perf.compute``)."""
+    flash_kernel: str = "native"
+    """Which flash kernel (``trainmath.perf.attention``): ``native`` (the generation's calibrated one), ``te``
+    (Transformer Engine's, as Megatron-Core and NeMo run it) or ``fa2`` (FlashAttention-2: flash-attn 2, SDPA)."""
     profile: str = "megatron"
     """Activation profile of the memory model."""
     uneven_stages: bool = False
     """Allow pp · virtual_stages not dividing the layers (stages differ by one layer, like Llama 3's)."""
     fp8_head: bool = False
     """With ``precision="fp8"``: run the LM head's GEMMs in FP8 too (Transformer Engine's recipe keeps it BF16)."""
+    fsdp: bool = False
+    """The data-parallel sharding runs as PyTorch FSDP units (``zero`` 3 FULL_SHARD, 2 SHARD_GRAD_OP): the fitted
+    FSDP overhead (``trainmath.perf.fsdp``: per-unit hooks) applies at ZeRO-2 too. ZeRO-3 pays it either way."""
     moe_imbalance: float = 1.0
     """MoE load imbalance: tokens routed to the busiest expert-parallel rank / the mean (1.0 balanced; a capacity
     factor with dropping bounds it; ``trainmath.perf.moe``)."""
@@ -50,6 +56,8 @@ class Job:
     """Host RAM per node for the host fit with ``offload`` (``memory.host.HOST_MEMORY_BYTES``, a DGX H100's)."""
     host_bytes_per_s: float | None = None
     """Achieved host DRAM rate of the CPU optimizer step per node (B/s); None: ``perf.offload``'s calibration."""
+    peft: object = None
+    """A LoRA / QLoRA fine-tune (``memory.peft.PeftRun``): timed by ``perf.peft``; None: full training."""
 
     @property
     def fp8_gemms(self) -> str:
@@ -103,6 +111,9 @@ class Estimate:
     offload: dict | None = None
     """With ``job.offload``: the offload terms, their bytes and rates, and the host RAM verdict
     (``perf.offload.with_offload``); None without."""
+    peft: dict | None = None
+    """A fine-tune's figures (``perf.peft``: the adapters, the compute by op class with its FLOPs and seconds);
+    None for full training."""
 
     def budget(self, tokens: float, price_per_gpu_hour: float | None = None) -> dict:
         """Wall time, GPU-hours and cost of training on ``tokens`` tokens at this step's rate."""
@@ -135,7 +146,8 @@ class Estimate:
                 "conventions": list(self.conventions), "stage_times_s": list(self.stage_times_s),
                 "stage_layers": list(self.stage_layers),
                 "first_stage_layers": lay.first_stage_layers, "last_stage_layers": lay.last_stage_layers,
-                **({"offload": self.offload} if self.offload is not None else {})}
+                **({"offload": self.offload} if self.offload is not None else {}),
+                **({"peft": self.peft} if self.peft is not None else {})}
 
 
 def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | None = None) -> list[str]:
@@ -154,6 +166,10 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
             bad.append(f"{name.replace('_', ' ')} must be a positive integer, got {v!r}")
     if job.attention not in ("flash", "eager"):
         bad.append(f"attention kernel must be flash or eager, got {job.attention!r}")
+    if job.attention == "flash":
+        from trainmath.perf.attention import kernel_problems
+
+        bad += kernel_problems(job.flash_kernel)
     if not isinstance(job.moe_imbalance, (int, float)) or not 1 <= job.moe_imbalance <= 1e3:
         bad.append(f"moe imbalance (busiest EP rank's tokens / the mean) must be a number from 1 to 1000, got "
                    f"{job.moe_imbalance!r}")

@@ -28,6 +28,7 @@ from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
 from trainmath.perf import moe as moe_terms
+from trainmath.perf.attention import kernel_efficiency, kernel_text
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, FP8_CAST_TRANSPOSE_BYTES, layer_times, memo
 from trainmath.perf.fsdp import fsdp_text, overhead_s, zero3_item
 from trainmath.perf.job import Estimate, Job, job_problems
@@ -136,7 +137,13 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
              memory: bool = True, peak_bytes: int | None = None, validate: bool = True) -> Estimate:
     """The step of ``job`` on ``layout`` over dp·tp·pp·cp GPUs of type ``gpu`` (see the module docstring).
     ``memory=False`` skips the memory model (``peak_bytes`` and ``fits`` None) unless ``peak_bytes`` is given;
-    ``validate=False`` skips ``job_problems`` (the planner has checked)."""
+    ``validate=False`` skips ``job_problems`` (the planner has checked). A fine-tune (``job.peft``) is timed by
+    ``perf.peft``."""
+    if job.peft is not None:
+        from trainmath.perf.peft import peft_estimate
+
+        return peft_estimate(spec, layout, job, gpu, hardware=hardware, memory=memory, peak_bytes=peak_bytes,
+                             validate=validate)
     bad = job_problems(spec, layout, job) if validate else []
     if bad:
         raise TrainmathError(f"impossible job ({layout.describe()}, micro-batch {job.micro_batch}, "
@@ -147,7 +154,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     topo = Topology.of_gpu(gpu, eff.link_fraction)
     groups = place_groups(layout, gpu.gpus_per_node)
     M = job.micro_batches(layout.dp)
-    per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
+    kernel_eff = kernel_efficiency(eff, job.flash_kernel) if job.attention == "flash" else eff
+    per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu,
+                                  eff=kernel_eff,
                                   recompute=job.recompute, dtype=job.gemm_dtype, compute_bytes=c,
                                   attention=job.attention, profile=job.profile, fp8=job.fp8_gemms,
                                   moe_imbalance=job.moe_imbalance)
@@ -253,7 +262,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                  **per_mb_comm,
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
                  "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
-                 if layout.zero == 3 and layout.zero_degree > 1 else 0.0,
+                 if (layout.zero == 3 or (job.fsdp and layout.zero == 2)) and layout.zero_degree > 1 else 0.0,
                  "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes)}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
@@ -270,7 +279,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"(step time · {n} GPUs · dense {job.dtype} peak {peak / 1e12:.1f} TFLOP/s)",
         f"HFU: executed FLOPs (recompute={job.recompute} included, same attention convention) / the same",
         f"compute at the {gpu.generation} efficiency curve (gpus.json 'generations'); flash attention skips "
-        f"causally masked blocks",
+        f"causally masked blocks"
+        + (f"; {kernel_text(eff, job.flash_kernel)}" if job.attention == "flash" else ""),
         *_fp8_conventions(job),
         f"1F1B pipeline, {job.virtual_stages} virtual stage(s): bubble (pp - 1)/v micro-batch times of the slowest "
         f"stage; layers per stage {_split_text(stages, layout)}",

@@ -97,6 +97,8 @@ class PlanResult:
     """The activation profiles every layout's peak must fit under (``peak_bytes``: the largest)."""
     memory_bytes: int = 0
     mem_util_percent: int = MEM_UTIL_PERCENT
+    search: str = ""
+    """What was searched, when not full training's space (``plan.peft``); "" for full training."""
 
     @property
     def fit_rule(self) -> str:
@@ -236,7 +238,8 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     """The ``top`` fastest layouts of ``job`` on ``gpus`` GPUs of type ``gpu`` that fit, and every rejection.
     ``job``'s micro-batch, recompute and virtual stages are ignored (searched). ``fit_profiles``: the activation
     profiles whose peak must fit (the largest is the layout's ``peak_bytes``; default ``fit_profiles_default``;
-    the hf profile is skipped for a layout it refuses, e.g. fused projections under tp)."""
+    the hf profile is skipped for a layout it refuses, e.g. fused projections under tp). Full training only: a
+    fine-tune (``job.peft``) is searched by ``plan.peft.plan_peft`` (``trainmath.plan.plan`` picks)."""
     profiles = fit_profiles_default(spec, job) if fit_profiles is None else tuple(fit_profiles)
     if not profiles or any(p not in ("megatron", "hf") for p in profiles):
         raise TrainmathError(f"--fit-profiles must name megatron and/or hf, got {','.join(profiles) or 'nothing'}")

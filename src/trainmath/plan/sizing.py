@@ -20,7 +20,8 @@ from trainmath.errors import TrainmathError
 from trainmath.hardware import GPU, Hardware
 from trainmath.model.spec import ModelSpec
 from trainmath.perf.job import Job
-from trainmath.plan.search import PlanResult, plan
+from trainmath.plan.peft import plan_job as plan
+from trainmath.plan.search import PlanResult
 
 MAX_SIZING_GPUS = 131_072
 """Largest count the sizing search probes (2**17: 16,384 nodes of 8)."""

@@ -118,10 +118,11 @@ def memory_variants(spec, setup, layout, compare: str = "recompute", layouts: tu
 
 
 def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, top: int = 3,
-             mem_util_percent: int = MEM_UTIL_PERCENT):
+             mem_util_percent: int = MEM_UTIL_PERCENT, peft=None):
     """The planner's best layouts (``trainmath plan``) of ``spec`` on ``gpus`` × ``gpu`` for the setup's sequence,
     precision and optimizer; global batch defaults to micro-batch × GPUs. The planner's own model: megatron
-    activation profile, flash attention unless the setup says eager."""
+    activation profile, flash attention unless the setup says eager; a fine-tune (``peft``, an
+    ``adapters.PeftJob``) is planned as ``trainmath plan --peft`` (``plan.peft``, the hf profile)."""
     from trainmath.perf import Job
     from trainmath.plan import plan
 
@@ -135,6 +136,14 @@ def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, to
     job = Job(global_batch=batch, seq=setup.seq, precision=setup.precision, optimizer=setup.optimizer,
               attention="eager" if setup.attention == "eager" else "flash", profile="megatron",
               mem_util_percent=mem_util_percent)
+    if peft is not None and peft.enabled:
+        from trainmath.memory.peft import PeftRun
+        from trainmath.perf.peft import job_peft_problems
+
+        job = replace(job, profile="hf", peft=PeftRun(job=peft))
+        bad = job_peft_problems(job)
+        if bad:
+            raise TrainmathError("; ".join(bad))
     return plan(spec, gpus=gpus, gpu=gpu, job=job, top=top)
 
 
@@ -169,13 +178,13 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
         setup = max((replace(setup, profile=p) for p in plan.fit_profiles),
                     key=lambda s: training_memory(spec, s, layout).peak_bytes)
     params = count_params(spec)
-    adapters, peft_note = None, ""
+    adapters, peft_note, flops = None, "", None
     if peft is not None and peft.enabled:
         from trainmath.adapters import adapter_report
         from trainmath.report.peft import fine_tune_setup
 
         adapters = adapter_report(spec, peft, params.total_params)
-        setup, peft_note = fine_tune_setup(spec, setup, layout, peft)
+        setup, flops, peft_note = fine_tune_setup(spec, setup, layout, peft)
     memory = training_memory(spec, setup, layout)  # the chosen setup must work: its error is the answer
     from trainmath.memory.host import check_host_memory, job_host_memory
 
@@ -183,7 +192,7 @@ def gather(spec, setup, layout, *, gpu=None, serving=None, plan=None,
     serving = serving or InferenceSetup(batch=1, context=setup.seq, tp=layout.tp)
     return ReportData(
         spec=spec, params=params, adapters=adapters, peft_note=peft_note,
-        flops=count_flops(spec, batch=setup.micro_batch, seq=setup.seq, recompute=setup.recompute),
+        flops=flops or count_flops(spec, batch=setup.micro_batch, seq=setup.seq, recompute=setup.recompute),
         closed=closed_form_flops(spec, batch=setup.micro_batch, seq=setup.seq),
         memory=memory, variants=memory_variants(spec, setup, layout, "recompute"), gpu=gpu,
         serving=infer_memory(spec, serving, gpu=gpu, mem_util_percent=mem_util_percent), plan=plan,

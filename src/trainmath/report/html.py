@@ -161,8 +161,9 @@ def speed_html(f) -> str:
     if f is None:
         return ""
     return (f'<h3>Serving speed</h3><p class="sub">batch {f.batch}, prompt {f.input:,} tokens, {f.output:,} '
-            f'generated; step = max(other GEMM compute, other weight bytes) + max(expert compute, '
-            f'expert bytes touched) + max(attention compute, cache bytes) + communication + overhead, as '
+            f'generated; step = |other GEMM compute, other weight bytes| + |expert compute, '
+            f'expert bytes touched| + |attention compute, cache bytes| + communication + overhead, '
+            f'|c, m| = (c<sup>p</sup> + m<sup>p</sup>)<sup>1/p</sup> with p = {f.prefill.overlap:g}, as '
             f'<code>trainmath infer --input --output</code></p>'
             + _table(["", "predicted", "floor (efficiency 1)", "bound"], [
                 ["TTFT", f"{f.ttft_s * 1e3:,.2f} ms", f"{f.prefill_floor.time_s * 1e3:,.2f} ms", f.prefill.bound],
@@ -183,9 +184,11 @@ def plan_html(result) -> str:
     """The planner's best layouts for the job (``trainmath plan``), or what is closest when nothing fits."""
     if result is None:
         return ""
+    space = (escape(result.search) if result.search else
+             "DP×TP×PP×CP×EP, ZeRO, recompute, micro-batch, virtual stages")
     head = (f'<h3>Planner: best layouts on {result.gpus} × {escape(result.gpu)}</h3><p>{result.candidates:,} '
-            f'candidates searched (DP×TP×PP×CP×EP, ZeRO, recompute, micro-batch, virtual stages), ranked by step '
-            f'time, as <code>trainmath plan</code>; memory per GPU of its own model (megatron profile).</p>')
+            f'candidates searched ({space}), ranked by step time, as <code>trainmath plan</code>; memory per GPU '
+            f'of its own model ({"/".join(result.fit_profiles)} profile).</p>')
     if not result.layouts:
         return head + (f'<p id="plan-none">no layout fits in {human_bytes(result.usable_bytes)} per GPU; the closest '
                        f'needs {human_bytes(result.closest[0].peak_bytes) if result.closest else "?"}.</p>')

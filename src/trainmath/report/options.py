@@ -80,10 +80,11 @@ def plan_from_args(args: argparse.Namespace, spec, setup, gpu):
     """The planner's best layouts for the parsed flags (``PlanResult``), or None when --gpus is not given."""
     if args.gpus is None:
         return None
+    from trainmath.adapters import peft_from_args
     from trainmath.report.gather import plan_for
 
     return plan_for(spec, setup, gpus=args.gpus, gpu=gpu, global_batch=args.global_batch,
-                    mem_util_percent=args.mem_util)
+                    mem_util_percent=args.mem_util, peft=peft_from_args(args))
 
 
 def training_from_args(args: argparse.Namespace):

@@ -1,7 +1,8 @@
 """The fine-tuning part of the report and the web page: the adapters ``trainmath params --peft`` counts.
 
-Pure: values and HTML strings. The memory and step timeline beside it are the fine-tune's where the calculator
-models its step (``memory.peft``), else full training's; the page says which (``fine_tune_setup``).
+Pure: values and HTML strings. The memory, step timeline and FLOPs beside it are the fine-tune's where the
+calculator models its step (``memory.peft``, ``flops.peft``), else full training's; the page says which
+(``fine_tune_setup``). The planner's step times are the fine-tune's (``plan.peft``).
 """
 
 from __future__ import annotations
@@ -10,28 +11,39 @@ from html import escape
 
 MEMORY_NOTE = ("memory, FLOPs and the step timeline on this page are full training's: the calculator does not yet "
                "model a fine-tune's step (only its parameters, above)")
-FINE_TUNE_NOTE = ("memory and the step timeline on this page are the fine-tune's (frozen base, adapters' gradients "
-                  "and states, LoRA activations); the FLOPs are full training's")
+FINE_TUNE_NOTE = ("memory, FLOPs and the step timeline on this page are the fine-tune's (frozen base, adapters' "
+                  "gradients and states, LoRA activations; the frozen base's backward computes input gradients "
+                  "only), and so are the planner's step times (trainmath plan --peft)")
 
 
-def fine_tune_setup(spec, setup, layout, job) -> tuple[object, str]:
-    """(the setup whose memory the page shows, what it is): the fine-tune's step where the calculator models it
-    (``memory.peft``), else full training's with the reason."""
+def fine_tune_setup(spec, setup, layout, job) -> tuple[object, object, str]:
+    """(the setup whose memory the page shows, the fine-tune's FLOPs report or None, what they are): the
+    fine-tune's step where the calculator models it (``memory.peft``, ``flops.peft``), else full training's with
+    the reason."""
     from dataclasses import replace
 
     from trainmath.errors import TrainmathError
+    from trainmath.flops.peft import peft_flops
+    from trainmath.memory.peft import PeftRun
     from trainmath.memory.training import training_memory
 
+    run = PeftRun(job=job)
     try:
-        from trainmath.memory.peft import PeftRun
-    except ImportError:
-        return setup, MEMORY_NOTE
-    tuned = replace(setup, peft=PeftRun(job=job))
+        flops = peft_flops(spec, job, batch=setup.micro_batch, seq=setup.seq, recompute=setup.recompute,
+                           input_grads=run.input_grad(setup.recompute)).report
+        flops_note = ""
+    except TrainmathError as e:
+        flops, flops_note = None, f"the FLOPs are full training's: {e}"
+    tuned = replace(setup, peft=run)
     try:
         training_memory(spec, tuned, layout)
     except TrainmathError as e:
-        return setup, f"memory, FLOPs and the step timeline on this page are full training's: {e}"
-    return tuned, FINE_TUNE_NOTE
+        note = (f"memory and the step timeline on this page are full training's: {e}; "
+                + (flops_note or "the FLOPs and the planner's step times are the fine-tune's"))
+        return setup, flops, note
+    if flops is None:
+        return tuned, None, f"memory and the step timeline on this page are the fine-tune's; {flops_note}"
+    return tuned, flops, FINE_TUNE_NOTE
 
 
 def summary(adapters, note: str = MEMORY_NOTE) -> dict | None:
