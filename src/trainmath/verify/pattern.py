@@ -27,19 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmath.errors import TrainmathError
+from trainmath.verify.segments import position_class
 
 INDEX_LISTS = ("moe_layers", "mlp_only_layers")
 """Config keys that list layer indices (renumbered when layers are cut), not one value per layer."""
-
-
-def position_class(i: int, count: int) -> str:
-    """``bottom 0``, ``bottom 1``, ``top 1``, ``top 0`` or ``interior``: place ``i`` of ``count`` counted from both
-    ends."""
-    if i < 2:
-        return f"bottom {i}"
-    if count - 1 - i < 2:
-        return f"top {count - 1 - i}"
-    return "interior"
 
 
 @dataclass(frozen=True)

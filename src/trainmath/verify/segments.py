@@ -27,7 +27,15 @@ from __future__ import annotations
 
 import time
 
-from trainmath.verify.pattern import position_class
+
+def position_class(i: int, count: int) -> str:
+    """``bottom 0``, ``bottom 1``, ``top 1``, ``top 0`` or ``interior``: place ``i`` of ``count`` counted from both
+    ends (module docstring)."""
+    if i < 2:
+        return f"bottom {i}"
+    if count - 1 - i < 2:
+        return f"top {count - 1 - i}"
+    return "interior"
 
 
 def segment_text(key: tuple) -> str:
