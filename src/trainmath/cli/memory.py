@@ -111,7 +111,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--simulate", action="store_true",
                    help="also run one step of the real transformers code on fake tensors under MemTracker (CPU; "
                         "one device, rank 0 of FSDP2 with --zero 3 --dp W, or rank 0 of --tp N [--sp] "
-                        "[--vocab-parallel]; needs torch and transformers) and print its peak beside the --device "
+                        "[--vocab-parallel]; with --peft lora, peft wraps it first, on one device or --zero 3; needs "
+                        "torch, transformers and peft) and print its peak beside the --device "
                         "cpu prediction; progress per layer and a time estimate go to stderr)")
     p.add_argument("--simulate-layers", type=integer, default=None, metavar="N",
                    help="with --simulate: simulate N and N+1 decoder layers (N >= 4) and fold in the rest, each "
@@ -159,8 +160,19 @@ def peft_run(args: argparse.Namespace):
                    input_grads=None if args.input_grads is None else args.input_grads == "on")
 
 
-def run(args: argparse.Namespace) -> int:
+def layout_of(args: argparse.Namespace):
+    """The ``ParallelLayout`` the flags name (``--dp`` derived from ``--world-size`` when not given)."""
     from trainmath.layout import ParallelLayout
+    from trainmath.memory.fit import derive_dp
+
+    dp = args.dp
+    if dp is None:
+        dp = derive_dp(args.world_size, tp=args.tp, pp=args.pp, cp=args.cp) if args.world_size is not None else 1
+    return ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
+                          vocab_parallel=args.vocab_parallel, zero=args.zero, world_size=args.world_size)
+
+
+def run(args: argparse.Namespace) -> int:
     from trainmath.memory.training import TrainingSetup, training_memory
     from trainmath.sources import load_spec
 
@@ -171,18 +183,11 @@ def run(args: argparse.Namespace) -> int:
                           offload=args.offload, experts=args.experts, loop_keeps=args.loop_keeps,
                           backward_in_autocast=args.backward_in_autocast,
                           zero_impl=args.zero_impl, peft=peft_run(args))
-    if setup.peft is not None and args.simulate:
-        from trainmath.errors import TrainmathError
+    if setup.peft is not None and args.simulate:  # verify.peft_simulate: one device, or rank 0 of FSDP2
+        from trainmath.verify.peft_simulate import check as check_peft_simulable
 
-        raise TrainmathError("--simulate with --peft is not wired here; benchmarks/peft_memory.py runs peft models "
-                             "under MemTracker")
-    from trainmath.memory.fit import derive_dp
-
-    dp = args.dp
-    if dp is None:
-        dp = derive_dp(args.world_size, tp=args.tp, pp=args.pp, cp=args.cp) if args.world_size is not None else 1
-    layout = ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
-                            vocab_parallel=args.vocab_parallel, zero=args.zero, world_size=args.world_size)
+        check_peft_simulable(setup, layout_of(args), fold_layers=args.simulate_layers)
+    layout = layout_of(args)
     # check the cheap things before reading the model
     from trainmath.errors import TrainmathError
     from trainmath.layout import layout_problems
@@ -231,7 +236,13 @@ def run(args: argparse.Namespace) -> int:
 
     host = job_host_memory(spec, setup, layout, gpus_per_node=gpu.gpus_per_node if gpu is not None else None)
     sim = None
-    if args.simulate:
+    if args.simulate and setup.peft is not None:
+        from trainmath.sources import resolve
+        from trainmath.verify.peft_simulate import peft_simulation
+
+        progress("simulating the fine-tune's step on fake tensors")
+        sim = peft_simulation(resolve(args.model).config, spec, setup, layout)
+    elif args.simulate:
         sim = simulation(args.model, spec, setup, layout, plan=plan)
     if args.timeline and args.json:
         print(json.dumps(report.to_dict()["timeline"], indent=1))

@@ -453,7 +453,10 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if setup.peft is not None:  # the terms a frozen base with adapters changes (memory/peft.py)
         from trainmath.memory import peft
 
-        inp = peft.peft_inputs(spec, setup, layout, pl, prec, gran, inp, copies)
+        psetup = replace(setup, experts=experts_path(spec, setup))  # the op lists' expert path, as full training's
+        inp = peft.peft_inputs(spec, psetup, layout, pl, prec, gran, inp, copies)
+        if fsdp:  # FSDP2 gathers the frozen base and reduces the adapters alone (memory/peft_fsdp2.py)
+            fsdp, mixer, norms = peft.fsdp_terms(spec, psetup, layout, pl, prec, gran)
     zero = fsdp2.FSDP2(fsdp, reshard=layout.zero >= 3, mixer=mixer, norm=norms) if fsdp else \
         fz.Flat(flat, layout.zero) if flat else tl.Buckets()
     events = tl.step_timeline(inp, zero)
