@@ -119,8 +119,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "cpu prediction; progress per layer and a time estimate go to stderr)")
     p.add_argument("--simulate-layers", type=integer, default=None, metavar="N",
                    help="with --simulate: simulate N and N+1 decoder layers (N >= 4) and fold in the rest, each "
-                        "segment's peak extrapolated linearly (exact for a model of identical layers; said in "
-                        "the output)")
+                        "segment's peak extrapolated linearly; a model of several layer types (Gemma-2/3, gpt-oss, "
+                        "Qwen3-Next, Nemotron-H, DeepSeek-V3's dense-first layers) keeps its pattern, with N and N+1 "
+                        "repeats of its unit of layer types; exact where layers of a type are identical; which "
+                        "layers ran is said in the output (a model too short to gain is simulated whole)")
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--explain", "--verbose", dest="explain", action="store_true",
@@ -213,10 +215,11 @@ def run(args: argparse.Namespace) -> int:
 
     host_memory = check_host_memory(args.host_memory if args.host_memory is not None else HOST_MEMORY_BYTES)
     spec = load_spec(args.model, strict=args.strict)
+    plan = None
     if args.simulate_layers is not None:
         from trainmath.verify.fold import check_foldable
 
-        check_foldable(spec, args.simulate_layers)
+        plan = check_foldable(spec, args.simulate_layers)
     warning = positions_warning(spec, args.seq, "--seq")
     try:
         report = training_memory(spec, setup, layout)
@@ -244,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
         progress("simulating the fine-tune's step on fake tensors")
         sim = peft_simulation(resolve(args.model).config, spec, setup, layout)
     elif args.simulate:
-        sim = simulation(args.model, spec, setup, layout, fold_layers=args.simulate_layers)
+        sim = simulation(args.model, spec, setup, layout, plan=plan)
     if args.timeline and args.json:
         print(json.dumps(report.to_dict()["timeline"], indent=1))
         return 0
@@ -296,9 +299,9 @@ def progress(line: str) -> None:
     print(f"simulate: {line}", file=sys.stderr, flush=True)
 
 
-def simulation(model: str, spec, setup, layout, *, fold_layers: int | None = None) -> dict:
-    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures); with
-    ``fold_layers``, simulated on that many layers and one more and folded (``trainmath.verify.fold``)."""
+def simulation(model: str, spec, setup, layout, *, plan=None) -> dict:
+    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures); with a ``plan``
+    (``--simulate-layers``), simulated on fewer layers and folded (``trainmath.verify.fold``)."""
     from dataclasses import replace
 
     from trainmath.memory.training import experts_path, training_memory
@@ -312,16 +315,17 @@ def simulation(model: str, spec, setup, layout, *, fold_layers: int | None = Non
     from trainmath.verify.fold import estimate_seconds, simulate_folded
 
     config = resolve(model).config
-    layers = len(spec.layers)
-    folding = fold_layers is not None and fold_layers + 1 < layers
-    runs = [fold_layers, fold_layers + 1] if folding else [layers]
+    folding = plan is not None and plan.pattern is not None
+    runs = plan.runs() if plan is not None else [len(spec.layers)]
     est, per_layer, rest = estimate_seconds(config, setup, layout, moe=moe, runs=runs)
     progress(f"estimated {est:.0f} s for {' + '.join(map(str, runs))} layers (an estimate: {per_layer:.2f} s per "
              f"layer and {rest:.1f} s for the rest, timed on a 2-layer run of the same width just now)")
     if folding:
-        sim = simulate_folded(config, setup, layout, moe=moe, n=fold_layers, layers=layers, progress=progress)
+        sim = simulate_folded(config, setup, layout, moe=moe, plan=plan, name=spec.name, progress=progress)
     else:
         sim = simulate(config, setup, layout, moe=moe, progress=progress)
+        if plan is not None:
+            sim = replace(sim, folded=plan.why)
     cpu = training_memory(spec, replace(setup, device="cpu"), layout)
     out = sim.to_dict()
     out["estimated_seconds"] = round(est, 1)
