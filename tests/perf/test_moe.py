@@ -126,7 +126,7 @@ def test_the_overhead_constants_are_the_fit():
         assert fit.fit([r for r in data if r["gen"] == gen]) == pytest.approx(moe.OVERHEAD[gen], abs=1e-12)
 
 
-MOE_MEDIAN = 0.189  # the 32 priced MoE rows, with the Blackwell GEMM plateau fitted (docs/benchmarks.md)
+MOE_MEDIAN = 0.175  # the 32 priced MoE rows, with the combined-1F1B EP overlap and DeepEP (docs/benchmarks.md)
 
 
 LATER_SOURCES = {"flash-attention-training", "flagperf", "internlm-train-performance", "tinyllama"}
@@ -153,13 +153,13 @@ def test_published_error_table_does_not_regress():
     assert len(errs["all"]) == 184 and len(errs["moe"]) == 32
     # with the flash kernels (perf.attention), FSDP at ZeRO-2, the Blackwell GEMM plateau
     assert statistics.median(errs["all"]) <= 0.048
-    assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.815
+    assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.82
     assert statistics.median(errs["moe"]) <= MOE_MEDIAN
     # with the sources added after the MoE terms and the ampere refit (docs/benchmarks.md, "four more publishers")
     every = errs["every source"]
     assert len(every) == 220
-    assert statistics.median(every) <= 0.071
-    assert sum(e <= 0.15 for e in every) / len(every) >= 0.78
+    assert statistics.median(every) <= 0.070
+    assert sum(e <= 0.15 for e in every) / len(every) >= 0.786
 
 
 def test_cli_refuses_an_imbalance_below_one():

@@ -5,7 +5,9 @@ The loop: ``loss = model(input_ids=ids, labels=ids).loss`` (the logits die when 
 Trainer's), ``loss.backward()``, ``opt.step()``, ``opt.zero_grad()`` (set_to_none) with torch's AdamW (``foreach``)
 over the trainable parameters; ``amp-bf16`` runs the forward under ``torch.autocast("cpu", bf16)`` and backward after
 it exits; ``bf16`` casts the base to bf16 before peft wraps it (adapters fp32: ``autocast_adapter_dtype=True``).
-Two steps; the second is measured (``reset_mod_stats`` between them). Two facts make fake tensors work: a fake
+Two steps; the second is measured (``reset_mod_stats`` between them). On fake tensors the batch is told
+unpacked (``unpacked``) and fp32 ``grouped_mm`` runs as the CPU kernel does (``fake_experts.grouped_mm_rule``), as
+``verify.simulate`` does. Two facts make fake tensors work: a fake
 parameter cannot be swapped, so peft's ``.to(device)`` of a new adapter is made a no-op while wrapping; and
 MemTracker hooks every parameter's gradient, so the model is registered before peft freezes the base.
 """
@@ -45,6 +47,25 @@ def _no_swap():
     return restore
 
 
+@contextlib.contextmanager
+def unpacked(fake: bool):
+    """On fake tensors transformers cannot check the position ids for packed sequences and builds an explicit
+    attention mask (then SDPA repeats K/V for GQA); an eager run of an unpacked batch finds no packing and runs
+    SDPA with ``is_causal``. ``find_packed_sequence_indices`` says so while the model runs, as in
+    ``verify.simulate``."""
+    if not fake:
+        yield
+        return
+    import transformers.masking_utils as masking
+
+    saved = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = saved
+
+
 def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, rank: int, recompute: str = "none",
                    input_grads: bool | None = None, fake: bool = False, dropout: float = 0.0) -> dict:
     """{"peak_bytes", "buffers_bytes", "trainable_params"} of the measured step (module docstring)."""
@@ -61,7 +82,9 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     restore = lambda: None  # noqa: E731
     try:
-        with mode:
+        from trainmath.verify.fake_experts import grouped_mm_rule
+
+        with mode, unpacked(fake), grouped_mm_rule() if fake else contextlib.nullcontext():
             torch.manual_seed(0)
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
