@@ -6,7 +6,7 @@ import pytest
 
 from .serving_pins import medians, oracle, priced
 
-PINNED = {"tpot_s": 0.053, "output_tokens_per_s": 0.068, "ttft_s": 0.094, "e2e_s": 0.057}
+PINNED = {"tpot_s": 0.031, "output_tokens_per_s": 0.055, "ttft_s": 0.127, "e2e_s": 0.027}
 """Median |error| with the stored constants (python benchmarks/serving_oracles.py, first table)."""
 TARGETS = {"tpot_s": 0.12, "output_tokens_per_s": 0.12, "ttft_s": 0.15}
 

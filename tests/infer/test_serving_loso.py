@@ -5,7 +5,7 @@ import pytest
 
 from .serving_pins import medians, oracle, priced
 
-PINNED = {"tpot_s": 0.040, "output_tokens_per_s": 0.110, "ttft_s": 0.153, "e2e_s": 0.243}
+PINNED = {"tpot_s": 0.065, "output_tokens_per_s": 0.111, "ttft_s": 0.142, "e2e_s": 0.221}
 """Median |error| leave-one-source-out (python benchmarks/serving_oracles.py, third table)."""
 
 
@@ -14,4 +14,4 @@ def test_leave_one_source_out_median_errors_are_pinned():
     got = medians(oracle().loso(records, raws))
     for k, v in PINNED.items():
         assert got[k] == pytest.approx(v, abs=0.001), (k, got[k])
-    assert got["tpot_s"] <= 0.12 and got["output_tokens_per_s"] <= 0.12
+    assert got["tpot_s"] <= 0.12 and got["output_tokens_per_s"] <= 0.12 and got["ttft_s"] <= 0.15

@@ -59,8 +59,29 @@ def test_tp_two_allreduces_per_layer():
     spec, h100 = load_spec("meta-llama/Llama-3.1-70B"), gpu("h100")
     s = step(spec, InferenceSetup(batch=16, context=10, tp=4), h100, (Part(n=16, t=1, c=9),), FLOOR)
     assert s.comm_bytes == 2 * 80 * 16 * 8192 * 2
-    ring = 2 * 3 / 4 * 16 * 8192 * 2 / 450e9 + 2 * 3 * 2e-6
-    assert s.comm_s == pytest.approx(2 * 80 * ring, rel=1e-12)
+    size = 16 * 8192 * 2  # 256 KiB at 4 ranks: the one-shot (3 × it over the link, 2 barriers) beats the two-shot
+    one_shot = 3 * size / 450e9 + 2 * 2e-6
+    assert one_shot < 2 * 3 / 4 * size / 450e9 + 3 * 2e-6
+    assert s.comm_s == pytest.approx(2 * 80 * one_shot, rel=1e-12)
+
+
+def test_large_allreduce_is_two_shot():
+    """A prefill all-reduce (16 × 128 tokens, 32 MiB at TP 4) is bandwidth-bound: the two-shot's 2·3/4 of it over
+    the link, as vLLM switches to above 512 KiB at 4 ranks."""
+    spec, h100 = load_spec("meta-llama/Llama-3.1-70B"), gpu("h100")
+    s = step(spec, InferenceSetup(batch=16, context=128, tp=4), h100, (Part(n=16, t=128, c=0),), FLOOR)
+    size = 16 * 128 * 8192 * 2
+    assert s.comm_s == pytest.approx(2 * 80 * (2 * 3 / 4 * size / 450e9 + 3 * 2e-6), rel=1e-12)
+
+
+def test_small_allreduce_is_one_shot_latency_not_a_ring():
+    """A batch-1 decode all-reduce at TP 8 (16 KiB for 8192 hidden) costs the one-shot's 2 barriers, not a ring's
+    2·(8 − 1) hops: 80 layers × 2 all-reduces × ((8 − 1)·16 KiB / link + 2α)."""
+    spec, h100 = load_spec("meta-llama/Llama-3.1-70B"), gpu("h100")
+    s = step(spec, InferenceSetup(batch=1, context=10, tp=8), h100, (Part(n=1, t=1, c=9),), FLOOR)
+    size = 8192 * 2
+    assert s.comm_s == pytest.approx(2 * 80 * (7 * size / 450e9 + 2 * 2e-6), rel=1e-12)
+    assert s.comm_s < 2 * 80 * 2 * 7 * 2e-6 / 3  # under a third of the ring's latency alone
 
 
 def test_touched_experts():

@@ -19,8 +19,9 @@ t = I, c = 0; a decode step t = 1, c = the context so far). On one rank of the i
   of E experts for T tokens routing to k each (uniform routing), the input embedding table not at all (one row
   per token), a tied one once as the LM head — plus the cache each sequence reads (``infer.kv``: the cache after
   c tokens, capped windows and constant recurrent states included) and the cache the new tokens write;
-- **communication**: under tensor parallelism 2 all-reduces per layer of the step's hidden states (bf16), a ring
-  of p ranks taking 2(p − 1)/p · bytes / link + 2(p − 1)·α; under expert parallelism 2 all-to-alls per MoE layer
+- **communication**: under tensor parallelism 2 all-reduces per layer of the step's hidden states (bf16), each the
+  faster of a one-shot ((p − 1) · bytes / link + 2α) and a two-shot (2(p − 1)/p · bytes / link + 3α), as engines'
+  custom all-reduces pick (``_allreduce_s``); under expert parallelism 2 all-to-alls per MoE layer
   (dispatch and combine) of each rank's tokens × k × hidden, (ep − 1)/ep of it leaving the rank.
 
 - **overhead**: a fixed time per forward step (kernel launches or CUDA-graph replay, scheduling, sampling) plus
@@ -358,7 +359,15 @@ def busiest_rank_flops(spec: ModelSpec, setup: InferenceSetup,
 
 
 def _allreduce_s(size: float, p: int, gpu: GPU, eff: Efficiency) -> float:
-    return 2 * (p - 1) / p * size / (gpu.interconnect_bytes_per_s * eff.link) + 2 * (p - 1) * gpu.intra_node_latency_s
+    """One all-reduce of ``size`` bytes over ``p`` ranks of a node, as serving engines run it: the faster of a
+    one-shot (every rank reads the p − 1 peers' whole buffers and reduces locally: (p − 1)·size / link, a start and
+    an end barrier, 2α) and a two-shot (reduce-scatter then all-gather: 2(p − 1)/p · size / link, three barriers,
+    3α). vLLM's custom all-reduce runs the one-shot below 256 KiB at 8 ranks (512 KiB at 4, always at 2) and the
+    two-shot above (vllm-project/vllm csrc/custom_all_reduce.cuh@036bb685581dbedcd6cf7fc845fe87268c7d1191,
+    ``CustomAllreduce::allreduce``); a latency-bound decode all-reduce costs a few barriers, not a ring's
+    2(p − 1) hops."""
+    link, alpha = gpu.interconnect_bytes_per_s * eff.link, gpu.intra_node_latency_s
+    return min((p - 1) * size / link + 2 * alpha, 2 * (p - 1) / p * size / link + 3 * alpha)
 
 
 def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ...], eff: Efficiency) -> Step:
