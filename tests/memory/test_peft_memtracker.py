@@ -81,3 +81,12 @@ def test_tracker_keeps_the_leaf(tracked):
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
         gc.collect()
         assert (refs[0]() is not None) == tracked
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_fake_step_is_the_real_step(recompute):
+    """On fake tensors the step takes the real tensors' masking path (no explicit causal mask, no K/V repeated for
+    GQA): the same peak to the byte, so the full-width rows of ``benchmarks/peft_memory.py`` measure the real code."""
+    cfg = transformers.AutoConfig.for_model("llama", **BASE)
+    kw = dict(micro_batch=B, seq=S, precision="bf16", targets="all-linear", rank=4, recompute=recompute)
+    assert peft_step_peak(cfg, fake=True, **kw)["peak_bytes"] == peft_step_peak(cfg, **kw)["peak_bytes"]
