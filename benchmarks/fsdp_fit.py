@@ -35,7 +35,7 @@ def rows() -> list[dict]:
     out = []
     try:
         for r in RUNS:
-            if not r.get("fsdp") or r["layout"].get("zero") != 3:
+            if not r.get("fsdp") or not (r["layout"].get("zero") == 3 or r["job"].get("fsdp")):
                 continue
             try:
                 e, job = estimate_run(r, hw)

@@ -61,7 +61,7 @@ def families() -> None:
                 act = activation_bytes(spec, micro_batch=1, seq=512, recompute="selective", compute_dtype_bytes=c,
                                        param_dtype_bytes=p, profile="eager" if family in EAGER_ATTENTION else "hf",
                                        experts=experts if moe else "eager")
-                transient = act.child("recompute transient").value
+                transient = act.recompute_transient_bytes
                 r = training_memory(spec, setup)
                 sim = simulate(config, setup, moe=moe)
             except Exception as e:  # noqa: BLE001 - a row, not a crash
@@ -71,7 +71,7 @@ def families() -> None:
                 continue
             measured = sim.peak_bytes - sim.buffers_bytes
             diff = 100 * (r.peak_bytes - measured) / measured
-            print(f"| {family} | {name}, {layers} | {precision} | {experts} | {act.value - transient:,} | "
+            print(f"| {family} | {name}, {layers} | {precision} | {experts} | {act.total_bytes - transient:,} | "
                   f"{transient:,} | {r.peak_bytes:,} | {r.stages[0].phase} | {measured:,} | {diff:+.3f}% | "
                   f"{sim.seconds:.0f} |", flush=True)
 
@@ -91,12 +91,12 @@ def main() -> None:
             setup = TrainingSetup(micro_batch=1, seq=2048, precision="bf16", recompute=recompute, device="cpu")
             act = activation_bytes(spec, micro_batch=1, seq=2048, recompute=recompute, compute_dtype_bytes=2,
                                    param_dtype_bytes=2)
-            transient = sum(c.value for c in act.children if c.name == "recompute transient")
+            transient = act.recompute_transient_bytes
             r = training_memory(spec, setup)
             sim = simulate(config, setup)
             measured = sim.peak_bytes - sim.buffers_bytes
             diff = 100 * (r.peak_bytes - measured) / measured
-            print(f"| {name} | {recompute} | {act.value - transient:,} | {transient:,} | {r.peak_bytes:,} | "
+            print(f"| {name} | {recompute} | {act.total_bytes - transient:,} | {transient:,} | {r.peak_bytes:,} | "
                   f"{r.stages[0].phase} | {measured:,} | {diff:+.3f}% | {sim.seconds:.0f} |", flush=True)
 
 

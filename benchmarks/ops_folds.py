@@ -4,7 +4,7 @@
 recompute none/selective/full, four batch × seq, Gated DeltaNet / Mamba-2 chunk overrides); the cache tree at tp
 1/2/8 where the layout is valid × five cache formats × five contexts × batch 1 and 3; ``kv_bytes_per_token`` and
 ``grows_with_context``; the output of three ``trainmath infer`` commands per model (with ``--gpu``: the largest
-batch and context searches); serve's ``calc`` for six models; and the saved-bytes folds (``activation_bytes``, three
+batch and context searches); serve's ``calc`` for six models; and the saved-bytes trees (``activation_bytes``, three
 precisions × two expert paths × tp 1/2 × two lengths × recompute none/selective) that the emitters also feed;
 ``trainmath params --json``; ``trainmath memory --json --timeline`` under eight layouts (DDP buckets, ZeRO-1/2 ours
 and DeepSpeed's, FSDP2 ZeRO-2/3, TP+SP, recompute, eager experts, megatron profile); one ``trainmath plan --json``
@@ -86,7 +86,7 @@ def _memory(m: str, spec) -> dict:
                         try:
                             out[key] = repr(activation_bytes(spec, micro_batch=2, seq=seq, compute_dtype_bytes=c,
                                                              param_dtype_bytes=p, experts=experts, tp=tp,
-                                                             recompute=rec))
+                                                             recompute=rec).tree())
                         except TrainmathError as e:
                             out[key] = f"error: {e}"
     return out

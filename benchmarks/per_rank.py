@@ -25,7 +25,7 @@ def saved(spec, c, p, *, b=1, s=4096, **deg) -> int:
     act = activation_bytes(spec, micro_batch=b, seq=s, compute_dtype_bytes=c, param_dtype_bytes=p, **deg)
     head = logits_bytes(spec, b, s, compute_dtype_bytes=c, param_dtype_bytes=p, tp=deg.get("tp", 1),
                         sp=deg.get("sp", False), cp=deg.get("cp", 1), vocab_parallel=deg.get("vocab_parallel", False))
-    return act.value + head.child("saved").value
+    return act.total_bytes + head.saved_bytes
 
 
 def gib(n: int) -> str:
@@ -80,7 +80,7 @@ def oracle() -> None:
         act = activation_bytes(spec, micro_batch=o.B, seq=o.S, compute_dtype_bytes=c, param_dtype_bytes=p,
                                profile="eager" if case[1] == "eager" else "hf", **kw)
         head = logits_bytes(spec, o.B, o.S, compute_dtype_bytes=c, param_dtype_bytes=p, **kw)
-        pred = act.value + head.child("saved").value
+        pred = act.total_bytes + head.saved_bytes
         print(f"| {' '.join(map(str, case))} | {ranks[0]['saved']:,} | {ranks[1]['saved']:,} | {pred:,} |")
 
 

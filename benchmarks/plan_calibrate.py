@@ -39,11 +39,16 @@ GRID = {
     "attention_peak_fraction": [0.35, 0.4, 0.45, 0.5, 0.55, 0.6],
     "link_fraction": [0.7, 0.8, 0.9],
 }
-GRID_FOR = {"ampere": {"attention_peak_fraction": [0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7]}}
-"""Per generation, grids that differ from GRID: ampere's attention over Dao 2023's A100 range (above)."""
+GRID_FOR = {"ampere": {"attention_peak_fraction": [0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7]},
+            "blackwell": {"gemm_peak_fraction": [x / 100 for x in range(40, 86, 1)]}}
+"""Per generation, grids that differ from GRID: ampere's attention over Dao 2023's A100 range (above); blackwell's
+GEMM plateau from 0.40 (its FP8 runs sit below Hopper's)."""
 # hopper: three runs cannot pin four numbers, so the memory-bound traffic and the link fraction (software and
 # NCCL, not the chip) stay at the values gpus.json sets (32 bytes, 0.7: ampere's before its flash-attention rows).
-FIXED = {"hopper": ("elementwise_bytes_per_token_per_hidden", "link_fraction")}
+FIXED = {"hopper": ("elementwise_bytes_per_token_per_hidden", "link_fraction"),
+         "blackwell": ("elementwise_bytes_per_token_per_hidden", "link_fraction", "attention_peak_fraction")}
+# blackwell: only the GEMM plateau is fitted, on the dense Blackwell runs of published_runs_more.json (Megatron-
+# Bridge's B200/GB200 rows, FP8): the rest stays Hopper's, as gpus.json set it before any Blackwell run was priced.
 CALIBRATION_BOUND = 0.10
 """No published_runs.json run may move beyond this |predicted / published − 1| (tests/perf/test_published.py)."""
 
@@ -58,6 +63,12 @@ def fit_runs(gen: str, hw: Hardware, exclude_source: str | None = None) -> list[
 
         runs += [r for r in MORE if hw.gpu(r["gpu"]).generation == gen
                  and gpus(r) <= hw.gpu(r["gpu"]).gpus_per_node]
+    if gen == "blackwell":
+        from published_more import RUNS as MORE
+        from published_more import try_predict
+
+        runs += [r for r in MORE if hw.gpu(r["gpu"]).generation == gen and not r["moe"]
+                 and try_predict(r)[0] is not None]
     return [r for r in runs if r["paper"] != exclude_source]
 
 
@@ -99,7 +110,7 @@ def fit(gen: str, runs: list[dict], hw0: Hardware | None = None) -> tuple[float,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--generation", choices=("ampere", "hopper"), action="append")
+    ap.add_argument("--generation", choices=("ampere", "hopper", "blackwell"), action="append")
     args = ap.parse_args()
     hw0 = presets()
     for gen in args.generation or ("ampere", "hopper"):

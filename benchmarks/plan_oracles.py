@@ -2,6 +2,7 @@
 
     python benchmarks/plan_oracles.py
     python benchmarks/plan_oracles.py --more     # the runs of tests/perf/published_runs_more.json (not calibrated)
+    python benchmarks/plan_oracles.py --memory   # their stated layouts through the memory model: fit, peak
 
 Columns: the run, its GPU, the figure the paper reports (its own FLOP convention: Megatron-LM's Eq. 3 counts
 recompute, Llama 3's TFLOPs/GPU 6N + causal attention; Korthikanti et al. report seconds), the prediction, and
@@ -21,6 +22,7 @@ import argparse
 import pathlib
 import statistics
 import sys
+from dataclasses import replace
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "perf"))
 
@@ -51,10 +53,12 @@ def _source_errors(runs: list[dict]) -> list[float]:
 
 
 def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
-    """Per source: its runs' |speed − 1| with the FSDP and MoE overheads refitted per generation on the other
-    sources only (a generation left with no runs to fit gets no overhead). Generations whose constant in the
-    code is zero stay zero (the code chose not to use their fit)."""
+    """Per source: its runs' |speed − 1| with the flash kernels' attention shares, then the FSDP and MoE
+    overheads refitted per generation on the other sources only (a generation left with no runs to fit gets no
+    overhead; a kernel left with no runs, the generation's native share). Generations whose constant in the code
+    is zero stay zero (the code chose not to use their fit)."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import attention_fit
     import fsdp_fit
     import moe_fit
     import plan_calibrate
@@ -62,18 +66,27 @@ def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
     from trainmath.hardware import presets
     from trainmath.perf import fsdp, moe
 
-    fsdp_rows, moe_rows = fsdp_fit.rows(), moe_fit.rows()
+    attention_rows = attention_fit.rows()
     saved_f, saved_m = dict(fsdp.OVERHEAD), dict(moe.OVERHEAD)
+    saved_a = {k: dict(t) for k, t in attention_fit.TABLES.items()}
     hw = presets()
     saved_g = dict(hw.generations)
-    curve_sources = {r["paper"] for r in plan_calibrate.fit_runs("ampere", hw)}
+    curves = ("ampere", "blackwell")  # the generation curves fitted on rows of this file
+    curve_sources = {g: {r["paper"] for r in plan_calibrate.fit_runs(g, hw)} for g in curves}
+    # a curve left with no runs without the source: the values gpus.json set before its fit (hopper's)
+    prior = {"blackwell": replace(saved_g["hopper"], generation="blackwell", how="hopper's (left-out prior)")}
     out: dict[str, list[float]] = {}
     try:
         for src in sorted({r["paper"] for r in runs}):
             hw.generations.update(saved_g)
-            if src in curve_sources:  # the ampere curve refitted without this source's rows
-                hw.generations["ampere"] = plan_calibrate.fit(
-                    "ampere", plan_calibrate.fit_runs("ampere", hw, exclude_source=src), hw)[1]
+            attention_fit.apply(attention_fit.fitted(attention_rows, src))
+            fsdp.OVERHEAD.update(saved_f)
+            moe.OVERHEAD.update(saved_m)
+            fsdp_rows, moe_rows = fsdp_fit.rows(), moe_fit.rows()
+            for g in curves:  # a curve refitted without this source's rows
+                if src in curve_sources[g]:
+                    rest = plan_calibrate.fit_runs(g, hw, exclude_source=src)
+                    hw.generations[g] = plan_calibrate.fit(g, rest, hw)[1] if rest else prior[g]
             for gen, const in saved_f.items():
                 rest = [r for r in fsdp_rows if r["gen"] == gen and r["source"] != src]
                 fsdp.OVERHEAD[gen] = fsdp_fit.fit(rest) if rest and any(const) else (0.0, 0.0)
@@ -83,6 +96,9 @@ def leave_one_source_out(runs: list[dict]) -> dict[str, list[float]]:
             out[src] = _source_errors([r for r in runs if r["paper"] == src])
     finally:
         hw.generations.update(saved_g)
+        for k, t in attention_fit.TABLES.items():
+            t.clear()
+            t.update(saved_a[k])
         fsdp.OVERHEAD.clear()
         fsdp.OVERHEAD.update(saved_f)
         moe.OVERHEAD.clear()
@@ -124,16 +140,52 @@ def more() -> None:
         tail = (f" {100 * statistics.median(held):10.1f}% {100 * sum(e <= 0.15 for e in held) / len(held):7.0f}%"
                 if held else "")
         print(f"{name:26s} {len(errs):6d} {100 * statistics.median(errs):11.1f}% {100 * within:9.0f}%{tail}")
-    print("LOSO: the FSDP and MoE overheads and the ampere curve refitted without the source (leave-one-source-out);"
+    print("LOSO: the flash-kernel shares, the FSDP and MoE overheads, the ampere and blackwell curves refitted without"
+          " the source;"
           " groups: in-sample")
     for run_id, why in skipped:
         print(f"not priced: {run_id}: {why}")
 
 
+def memory() -> None:
+    """Every run of published_runs_more.json at its stated layout through the memory model: the predicted peak
+    (the megatron profile), the fit verdict under the one fit rule, and the memory the source reports."""
+    from published_more import RUNS as MORE
+    from published_more import memory_check
+
+    from trainmath.errors import TrainmathError
+
+    print(f"{'run':64s} {'GPU GiB':>7s} {'usable':>7s} {'peak':>7s} {'fits':>5s} {'published':>9s} {'ratio':>6s}")
+    fit = judged = 0
+    ratios = []
+    for r in MORE:
+        try:
+            m = memory_check(r)
+        except TrainmathError as exc:
+            print(f"{r['id']:64s} not priced: {exc}")
+            continue
+        judged += 1
+        fit += bool(m["fits"])
+        pub = m["published_gib"]
+        tail = f"{pub:9.1f} {m['peak_gib'] / pub:6.2f}" if pub else ""
+        if pub:
+            ratios.append(m["peak_gib"] / pub)
+        print(f"{r['id']:64s} {m['memory_gib']:7.0f} {m['usable_gib']:7.1f} {m['peak_gib']:7.1f} "
+              f"{'yes' if m['fits'] else 'NO':>5s} {tail}")
+    print(f"\n{fit} of {judged} stated layouts judged to fit (they all ran); {len(ratios)} runs report memory: "
+          f"predicted peak / published median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-"
+          f"{max(ratios):.2f}")
+
+
 def main() -> None:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--more", action="store_true", help="the runs of tests/perf/published_runs_more.json")
-    if args.parse_args().more:
+    args.add_argument("--memory", action="store_true", help="those runs' layouts through the memory model")
+    parsed = args.parse_args()
+    if parsed.memory:
+        memory()
+        return
+    if parsed.more:
         more()
         return
     print(f"{'run':36s} {'GPU':14s} {'metric':30s} {'published':>9s} {'predicted':>9s} {'ratio':>6s}")

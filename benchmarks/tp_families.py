@@ -59,8 +59,8 @@ def full_width() -> None:
         if moe:
             setup = dataclasses.replace(setup, experts="grouped")
         kw = dict(compute_dtype_bytes=2, param_dtype_bytes=2, tp=2, sp=True)
-        want = activation_bytes(spec, micro_batch=1, seq=512, experts="grouped", **kw).value \
-            + logits_bytes(spec, 1, 512, vocab_parallel=False, **kw).child("saved").value
+        want = activation_bytes(spec, micro_batch=1, seq=512, experts="grouped", **kw).total_bytes \
+            + logits_bytes(spec, 1, 512, vocab_parallel=False, **kw).saved_bytes
         predicted = training_memory(spec, setup, layout).peak_bytes
         sim = simulate(config, setup, layout, moe=moe)
         measured = sim.peak_bytes - sim.buffers_bytes

@@ -61,7 +61,7 @@ def main() -> None:
     for run in RUNS:
         if a.fsdp and not (run["impl"] == "torch" and run["strategy"] in ("zero2", "zero3")):
             continue
-        cfg = validate(TrainConfig(model=a.model, overrides=overrides, micro_batch=a.micro_batch, seq=a.seq,
+        cfg = validate(TrainConfig.of(model=a.model, overrides=overrides, micro_batch=a.micro_batch, seq=a.seq,
                                    steps=a.steps, measure=True, **run), a.nproc)
         prepare(cfg)
         t = time.time()

@@ -15,10 +15,11 @@ SLOW_MODULES = {
     # long simulations: real modeling code at full width on fake tensors, MemTracker steps, TP/FSDP2 on gloo
     "memory/test_memtracker_oracle.py", "memory/test_fsdp2_oracle.py", "memory/test_tp_oracle.py",
     "memory/test_selective_memtracker.py", "memory/test_fake_experts.py", "memory/test_backward_in_autocast.py",
-    "memory/test_peft_memtracker.py", "memory/test_simulate_fold.py",
+    "memory/test_peft_memtracker.py", "memory/test_simulate_fold.py", "memory/test_simulate_fold_types.py",
     # more process spawning, live servers and browsers, timing on this CPU
     "train/test_checkpoint_damage.py", "robustness/test_json_sweep.py", "robustness/test_serve_hostile.py",
     "viz/test_browser_serving.py", "infer/test_serving_cpu.py", "viz/test_browser_peft.py",
+    "infer/test_serving_loso.py",
 }
 """Test modules of the slow tier (``-m slow``); ``-m "not slow"`` is the fast tier for development. CI runs both."""
 

@@ -35,8 +35,41 @@ def optimizer_name(name: str) -> str:
 
 TRAIN_PRECISIONS = ("fp32", "amp-bf16", "bf16", "mixed-bf16")
 """The precision recipes (``RECIPES``) ``trainmath train`` runs."""
-ATTENTION = ("sdpa", "eager")
-"""transformers' ``attn_implementation``: ``sdpa`` (no s² scores kept) or ``eager`` (the scores saved)."""
+ATTENTION = ("sdpa", "flash", "eager")
+"""Attention kernels, one set of names for every command:
+
+- ``sdpa``: torch's ``scaled_dot_product_attention`` as transformers runs it (``attn_implementation="sdpa"``), the
+  kernel torch picks by device: on CUDA FlashAttention-2 or the memory-efficient kernel, on the CPU its flash
+  kernel or the math fallback (``ops.kernels.fused_attention``); no s² scores kept;
+- ``flash``: a FlashAttention kernel (Dao 2023; Megatron-Core's and Transformer Engine's fused attention): no s²
+  scores kept, causally masked blocks skipped;
+- ``eager``: the s² scores materialised (transformers' ``attn_implementation="eager"``, Megatron-LM's unfused core
+  attention).
+"""
+MEMORY_ATTENTION = ("sdpa", "eager")
+"""The kernels a training setup names (``TrainingSetup.attention``: ``trainmath memory``, ``report``), as
+transformers spells them; the megatron profile runs ``sdpa`` as its ``flash`` kernel (Megatron-Core has no SDPA)."""
+STEP_ATTENTION = ("flash", "eager")
+"""The kernels ``trainmath estimate`` and ``plan`` time (``perf.compute``)."""
+ATTENTION_ALIASES = {"flash": "sdpa", "sdpa": "flash"}
+"""A command that models one fused kernel and not the other reads the other's name as its own: ``memory`` and
+``report`` take ``flash`` as ``sdpa`` (torch's SDPA runs FlashAttention-2 on CUDA), ``estimate`` and ``plan`` take
+``sdpa`` as ``flash``."""
+MEMORY_ATTENTION_HELP = ("attention kernel: sdpa (default: torch's SDPA as transformers runs it) or eager (the s×s "
+                         "scores saved; the megatron profile: unfused core attention); flash is read as sdpa")
+
+
+def attention_as(word: str, modelled: tuple[str, ...]) -> str:
+    """``word`` (one of ``ATTENTION``) as a command that models the kernels ``modelled`` names it: itself, or its
+    alias (``ATTENTION_ALIASES``)."""
+    if word in modelled:
+        return word
+    alias = ATTENTION_ALIASES.get(word)
+    if alias in modelled:
+        return alias
+    raise TrainmathError(f"attention must be one of {', '.join(modelled)} (or an alias: "
+                         f"{', '.join(f'{a} for {b}' for a, b in ATTENTION_ALIASES.items() if b in modelled)}), "
+                         f"got {word!r}")
 EXPERTS = ("grouped", "eager")
 """Routed experts as transformers runs them: ``grouped`` (``grouped_mm``, transformers 5's default) or ``eager``
 (the per-expert loop)."""
@@ -81,6 +114,16 @@ class Precision:
     transpose (1 + 1)."""
     description: str = ""
 
+    @property
+    def autocast(self) -> bool:
+        """Parameters wider than the compute dtype: every Linear casts its input and weight (torch.autocast)."""
+        return self.weight_bytes > self.compute_bytes
+
+    @property
+    def residual_bytes(self) -> int:
+        """The residual stream's dtype: the embedding's (the weights') dtype; bf16 + fp32 adds promote to fp32."""
+        return self.weight_bytes
+
 
 RECIPES: dict[str, Precision] = {p.name: p for p in (
     Precision(name="fp32", weight_bytes=4, grad_bytes=4, master_bytes=0, state_bytes=4, compute_bytes=4,
@@ -100,6 +143,16 @@ RECIPES: dict[str, Precision] = {p.name: p for p in (
                           "its fp8 transpose are cached during the step; activations counted in bf16 (TE's fp8 "
                           "saved inputs of linears are not modelled)"),
 )}
+
+
+def precision_of(*, compute_bytes: int, weight_bytes: int) -> Precision:
+    """The first recipe that computes in ``compute_bytes`` over ``weight_bytes`` parameters (what an op list reads
+    of a precision: 2 and 2 a bf16 model, 2 and 4 bf16 autocast, 4 and 4 fp32)."""
+    for p in RECIPES.values():
+        if (p.compute_bytes, p.weight_bytes) == (compute_bytes, weight_bytes):
+            return p
+    raise TrainmathError(f"no precision recipe computes in {compute_bytes} bytes over {weight_bytes}-byte "
+                         f"parameters; choose one of {', '.join(RECIPES)}")
 
 
 def get_precision(name: str) -> Precision:

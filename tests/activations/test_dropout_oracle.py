@@ -30,10 +30,10 @@ def _predict(cfg, mode, attn, device="cpu", recompute="none"):
     c, p = hf.PREC[mode]
     act = activation_bytes(spec, micro_batch=hf.B, seq=hf.S, profile="eager" if attn == "eager" else "hf",
                            recompute=recompute, compute_dtype_bytes=c, param_dtype_bytes=p, device=device)
-    assert check_sums(act) == []
+    assert check_sums(act.tree()) == []
     head = logits_bytes(spec, hf.B, hf.S, compute_dtype_bytes=c, param_dtype_bytes=p)
-    predicted = act.value + head.child("saved").value
-    return predicted - (act.child("recompute transient").value if recompute == "full" else 0)
+    predicted = act.total_bytes + head.saved_bytes
+    return predicted - (act.recompute_transient_bytes if recompute == "full" else 0)
 
 
 @pytest.mark.parametrize("mode", list(hf.PREC))
@@ -64,8 +64,8 @@ def test_cuda_keeps_bool_masks():
                        for dev, fam in (("cpu", None), ("cuda", None), ("cuda", _no_dropout(spec))))
     d, T, layers = 64, hf.B * hf.S, 2
     # per layer two residual dropouts (T·d masks); the embedding one more
-    assert cuda.value - none.value == (2 * layers + 1) * T * d
-    assert cpu.value > cuda.value
+    assert cuda.total_bytes - none.total_bytes == (2 * layers + 1) * T * d
+    assert cpu.total_bytes > cuda.total_bytes
 
 
 def _no_dropout(spec):
@@ -129,5 +129,5 @@ def test_one_sequence_keeps_padded_labels(model_type, extra, monkeypatch):
     cfg, model = hf._model(model_type, "sdpa", extra)
     spec = spec_from_config(cfg.to_dict(), name="tiny", source="test")
     head = logits_bytes(spec, 1, hf.S, compute_dtype_bytes=4, param_dtype_bytes=4)
-    assert {n.name: n.value for n in head.child("saved").children}["labels_pad"] == 8
+    assert {n.name: n.value for n in head.saved}["labels_pad"] == 8
     assert _predict(cfg, "fp32", "sdpa") == hf._measure(model, "fp32")

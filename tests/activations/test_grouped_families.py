@@ -48,12 +48,12 @@ def test_grouped_path_exact(model_type, mode, checkpoint):
     c, p = hf.PREC[mode]
     act = activation_bytes(spec, micro_batch=hf.B, seq=hf.S, recompute="full" if checkpoint else "none",
                            compute_dtype_bytes=c, param_dtype_bytes=p, experts="grouped")
-    assert check_sums(act) == []
-    predicted = act.value + logits_bytes(spec, hf.B, hf.S, compute_dtype_bytes=c,
-                                         param_dtype_bytes=p).child("saved").value
+    assert check_sums(act.tree()) == []
+    predicted = act.total_bytes + logits_bytes(spec, hf.B, hf.S, compute_dtype_bytes=c,
+                                         param_dtype_bytes=p).saved_bytes
     if checkpoint:
-        predicted -= act.child("recompute transient").value
+        predicted -= act.recompute_transient_bytes
     assert predicted == measured
     eager = activation_bytes(spec, micro_batch=hf.B, seq=hf.S, compute_dtype_bytes=c, param_dtype_bytes=p,
                              experts="eager")
-    assert eager.value != act.value or checkpoint  # the two paths save differently
+    assert eager.total_bytes != act.total_bytes or checkpoint  # the two paths save differently

@@ -108,9 +108,9 @@ def _predict(cfg, mode, profile="hf", recompute="none", **kw):
     c, p = PREC[mode]
     act = activation_bytes(spec, micro_batch=B, seq=S, profile=profile, recompute=recompute,
                            compute_dtype_bytes=c, param_dtype_bytes=p, **kw)
-    assert check_sums(act) == []
+    assert check_sums(act.tree()) == []
     head = logits_bytes(spec, B, S, compute_dtype_bytes=c, param_dtype_bytes=p)
-    return act, act.value + head.child("saved").value
+    return act, act.total_bytes + head.saved_bytes
 
 
 CASES = [
@@ -139,11 +139,11 @@ def test_full_recompute_exact(model_type, mode):
     """gradient_checkpointing_enable() (use_reentrant=False): layer inputs and cos/sin are what is kept."""
     cfg, model = _model(model_type, "sdpa", {})
     act, predicted = _predict(cfg, mode, recompute="full")
-    transient = act.child("recompute transient").value
+    transient = act.recompute_transient_bytes
     assert predicted - transient == _measure(model, mode, checkpoint=True)
     # the transient is one layer recomputed: exactly one layer's no-recompute bytes
     none, _ = _predict(cfg, mode)
-    assert transient * cfg.num_hidden_layers == none.child("layers").value
+    assert transient * cfg.num_hidden_layers == none.tree().child("layers").value
 
 
 @pytest.mark.parametrize("mode", list(PREC))
@@ -203,10 +203,10 @@ def _predict_data(data, mode, **kw):
     spec = spec_from_config(data, name="tiny", source="test")
     c, p = PREC[mode]
     act = activation_bytes(spec, micro_batch=B, seq=S, compute_dtype_bytes=c, param_dtype_bytes=p, **kw)
-    assert check_sums(act) == []
+    assert check_sums(act.tree()) == []
     head = logits_bytes(spec, B, S, compute_dtype_bytes=c, param_dtype_bytes=p)
-    assert check_sums(head) == []
-    return act, act.value + head.child("saved").value
+    assert check_sums(head.tree()) == []
+    return act, act.total_bytes + head.saved_bytes
 
 
 MLA_CASES = [
@@ -229,7 +229,7 @@ def test_mla_exact(model_type, extra, mode, checkpoint):
     act, predicted = _predict_data(data, mode, recompute="full" if checkpoint else "none",
                                    router=Router.from_config(data, families.get(data["model_type"]).config_defaults))
     if checkpoint:
-        predicted -= act.child("recompute transient").value
+        predicted -= act.recompute_transient_bytes
     assert predicted == measured
 
 
@@ -244,7 +244,7 @@ def test_mixtral_exact(mode, checkpoint):
     assert set(hit) == {4}, f"precondition: every expert receives tokens ({hit})"
     act, predicted = _predict(cfg, mode, recompute="full" if checkpoint else "none")
     if checkpoint:
-        predicted -= act.child("recompute transient").value
+        predicted -= act.recompute_transient_bytes
     assert predicted == measured
 
 
@@ -262,7 +262,7 @@ def test_qwen2_moe_exact(mode, checkpoint):
         f"precondition: every expert receives tokens ({hit})"
     act, predicted = _predict(cfg, mode, recompute="full" if checkpoint else "none")
     if checkpoint:
-        predicted -= act.child("recompute transient").value
+        predicted -= act.recompute_transient_bytes
     assert predicted == measured
 
 
@@ -344,12 +344,12 @@ def _family_case(model_type, extra, attn, mode, checkpoint):
     # No family/router passed: the switches must come from the spec itself (``spec.options``), as on the CLI.
     act = activation_bytes(spec, micro_batch=B, seq=S, profile="eager" if attn == "eager" else "hf",
                            recompute="full" if checkpoint else "none", compute_dtype_bytes=c, param_dtype_bytes=p)
-    assert check_sums(act) == []
+    assert check_sums(act.tree()) == []
     head = logits_bytes(spec, B, S, compute_dtype_bytes=c, param_dtype_bytes=p)
-    assert check_sums(head) == []
-    predicted = act.value + head.child("saved").value
+    assert check_sums(head.tree()) == []
+    predicted = act.total_bytes + head.saved_bytes
     if checkpoint:
-        predicted -= act.child("recompute transient").value
+        predicted -= act.recompute_transient_bytes
     return hit, predicted, measured
 
 

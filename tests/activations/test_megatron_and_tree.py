@@ -82,12 +82,12 @@ def test_megatron_profile_through_activation_bytes():
     s, d, q, kv, f, h = 2048, spec.hidden_size, 2048, 1024, 3072, 16
     per = 2 * s * (4 * d + 2 * q + 2 * kv + 3 * f) + 4 * h * s
     node = activation_bytes(spec, micro_batch=1, seq=s, profile="megatron", tp=2, sp=True)
-    assert node.value == per // 2 * spec.num_layers
+    assert node.total_bytes == per // 2 * spec.num_layers
     full = activation_bytes(spec, micro_batch=1, seq=s, profile="megatron", recompute="full")
-    assert full.child("layers").value == 2 * s * d * spec.num_layers
-    assert full.child("recompute transient").value == per
+    assert full.tree().child("layers").value == 2 * s * d * spec.num_layers
+    assert full.recompute_transient_bytes == per
     stage = activation_bytes(spec, micro_batch=1, seq=s, profile="megatron", pp=4)
-    assert stage.value == per * 7  # ceil(28 / 4)
+    assert stage.total_bytes == per * 7  # ceil(28 / 4)
 
 
 @settings(max_examples=30, deadline=None)
@@ -97,14 +97,14 @@ def test_megatron_profile_through_activation_bytes():
 def test_hf_tree_sums_and_linearity(b, s, model, c, recompute):
     spec = load_spec(model)
     kw = dict(seq=s, compute_dtype_bytes=c[0], param_dtype_bytes=c[1], recompute=recompute)
-    one = activation_bytes(spec, micro_batch=1, **kw)
-    many = activation_bytes(spec, micro_batch=b, **kw)
+    one = activation_bytes(spec, micro_batch=1, **kw).tree()
+    many = activation_bytes(spec, micro_batch=b, **kw).tree()
     assert check_sums(many) == []
     # everything but cos/sin (per sequence position) and the autocast weight copies (per step) scales with b
     def fixed(n):
         return sum(x.value for _, x in n.walk() if x.name in ("rotary", "autocast weight copies"))
     assert many.value - fixed(many) == b * (one.value - fixed(one))
-    assert check_sums(logits_bytes(spec, b, s)) == []
+    assert check_sums(logits_bytes(spec, b, s).tree()) == []
 
 
 def test_qwen3_06b_pinned():
@@ -112,9 +112,9 @@ def test_qwen3_06b_pinned():
     spec = load_spec("Qwen/Qwen3-0.6B")
     act = activation_bytes(spec, micro_batch=4, seq=2048)
     head = logits_bytes(spec, 4, 2048)
-    assert act.value == 19711983616
-    assert head.child("saved").value == 5373788164
-    assert head.child("not saved").value == 7467958272
+    assert act.total_bytes == 19711983616
+    assert head.saved_bytes == 5373788164
+    assert head.logits_bytes + head.logits_fp32_bytes == 7467958272
 
 
 def test_errors():
@@ -130,7 +130,7 @@ def test_errors():
 def test_core_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; from trainmath.memory.activations import activation_bytes; "
             "from trainmath.sources import catalog_index, load_spec; "
-            "print(activation_bytes(load_spec('qwen3-0.6b'), micro_batch=1, seq=16).value)")
+            "print(activation_bytes(load_spec('qwen3-0.6b'), micro_batch=1, seq=16).total_bytes)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) > 0
 
@@ -142,13 +142,13 @@ def test_logits_vocab_parallel(tp):
     spec = load_spec("Qwen/Qwen3-0.6B")
     one, par = logits_bytes(spec, 2, 64), logits_bytes(spec, 2, 64, tp=tp)
     assert one == logits_bytes(spec, 2, 64, tp=1)
-    assert check_sums(par) == []
+    assert check_sums(par.tree()) == []
     vp = -(-spec.vocab_size // tp)
-    leaves = {n.name: n.value for _, n in par.walk() if not n.children}
+    leaves = {n.name: n.value for _, n in par.tree().walk() if not n.children}
     assert leaves["log_softmax_fp32"] == 4 * 128 * vp
     assert leaves["lm_head.weight_cast"] == 2 * vp * spec.hidden_size
     assert leaves["labels"] == 8 * 128
-    whole = {n.name: n.value for _, n in one.walk() if not n.children}
+    whole = {n.name: n.value for _, n in one.tree().walk() if not n.children}
     assert leaves["norm.x_fp32"] == whole["norm.x_fp32"]
     with pytest.raises(TrainmathError, match="tp"):
         logits_bytes(spec, 2, 64, tp=0)
@@ -156,7 +156,7 @@ def test_logits_vocab_parallel(tp):
 
 def test_hf_selective_raises_with_reason():
     """Selective (torchtitan's op-level policy) folds op lists; a family without one says so in one line."""
-    assert activation_bytes(load_spec("Qwen/Qwen3-0.6B"), micro_batch=1, seq=16, recompute="selective").value > 0
+    assert activation_bytes(load_spec("Qwen/Qwen3-0.6B"), micro_batch=1, seq=16, recompute="selective").total_bytes > 0
     with pytest.raises(TrainmathError, match="Kimi-K2-Instruct is 'kimi_k2' .not yet modelled: use --profile megatron"):
         activation_bytes(load_spec("moonshotai/Kimi-K2-Instruct"), micro_batch=1, seq=16, recompute="selective")
 
@@ -167,23 +167,23 @@ def test_hf_catalog_modelled_or_raises(model):
     sums; any other family raises instead of returning a near-miss (the megatron profile still answers)."""
     spec = load_spec(model)
     if spec.family.modelled:
-        act = activation_bytes(spec, micro_batch=1, seq=16)
+        act = activation_bytes(spec, micro_batch=1, seq=16).tree()
         assert check_sums(act) == [] and act.value > 0
-        assert check_sums(logits_bytes(spec, 1, 16)) == []
-        sel = activation_bytes(spec, micro_batch=1, seq=16, recompute="selective")  # every family folds it
+        assert check_sums(logits_bytes(spec, 1, 16).tree()) == []
+        sel = activation_bytes(spec, micro_batch=1, seq=16, recompute="selective").tree()  # every family folds it
         assert check_sums(sel) == [] and 0 < sel.value
     else:
         with pytest.raises(TrainmathError, match="not yet modelled"):
             activation_bytes(spec, micro_batch=1, seq=16)
     if any(bl.kind in ("attention", "mla") for layer in spec.layers for bl in layer.blocks):
-        assert activation_bytes(spec, micro_batch=1, seq=16, profile="megatron").value > 0
+        assert activation_bytes(spec, micro_batch=1, seq=16, profile="megatron").total_bytes > 0
 
 
 @pytest.mark.parametrize("model", ["deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V3"])
 def test_mla_default_router(model):
     """Without a Router, DeepSeek-V2 defaults to greedy routing and V3 to noaux_tc (transformers' defaults)."""
     spec = load_spec(model)
-    act = activation_bytes(spec, micro_batch=1, seq=64, recompute="full")
+    act = activation_bytes(spec, micro_batch=1, seq=64, recompute="full").tree()
     assert check_sums(act) == [] and act.value > 0
 
 

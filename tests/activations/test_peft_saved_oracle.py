@@ -43,8 +43,8 @@ def _predict(cfg, mode, targets, rank, dropout, input_grads):
                            param_dtype_bytes=prec.weight_bytes, device="cpu")
     head = logits_bytes(spec, B, S, compute_dtype_bytes=prec.compute_bytes, param_dtype_bytes=prec.weight_bytes)
     layers = layer_saved(spec, setup, prec, run, range(spec.num_layers))
-    emb = sum(c.value for c in act.children if c.name == "embedding")
-    return (act.value - emb - sum(f - m for f, m in layers.values()) + head.child("saved").value
+    emb = act.embedding.value if act.embedding else 0
+    return (act.total_bytes - emb - sum(f - m for f, m in layers.values()) + head.saved_bytes
             - head_saved_delta(spec, setup, prec))
 
 

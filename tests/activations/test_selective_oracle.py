@@ -104,7 +104,7 @@ def _full_kept(cfg, mode, data=None, **kw):
         act, predicted = hf._predict(cfg, mode, recompute="full", **kw)
     else:
         act, predicted = hf._predict_data(data, mode, recompute="full", **kw)
-    return predicted - act.child("recompute transient").value
+    return predicted - act.recompute_transient_bytes
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -121,11 +121,11 @@ def test_selective_kept_bytes(model_type, mode):
     assert m.total_bytes == _full_kept(cfg, mode) + sum(m.cache_bytes)
     # the recompute of a layer saves at most what the layer saves without checkpointing
     none, _ = hf._predict(cfg, mode)
-    assert 0 < max(m.transient_bytes) <= none.child("layers").value // cfg.num_hidden_layers
+    assert 0 < max(m.transient_bytes) <= none.tree().child("layers").value // cfg.num_hidden_layers
     # the calculator: a fold over the family's op list (ops.selective)
     act, predicted = hf._predict(cfg, mode, recompute="selective")
-    assert predicted - act.child("recompute transient").value == m.total_bytes
-    assert act.child("recompute transient").value == max(m.transient_bytes)
+    assert predicted - act.recompute_transient_bytes == m.total_bytes
+    assert act.recompute_transient_bytes == max(m.transient_bytes)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -148,8 +148,8 @@ def test_selective_kept_bytes_mla(mode):
                              for i in range(data["num_hidden_layers"])]
     assert m.total_bytes == _full_kept(None, mode, data, router=_router(data)) + sum(m.cache_bytes)
     act, predicted = hf._predict_data(data, mode, recompute="selective", router=_router(data))
-    assert predicted - act.child("recompute transient").value == m.total_bytes
-    assert act.child("recompute transient").value == max(m.transient_bytes)
+    assert predicted - act.recompute_transient_bytes == m.total_bytes
+    assert act.recompute_transient_bytes == max(m.transient_bytes)
     assert max(m.packed_bytes) - max(m.transient_bytes) == T * 2 * 2 * 8 + T * 1 * 8 + T * 4
 
 
@@ -181,9 +181,9 @@ def test_selective_eager_attention(mode):
     h, kv, hd, d, f = 4, 2, 16, 64, 96
     assert m.cache_bytes == [COMPUTE[mode] * T * (h * hd + kv * hd + f + d)] * 2
     act, predicted = hf._predict(cfg, mode, profile="eager", recompute="selective")
-    assert act.child("attention mask (checkpoint argument)").value == hf.PREC[mode][1] * B * S * S
-    assert predicted - act.child("recompute transient").value == m.total_bytes
-    assert act.child("recompute transient").value == max(m.transient_bytes)
+    assert act.masks.value == hf.PREC[mode][1] * B * S * S
+    assert predicted - act.recompute_transient_bytes == m.total_bytes
+    assert act.recompute_transient_bytes == max(m.transient_bytes)
 
 
 def test_apply_selective_bad_input():
@@ -214,8 +214,8 @@ def test_selective_grouped_experts(model_type, mode):
     # q, v, the router's logits (the 5th mm), SDPA
     assert m.cache_bytes == [COMPUTE[mode] * T * (h * hd + kv * hd + e + h * hd) + 4 * B * h * S] * 2
     act, predicted = hf._predict(cfg, mode, recompute="selective", experts="grouped")
-    assert predicted - act.child("recompute transient").value == m.total_bytes
-    assert act.child("recompute transient").value == max(m.transient_bytes)
+    assert predicted - act.recompute_transient_bytes == m.total_bytes
+    assert act.recompute_transient_bytes == max(m.transient_bytes)
 
 
 def _family_cases():
@@ -283,5 +283,5 @@ def test_selective_family(case):
     kw = {"router": _router(data)} if data["model_type"].startswith("deepseek") else {}
     act, predicted = hf._predict_data(data, mode, profile="eager" if attn == "eager" else "hf",
                                       recompute="selective", experts=experts, **kw)
-    assert predicted - act.child("recompute transient").value == m.total_bytes
-    assert act.child("recompute transient").value == max(m.transient_bytes)
+    assert predicted - act.recompute_transient_bytes == m.total_bytes
+    assert act.recompute_transient_bytes == max(m.transient_bytes)

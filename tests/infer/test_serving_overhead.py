@@ -78,8 +78,9 @@ def test_attention_flops_are_the_hand_count():
 
 
 def test_gemms_and_attention_are_bounded_in_turn():
-    """time = max(GEMM compute, weight bytes) + max(attention compute, cache bytes): the two kernel classes do not
-    overlap, so a step is never faster than either and is their sum when one is compute- and one memory-bound."""
+    """At the floor, time = max(GEMM compute, weight bytes) + max(attention compute, cache bytes): the two kernel
+    classes do not overlap, so a step is never faster than either and is their sum when one is compute- and one
+    memory-bound."""
     spec, h100 = load_spec(L8), gpu("h100")
     s = step(spec, InferenceSetup(batch=256, context=32_001), h100, (Part(n=256, t=1, c=32_000),), FLOOR)
     gemm = max(s.compute_s - s.attention_compute_s, s.memory_s - s.cache_memory_s)

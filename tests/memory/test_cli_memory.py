@@ -15,7 +15,7 @@ from trainmath.memory import training
 
 @pytest.fixture(autouse=True)
 def _standin(monkeypatch):
-    monkeypatch.setattr(training, "_activation_model", lambda am: standin)
+    monkeypatch.setattr(training, "activations", standin)
 
 
 def run(capsys, *argv):

@@ -42,8 +42,8 @@ def test_context_parallel_divides_every_token_row(model, experts, precision, cp)
     spec = load_spec(model)
     c, p = PRECISIONS[precision]
     kw = dict(micro_batch=2, seq=64, compute_dtype_bytes=c, param_dtype_bytes=p, experts=experts)
-    one = leaves(activation_bytes(spec, **kw))
-    rank = activation_bytes(spec, **kw, cp=cp)
+    one = leaves(activation_bytes(spec, **kw).tree())
+    rank = activation_bytes(spec, **kw, cp=cp).tree()
     assert check_sums(rank) == []
     got = leaves(rank)
     assert [n for n, _ in got] == [n for n, _ in one]
@@ -61,7 +61,7 @@ def test_routed_rows_pinned():
     spec = load_spec("Qwen/Qwen3-30B-A3B")
     act = activation_bytes(spec, micro_batch=1, seq=4096, compute_dtype_bytes=2, param_dtype_bytes=2,
                            experts="grouped", cp=2)
-    group = act.child("layers").children[0]
+    group = act.tree().child("layers").children[0]
     assert group.name.endswith("× 48")  # every layer is MoE; the group's leaves are 48 layers' bytes
     layer = {name: v // 48 for name, v in leaves(group)}
     assert layer["mlp.experts.gathered_input"] == 2048 * 8 * 2048 * 2
@@ -77,7 +77,7 @@ def test_scans_refuse_context_parallelism(model, kind, capsys):
     spec = load_spec(model)
     with pytest.raises(TrainmathError, match=f"--cp 2 with {kind} layers is not modelled.*pass --cp 1"):
         activation_bytes(spec, micro_batch=1, seq=128, cp=2)
-    assert activation_bytes(spec, micro_batch=1, seq=128, cp=1).value > 0
+    assert activation_bytes(spec, micro_batch=1, seq=128, cp=1).total_bytes > 0
     code = main(["memory", model, "--micro-batch", "1", "--seq", "4096", "--cp", "2"])
     out = capsys.readouterr()
     assert code == 2 and out.out == "" and out.err.count("\n") == 1 and kind in out.err
@@ -92,7 +92,7 @@ def test_fused_projections_refuse_tensor_parallelism(model, modules, capsys):
     spec = load_spec(model)
     with pytest.raises(TrainmathError, match=f"--tp 2 with {spec.model_type}'s fused {modules} is not modelled"):
         activation_bytes(spec, micro_batch=1, seq=64, tp=2)
-    assert activation_bytes(spec, micro_batch=1, seq=64, tp=1).value > 0
+    assert activation_bytes(spec, micro_batch=1, seq=64, tp=1).total_bytes > 0
     argv = ["memory", model, "--micro-batch", "1", "--seq", "1024", "--tp", "2"]
     assert main(argv) == 2
     out = capsys.readouterr()
@@ -108,6 +108,6 @@ def test_explicit_attention_masks_refuse_context_parallelism(model, seq):
     spec = load_spec(model)
     with pytest.raises(TrainmathError, match="--cp 2 with .* explicit attention mask .* pass --cp 1"):
         activation_bytes(spec, micro_batch=1, seq=seq, cp=2)
-    assert activation_bytes(spec, micro_batch=1, seq=seq).value > 0
+    assert activation_bytes(spec, micro_batch=1, seq=seq).total_bytes > 0
     if model.startswith("meta-llama"):  # below the chunk (8192) no mask: context parallelism is modelled
-        assert activation_bytes(spec, micro_batch=1, seq=4096, cp=2).value > 0
+        assert activation_bytes(spec, micro_batch=1, seq=4096, cp=2).total_bytes > 0

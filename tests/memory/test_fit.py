@@ -89,7 +89,7 @@ def test_derive_dp():
 
 @pytest.fixture
 def _standin(monkeypatch):
-    monkeypatch.setattr(training, "_activation_model", lambda am: standin)
+    monkeypatch.setattr(training, "activations", standin)
 
 
 def test_cli_gpu_json_and_world_size(capsys, _standin):

@@ -35,10 +35,22 @@ def test_qlora_is_smaller_than_lora(capsys):
     assert qlora["peak_bytes"] < lora["peak_bytes"]
 
 
+def test_fsdp2_shards_the_frozen_base(capsys):
+    """--zero 3 --dp 8: the rank holds an eighth of the frozen base (padded dim-0 shards), and its peak is lower."""
+    args = ("memory", "meta-llama/Llama-3.1-8B", "--micro-batch", "1", "--seq", "4096", "--precision", "bf16",
+            "--peft", "lora", "--lora-rank", "16", "--lora-targets", "all-linear", "--json")
+    one = json.loads(_run(capsys, *args)[1])
+    eight = json.loads(_run(capsys, *args, "--dp", "8", "--zero", "3")[1])
+    assert eight["peft"]["trainable_params"] == one["peft"]["trainable_params"]
+    assert one["peft"]["base_weight_bytes"] // 8 <= eight["peft"]["base_weight_bytes"]
+    assert eight["peft"]["base_weight_bytes"] < one["peft"]["base_weight_bytes"] // 8 + 2**20
+    assert eight["peak_bytes"] < one["peak_bytes"]
+
+
 @pytest.mark.parametrize("argv,needle", [
     (("--peft", "lora", "--lora-rank", "0"), "--lora-rank 0"),
     (("--peft", "qlora", "--precision", "fp8"), "--precision bf16"),
-    (("--peft", "lora", "--zero", "3", "--dp", "2"), "--zero 3"),
+    (("--peft", "qlora", "--precision", "bf16", "--zero", "3", "--dp", "2"), "Params4bit"),
     (("--peft", "lora", "--tp", "2"), "--tp"),
     (("--peft", "lora", "--lora-targets", "qkv"), "no such Linear module"),
     (("--lora-dropout", "0.1"), "needs --peft"),
@@ -65,7 +77,7 @@ def test_levers_one_reason_one_line(capsys):
     assert code == 0
     assert "does NOT fit L40S" in out
     unbuilt = [ln for ln in out.splitlines() if "cannot be built here" in ln]
-    zero3 = [ln for ln in unbuilt if "FSDP2 over frozen parameters" in ln]
+    zero3 = [ln for ln in unbuilt if "Params4bit" in ln]
     assert len(zero3) == 1 and all(f"--dp {n} --zero 3" in zero3[0] for n in (2, 4, 8))
     assert len(unbuilt) == len({ln.split(": cannot be built here: ")[1] for ln in unbuilt})
     built = [ln for ln in out.splitlines() if "-> does not fit" in ln or "-> fits" in ln]

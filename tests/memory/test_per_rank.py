@@ -69,9 +69,9 @@ def test_saved_bytes_per_rank_rule_by_rule(model, precision, recompute):
     spec = load_spec(model)
     c, p = PRECISIONS[precision]
     kw = dict(micro_batch=B, seq=S, compute_dtype_bytes=c, param_dtype_bytes=p, recompute=recompute)
-    one = leaves(activation_bytes(spec, **kw))
+    one = leaves(activation_bytes(spec, **kw).tree())
     for deg in LAYOUTS:
-        rank = activation_bytes(spec, **kw, **_kw(deg))
+        rank = activation_bytes(spec, **kw, **_kw(deg)).tree()
         assert check_sums(rank) == []
         got = leaves(rank)
         assert [n for n, _ in got] == [n for n, _ in one]
@@ -100,9 +100,8 @@ def test_qwen3_8b_layer_pinned():
     weights = 2 * (q * d + 2 * kv * d + q * d + 3 * d * f) // 2
     per_layer = norms + residual + casts + qk_norms + attn + mlp + weights
     act = activation_bytes(spec, micro_batch=1, seq=t, tp=2, sp=True)
-    layer = act.child("layers").children[0]
-    assert layer.value == 36 * per_layer
-    assert act.value == 36 * per_layer + 8 * t + 2 * 4 * t * 128  # ids, fp32 cos and sin
+    assert [(g.layers, g.bytes_each) for g in act.groups] == [(tuple(range(36)), per_layer)]
+    assert act.total_bytes == 36 * per_layer + 8 * t + 2 * 4 * t * 128  # ids, fp32 cos and sin
 
 
 @pytest.mark.parametrize("sp, vocab_parallel, cp", [(False, False, 1), (True, False, 1), (False, True, 1),
@@ -112,8 +111,8 @@ def test_logits_per_rank(sp, vocab_parallel, cp):
     (all-gathered) input and the labels whole; every term at s/cp."""
     spec = load_spec("Qwen/Qwen3-8B")
     tp, d, V = 4, spec.hidden_size, spec.vocab_size
-    one = dict(leaves(logits_bytes(spec, B, S)))
-    rank = logits_bytes(spec, B, S, tp=tp, sp=sp, cp=cp, vocab_parallel=vocab_parallel)
+    one = dict(leaves(logits_bytes(spec, B, S).tree()))
+    rank = logits_bytes(spec, B, S, tp=tp, sp=sp, cp=cp, vocab_parallel=vocab_parallel).tree()
     assert check_sums(rank) == []
     got = dict(leaves(rank))
     for name, whole in one.items():
@@ -163,16 +162,16 @@ def test_timeline_uses_the_rank_figures(layout, recompute):
     for m in r.stages:
         assert m.in_flight == layout.pp - m.stage
         act = activation_bytes(spec, layers=list(m.layers), **kw)
-        per_mb = act.value
+        per_mb = act.total_bytes
         if recompute == "full":  # the recompute transient is not kept; checkpoint also keeps the position ids
-            per_mb += 8 * (512 // layout.cp) - act.child("recompute transient").value
+            per_mb += 8 * (512 // layout.cp) - act.recompute_transient_bytes
         last = m.at(f"forward layer {m.layers[-1]}").child("activations_bytes").value
         assert last == m.in_flight * per_mb
-    tree = logits_bytes(spec, 1, 512, compute_dtype_bytes=2, param_dtype_bytes=2, tp=layout.tp, sp=layout.sp,
+    head = logits_bytes(spec, 1, 512, compute_dtype_bytes=2, param_dtype_bytes=2, tp=layout.tp, sp=layout.sp,
                         cp=layout.cp, vocab_parallel=layout.vocab_parallel)
-    upcast = tree.child("not saved").child("logits_fp32 (transient)").value
+    upcast = head.logits_fp32_bytes
     loss = r.stages[-1].at("forward: loss")
-    assert loss.child("logits_bytes").value == tree.value - upcast + 4  # saved, the logits, the fp32 loss scalar
+    assert loss.child("logits_bytes").value == head.total_bytes - upcast + 4  # saved, the logits, the fp32 loss scalar
     tv = (512 // layout.cp) * (spec.vocab_size // layout.tp if layout.vocab_parallel else spec.vocab_size)
     assert upcast == 4 * tv
     # loss_parallel()'s log-softmax keeps its shifted fp32 logits beside the upcast while it runs
@@ -186,8 +185,8 @@ def test_degree_one_is_the_single_device(model):
     """Every catalog model whose layers have op lists: degrees of 1 give the single-device tree, and at a tp that
     divides its heads every saved tensor is either whole or exactly 1/tp of it, the total smaller."""
     spec = load_spec(model)
-    one = activation_bytes(spec, micro_batch=1, seq=32)
-    assert activation_bytes(spec, micro_batch=1, seq=32, tp=1, sp=False, cp=1, ep=1).to_dict() == one.to_dict()
+    one = activation_bytes(spec, micro_batch=1, seq=32).tree()
+    assert activation_bytes(spec, micro_batch=1, seq=32, tp=1, sp=False, cp=1, ep=1).tree().to_dict() == one.to_dict()
     tp = 2
     if layout_problems(ParallelLayout(tp=tp), spec):  # heads, KV heads, linear-attention or Mamba heads
         return
@@ -195,7 +194,7 @@ def test_degree_one_is_the_single_device(model):
         with pytest.raises(TrainmathError, match="fused"):
             activation_bytes(spec, micro_batch=1, seq=32, tp=tp)
         return
-    rank = activation_bytes(spec, micro_batch=1, seq=32, tp=tp)
+    rank = activation_bytes(spec, micro_batch=1, seq=32, tp=tp).tree()
     for (name, whole), (_, mine) in zip(leaves(one), leaves(rank)):
         assert mine in (whole, -(-whole // tp)), name
     assert rank.value < one.value
@@ -256,8 +255,8 @@ def test_expert_parallel_keeps_the_rows_and_divides_the_experts(ep, precision):
     spec = load_spec("Qwen/Qwen3-30B-A3B")
     c, p = PRECISIONS[precision]
     kw = dict(micro_batch=1, seq=256, experts="eager", compute_dtype_bytes=c, param_dtype_bytes=p)
-    one = activation_bytes(spec, **kw).value
-    rank = activation_bytes(spec, **kw, ep=ep).value
+    one = activation_bytes(spec, **kw).total_bytes
+    rank = activation_bytes(spec, **kw, ep=ep).total_bytes
     copies = 48 * (128 - 128 // ep) * c * 3 * 768 * 2048 if p > c else 0
     assert one - rank == copies
 

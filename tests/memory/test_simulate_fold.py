@@ -31,12 +31,14 @@ QWEN3_06B_WIDTH = dict(model_type="qwen3", hidden_size=1024, intermediate_size=3
 ], ids=["mixed-bf16", "bf16-full-recompute", "fsdp2-mixed-bf16"])
 def test_fold_equals_the_full_simulation(vocab, setup, layout):
     """4 and 5 layers folded to 8 give the 8-layer simulation's peak, kinds and buffers exactly."""
-    from trainmath.verify.fold import simulate_folded
+    from trainmath.verify.fold import FoldPlan, simulate_folded
+    from trainmath.verify.pattern import Pattern
     from trainmath.verify.simulate import simulate
 
     config = {**QWEN3_06B_WIDTH, "vocab_size": vocab}
     full = simulate(config, setup, layout)
-    folded = simulate_folded(config, setup, layout, moe=False, n=4, layers=8)
+    plan = FoldPlan(4, 8, Pattern(("full_attention + mlp",) * 8, prefix=0, period=1, repeats=8))
+    folded = simulate_folded(config, setup, layout, moe=False, plan=plan)
     assert (folded.peak_bytes, folded.by_kind, folded.buffers_bytes) == (full.peak_bytes, full.by_kind,
                                                                          full.buffers_bytes)
     assert "4 and 5 of 8" in folded.folded  # (the segment named may differ where two steps tie at the peak)
@@ -94,12 +96,12 @@ def test_cli_progress_estimate_and_fold(capsys, tmp_path):
 
     path = str(tmp_path / "config.json")
     with open(path, "w") as f:
-        json.dump({**BASE, "num_hidden_layers": 6}, f)
+        json.dump({**BASE, "num_hidden_layers": 10}, f)
     assert main(["memory", path, "--micro-batch", "2", "--seq", "64", "--simulate", "--simulate-layers", "4",
                  "--json"]) == 0
     out, err = capsys.readouterr()
     d = json.loads(out)["simulation"]
-    assert d["difference_bytes"] == 0 and d["layers"] == 6 and "4 and 5 of 6" in d["folded"]
+    assert d["difference_bytes"] == 0 and d["layers"] == 10 and "4 and 5 of 10" in d["folded"]
     assert "estimated" in err and "step 2/2 backward layer 1/5" in err and "step 2/2 forward layer 4/4" in err
     for argv, message in [(["--simulate-layers", "4"], "--simulate-layers needs --simulate"),
                           (["--simulate", "--simulate-layers", "3"], "--simulate-layers must be at least 4")]:

@@ -69,7 +69,7 @@ def test_micro_batches_keep_gradients():
 
 @pytest.fixture
 def _standin(monkeypatch):
-    monkeypatch.setattr(training, "_activation_model", lambda am: standin)
+    monkeypatch.setattr(training, "activations", standin)
 
 
 def test_cli_timeline_json(capsys, _standin):

@@ -154,7 +154,7 @@ def fold(case, tp: int = 2) -> int:
     kw = dict(compute_dtype_bytes=c, param_dtype_bytes=p, tp=tp, sp=sp)
     act = activation_bytes(spec, micro_batch=B, seq=S, profile="eager" if attn == "eager" else "hf",
                            experts="eager" if experts == "eager" else "grouped", vocab_parallel=vp, **kw)
-    return act.value + logits_bytes(spec, B, S, vocab_parallel=vp, **kw).child("saved").value
+    return act.total_bytes + logits_bytes(spec, B, S, vocab_parallel=vp, **kw).saved_bytes
 
 
 @pytest.mark.parametrize("case", TP2, ids=IDS)

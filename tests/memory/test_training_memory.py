@@ -147,7 +147,7 @@ def test_pipeline_first_stage_holds_pp_micro_batches():
     spec = SPECS["llama-3.2-1b"]  # 16 layers
     r = training_memory(spec, TrainingSetup(micro_batch=1, seq=1024), ParallelLayout(pp=4), activation_model=standin)
     assert [m.in_flight for m in r.stages] == [4, 3, 2, 1]
-    one = standin.activation_bytes(spec, micro_batch=1, seq=1024, layers=range(4)).value
+    one = standin.activation_bytes(spec, micro_batch=1, seq=1024, layers=range(4)).total_bytes
     assert r.stages[0].at("forward layer 3").flat()["activations_bytes"] == 4 * one
     capped = training_memory(spec, TrainingSetup(micro_batch=1, seq=1024, micro_batches=2), ParallelLayout(pp=4),
                              activation_model=standin)

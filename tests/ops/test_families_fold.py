@@ -6,11 +6,12 @@ import pytest
 
 from trainmath.families import spec_from_config
 from trainmath.memory.activations import activation_bytes, logits_bytes
-from trainmath.ops.context import Ctx, Family, Precision
+from trainmath.ops.context import Ctx, Family
 from trainmath.ops.fold import layer_node
 from trainmath.ops.ir import SINGLE, Degrees, Program
 from trainmath.sources import catalog_index, load_spec
 from trainmath.tree import check_sums
+from trainmath.vocabulary import precision_of
 
 PREC = [(2, 4), (2, 2), (4, 4)]
 # activation_bytes(b=1, s=128) and logits_bytes' saved part per precision (autocast, bf16, fp32): the values of the
@@ -42,14 +43,15 @@ def test_catalog_pinned(model):
     for (c, p), (act, head) in zip(PREC, PINNED[model]):
         a = activation_bytes(spec, micro_batch=1, seq=128, compute_dtype_bytes=c, param_dtype_bytes=p)
         h = logits_bytes(spec, 1, 128, compute_dtype_bytes=c, param_dtype_bytes=p)
-        assert check_sums(a) == [] and check_sums(h) == []
+        assert check_sums(a.tree()) == [] and check_sums(h.tree()) == []
         # micro-batch 1: the shifted labels are a view of the padded (1, s + 1) labels (8 bytes more, labels_pad)
-        assert (a.value, h.child("saved").value) == (act + masks, head + 8)
+        assert (a.total_bytes, h.saved_bytes) == (act + masks, head + 8)
 
 
 def _emit(spec, layer, *, b=2, s=16, c=2, p=2, eager=False):
     st = spec.family.style
-    ctx = Ctx(b=b, s=s, d=spec.hidden_size, p=Precision(compute=c, param=p), eager=eager or st.attention == "eager",
+    ctx = Ctx(b=b, s=s, d=spec.hidden_size, p=precision_of(compute_bytes=c, weight_bytes=p),
+              eager=eager or st.attention == "eager",
               family=Family.from_config(spec.options, spec.family.config_defaults))
     prog = Program()
     spec.family.layer(prog, ctx, layer, st)
@@ -158,23 +160,23 @@ def test_rotary_tables_per_rank():
              for i, layer in enumerate(g.layers)}
     sliding, full = next(i for i, w in kinds.items() if w), next(i for i, w in kinds.items() if not w)
     for layers, sets in (([sliding], 1), ([sliding, full], 2)):
-        rot = activation_bytes(g, micro_batch=1, seq=s, layers=layers).child("rotary")
+        rot = activation_bytes(g, micro_batch=1, seq=s, layers=layers).rotary
         assert _leaves(rot) == {"cos": sets * 4 * s * hd, "sin": sets * 4 * s * hd}
     l4 = load_spec("meta-llama/Llama-4-Scout-17B-16E-Instruct")
     nope = [i for i, layer in enumerate(l4.layers)
             if all(bl.dims.sliding_window is None for bl in layer.blocks if bl.kind == "attention")]
     rope = next(i for i in range(l4.num_layers) if i not in nope)
-    assert "rotary" not in activation_bytes(l4, micro_batch=1, seq=s, layers=nope[:1]).flat()
+    assert activation_bytes(l4, micro_batch=1, seq=s, layers=nope[:1]).rotary is None
     hd4 = next(bl.dims.head_dim for bl in l4.layers[rope].blocks if bl.kind == "attention")
-    assert _leaves(activation_bytes(l4, micro_batch=1, seq=s, layers=[rope]).child("rotary")) == {
+    assert _leaves(activation_bytes(l4, micro_batch=1, seq=s, layers=[rope]).rotary) == {
         "freqs_cis": 8 * s * hd4 // 2}
     o = load_spec("allenai/OLMo-2-1124-7B")
     hdo = o.layers[0].blocks[0].dims.head_dim
-    rot = activation_bytes(o, micro_batch=1, seq=s, compute_dtype_bytes=2, param_dtype_bytes=2).child("rotary")
+    rot = activation_bytes(o, micro_batch=1, seq=s, compute_dtype_bytes=2, param_dtype_bytes=2).rotary
     assert _leaves(rot) == {"cos": 4 * s * hdo, "sin": 4 * s * hdo}
     gpt2 = activation_bytes(load_spec("openai-community/gpt2"), micro_batch=2, seq=s)
-    assert "rotary" not in gpt2.flat()
-    assert _leaves(gpt2.child("embedding")) == {"input_ids": 8 * 2 * s, "position_ids": 8 * s,
+    assert gpt2.rotary is None
+    assert _leaves(gpt2.embedding) == {"input_ids": 8 * 2 * s, "position_ids": 8 * s,
                                                 "embedding.dropout.mask": 2 * s * 768}  # embd_pdrop 0.1, CUDA
 
 
@@ -185,7 +187,7 @@ def test_head_quirks(model, softcap):
     spec = load_spec(model)
     V, d, b, s = spec.vocab_size, spec.hidden_size, 1, 32
     one, two = logits_bytes(spec, b, s), logits_bytes(spec, b, s, tp=2)
-    assert ("softcap_tanh" in _leaves(one)) == softcap
+    assert ("softcap_tanh" in _leaves(one.tree())) == softcap
     vocab = 2 * V * d + 4 * b * s * V + (2 * b * s * V if softcap else 0)  # weight cast, log-probs, tanh
-    assert one.child("saved").value - two.child("saved").value == vocab - vocab // 2
-    assert _leaves(one.child("not saved")) == {"logits": 2 * b * s * V, "logits_fp32 (transient)": 4 * b * s * V}
+    assert one.saved_bytes - two.saved_bytes == vocab - vocab // 2
+    assert _leaves(one.tree().child("not saved")) == {"logits": 2 * b * s * V, "logits_fp32 (transient)": 4 * b * s * V}

@@ -145,8 +145,9 @@ def test_shapes_only_emits_what_the_saved_bytes_fold_refuses():
     bytes are not modelled); the shapes-only op list has every linear of the spec's blocks and the attention op
     (FlopCounterMode checks its FLOPs in ``tests/flops/test_oracle_shapes_only.py``)."""
     from trainmath.families import spec_from_config
-    from trainmath.ops.context import Ctx, Precision
+    from trainmath.ops.context import Ctx
     from trainmath.ops.ir import Program
+    from trainmath.vocabulary import precision_of
 
     cfg = dict(model_type="deepseek_v3", hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
@@ -157,7 +158,7 @@ def test_shapes_only_emits_what_the_saved_bytes_fold_refuses():
     layer = spec.layers[0]
     with pytest.raises(TrainmathError, match="equal q/k and v head dims"):
         v3 = families.get("deepseek_v3")
-        v3.layer(Program(), Ctx(b=B, s=S, d=64, p=Precision(compute=2, param=2)), layer, v3.style)
+        v3.layer(Program(), Ctx(b=B, s=S, d=64, p=precision_of(compute_bytes=2, weight_bytes=2)), layer, v3.style)
     ops = layer_ops(spec, layer, batch=B, seq=S)
     got = [(g.name, g.m, g.k, g.n) for g in _fold(spec, layer)]
     assert Counter(got) == Counter((g.name, g.m, g.k, g.n) for bl in layer.blocks for g in linear_gemms(bl, B * S))

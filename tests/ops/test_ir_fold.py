@@ -3,22 +3,23 @@
 import pytest
 
 from trainmath.errors import TrainmathError
-from trainmath.ops.context import Ctx, Precision
+from trainmath.ops.context import Ctx
 from trainmath.ops.fold import layer_node, saved_storages
 from trainmath.ops.ir import Axis, Degrees, Program, Tensor
 from trainmath.ops.kernels.linear import gather_seq, linear
 from trainmath.tree import check_sums
+from trainmath.vocabulary import precision_of
 
 B, S, D = 2, 16, 64
 
 
 def _x(ctx):
-    return Tensor(name="x", axes=(*ctx.rows(), Axis(D)), dtype_bytes=ctx.p.residual)
+    return Tensor(name="x", axes=(*ctx.rows(), Axis(D)), dtype_bytes=ctx.p.residual_bytes)
 
 
 @pytest.mark.parametrize("autocast", [False, True])
 def test_linears_reading_one_tensor_keep_one_storage_unless_autocast(autocast):
-    ctx = Ctx(b=B, s=S, d=D, p=Precision(compute=2, param=4 if autocast else 2))
+    ctx = Ctx(b=B, s=S, d=D, p=precision_of(compute_bytes=2, weight_bytes=4 if autocast else 2))
     prog = Program()
     x = _x(ctx)
     for n in ("q", "k", "v"):
@@ -38,7 +39,7 @@ def test_a_view_keeps_its_whole_base():
 
 
 def test_the_sequence_gather_is_a_new_storage_only_under_sequence_parallelism():
-    ctx = Ctx(b=B, s=S, d=D, p=Precision(compute=2, param=2))
+    ctx = Ctx(b=B, s=S, d=D, p=precision_of(compute_bytes=2, weight_bytes=2))
     prog = Program()
     x = _x(ctx)
     prog.emit("norm", "n", saved=(x,))

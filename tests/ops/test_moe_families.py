@@ -8,10 +8,11 @@ import pytest
 from trainmath.errors import TrainmathError
 from trainmath.memory.activations import activation_bytes
 from trainmath.model.spec import MoEDims
-from trainmath.ops.context import Ctx, Family, Precision, Router
+from trainmath.ops.context import Ctx, Family, Router
 from trainmath.ops.fold import layer_node, saved_storages
 from trainmath.ops.ir import Degrees, Program
 from trainmath.sources import load_spec
+from trainmath.vocabulary import precision_of
 
 MODELS = ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen1.5-MoE-A2.7B", "mistralai/Mixtral-8x7B-v0.1", "deepseek-ai/DeepSeek-V3",
           "deepseek-ai/DeepSeek-V2-Lite", "zai-org/GLM-4.5", "openai/gpt-oss-20b",
@@ -25,7 +26,7 @@ def _programs(model, mode="autocast", experts="eager", s=S):
     spec = load_spec(model)
     config, defaults = spec.options, spec.family.config_defaults
     c, p = PREC[mode]
-    ctx = Ctx(b=B, s=s, d=spec.hidden_size, p=Precision(compute=c, param=p), experts=experts,
+    ctx = Ctx(b=B, s=s, d=spec.hidden_size, p=precision_of(compute_bytes=c, weight_bytes=p), experts=experts,
               router=Router.from_config(config, defaults),
               family=Family.from_config(config, defaults))
     for layer, _ in spec.layer_groups():
@@ -133,8 +134,8 @@ def test_unmodelled_grouped_path_is_one_line(model):
     spec = load_spec(model)
     moe = any(isinstance(bl.dims, MoEDims) for layer in spec.layers for bl in layer.blocks)
     if not moe:
-        assert activation_bytes(spec, micro_batch=1, seq=16, experts="grouped").value \
-            == activation_bytes(spec, micro_batch=1, seq=16, experts="eager").value
+        assert activation_bytes(spec, micro_batch=1, seq=16, experts="grouped").total_bytes \
+            == activation_bytes(spec, micro_batch=1, seq=16, experts="eager").total_bytes
         return
     with pytest.raises(TrainmathError, match=f"grouped_mm expert path of {spec.model_type} is not modelled"):
         activation_bytes(spec, micro_batch=1, seq=16, experts="grouped")

@@ -175,6 +175,6 @@ def test_activations_read_switches_from_spec():
     from trainmath.memory.activations import Family, activation_bytes
 
     spec = load_spec("microsoft/Phi-4-mini-instruct")
-    implicit = activation_bytes(spec, micro_batch=1, seq=64).value
-    explicit = activation_bytes(spec, micro_batch=1, seq=64, family=Family(partial_rotary_factor=0.75)).value
-    assert implicit == explicit != activation_bytes(spec, micro_batch=1, seq=64, family=Family()).value
+    implicit = activation_bytes(spec, micro_batch=1, seq=64).total_bytes
+    explicit = activation_bytes(spec, micro_batch=1, seq=64, family=Family(partial_rotary_factor=0.75)).total_bytes
+    assert implicit == explicit != activation_bytes(spec, micro_batch=1, seq=64, family=Family()).total_bytes

@@ -44,9 +44,18 @@ def estimate_run(run: dict, hardware: Hardware | None = None):
     uneven = job.get("virtual_stages", 1) * run["layout"]["pp"]
     if len(spec(run["id"]).layers) % uneven:
         job["uneven_stages"] = True
-    est = estimate(spec(run["id"]), ParallelLayout(**run["layout"]), Job(**job), hw.gpu(run["gpu"]),
+    est = estimate(spec(run["id"]), ParallelLayout(**run["layout"]), Job(**job), run_gpu(run, hw),
                    hardware=hw, memory=False)
     return est, job
+
+
+def run_gpu(run: dict, hw: Hardware):
+    """The run's GPU preset with the scale-out network its source states (``network``: NICs per GPU and their
+    Gb/s) where it differs from the preset's reference node."""
+    from dataclasses import replace
+
+    gpu = hw.gpu(run["gpu"])
+    return replace(gpu, **run["network"]) if "network" in run else gpu
 
 
 def metric(run: dict, est) -> float:
@@ -76,3 +85,26 @@ def try_predict(run: dict) -> tuple[float | None, str]:
         return predict(run), ""
     except TrainmathError as exc:
         return None, str(exc)
+
+
+def memory_check(run: dict, hardware: Hardware | None = None) -> dict:
+    """The run's stated layout through the memory model (its job's profile, ``megatron`` unless it says): the
+    predicted peak, the usable bytes of the fit rule on the GPUs it ran on (``gpu_memory_gib`` where the source's
+    differ from the preset), the verdict, and the memory the source reports (``published_memory_gib``, or None)."""
+    from dataclasses import replace
+
+    from trainmath.usable import usable_bytes
+
+    hw = hardware or presets()
+    job = dict(run["job"])
+    if len(spec(run["id"]).layers) % (job.get("virtual_stages", 1) * run["layout"]["pp"]):
+        job["uneven_stages"] = True
+    gpu = run_gpu(run, hw)
+    if "gpu_memory_gib" in run:
+        gpu = replace(gpu, memory_bytes=int(run["gpu_memory_gib"] * 2**30))
+    j = Job(**job)
+    est = estimate(spec(run["id"]), ParallelLayout(**run["layout"]), j, gpu, hardware=hw)
+    usable = usable_bytes(gpu.memory_bytes, j.mem_util_percent)
+    return {"peak_gib": est.peak_bytes / 2**30, "usable_gib": usable / 2**30, "fits": est.fits,
+            "memory_gib": gpu.memory_bytes / 2**30, "published_gib": run.get("published_memory_gib"),
+            "profile": j.profile}

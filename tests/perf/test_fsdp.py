@@ -88,3 +88,15 @@ def test_overhead_is_the_stated_closed_form_and_the_fit_reproduces_it():
 
     hopper = [r for r in fsdp_fit.rows() if r["gen"] == "hopper"]
     assert fsdp_fit.fit(hopper) == pytest.approx((c, d), abs=1e-12)  # the constant in the code is the fit's answer
+
+
+def test_fsdp_shard_grad_op_pays_the_per_unit_overhead_and_deepspeed_zero2_does_not():
+    from trainmath.perf.fsdp import overhead_s
+
+    spec = load_spec("meta-llama/Llama-3.1-8B")
+    lay = ParallelLayout(dp=64, zero=2)
+    plain, fsdp = (estimate(spec, lay, Job(global_batch=128, seq=8192, fsdp=f), H100, memory=False)
+                   for f in (False, True))
+    assert plain.breakdown["fsdp_overhead"] == 0.0
+    assert fsdp.breakdown["fsdp_overhead"] == overhead_s("hopper", 33, 2, 2)
+    assert fsdp.step_time_s - plain.step_time_s == pytest.approx(overhead_s("hopper", 33, 2, 2), rel=1e-12)

@@ -126,7 +126,7 @@ def test_the_overhead_constants_are_the_fit():
         assert fit.fit([r for r in data if r["gen"] == gen]) == pytest.approx(moe.OVERHEAD[gen], abs=1e-12)
 
 
-MOE_MEDIAN = 0.199  # the 32 priced MoE rows after the terms (docs/benchmarks.md)
+MOE_MEDIAN = 0.175  # the 32 priced MoE rows, with the combined-1F1B EP overlap and DeepEP (docs/benchmarks.md)
 
 
 LATER_SOURCES = {"flash-attention-training", "flagperf", "internlm-train-performance", "tinyllama"}
@@ -151,14 +151,15 @@ def test_published_error_table_does_not_regress():
         if r["moe"]:
             errs["moe"].append(abs(ratio - 1))
     assert len(errs["all"]) == 184 and len(errs["moe"]) == 32
-    assert statistics.median(errs["all"]) <= 0.148
-    assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.50
+    # with the flash kernels (perf.attention), FSDP at ZeRO-2, the Blackwell GEMM plateau
+    assert statistics.median(errs["all"]) <= 0.048
+    assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.82
     assert statistics.median(errs["moe"]) <= MOE_MEDIAN
     # with the sources added after the MoE terms and the ampere refit (docs/benchmarks.md, "four more publishers")
     every = errs["every source"]
     assert len(every) == 220
-    assert statistics.median(every) <= 0.157
-    assert sum(e <= 0.15 for e in every) / len(every) >= 0.495
+    assert statistics.median(every) <= 0.070
+    assert sum(e <= 0.15 for e in every) / len(every) >= 0.786
 
 
 def test_cli_refuses_an_imbalance_below_one():

@@ -24,7 +24,7 @@ def config(**kw) -> TrainConfig:
     base = {"model": MODEL, "overrides": SHRINK, "global_batch": GLOBAL_BATCH, "seq": SEQ, "steps": STEPS}
     if kw.pop("moe", False):  # Mixtral's top-2 of 64 experts: 64 tokens per rank leave ~23 experts without any
         base.update(model="mistralai/Mixtral-8x7B-v0.1", overrides={**SHRINK, "experts": 64}, steps=2)
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.of(**{**base, **kw})
 
 
 def run(nproc: int, timeout_s: float = 60, **kw) -> dict[int, dict]:

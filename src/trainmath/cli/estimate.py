@@ -7,7 +7,7 @@ import argparse
 import json
 
 from trainmath.args import add_mem_util, byte_size, count, number, tokens
-from trainmath.vocabulary import OFFLOAD, OPTIMIZERS, RECIPES, RECOMPUTE
+from trainmath.vocabulary import ATTENTION, OFFLOAD, OPTIMIZERS, RECIPES, RECOMPUTE, STEP_ATTENTION, attention_as
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
 PRECISIONS = tuple(RECIPES)
@@ -45,8 +45,12 @@ def add_job_arguments(p: argparse.ArgumentParser, *, model: bool = True, require
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
                    help="tensor-core format of the GEMMs (under --precision fp8, the recipe decides) and MFU's "
                         "denominator peak (default bf16)")
-    p.add_argument("--attention", choices=("flash", "eager"), default="flash",
-                   help="attention kernel: flash (default) or eager (materialised s×s scores)")
+    p.add_argument("--attention", choices=ATTENTION, default="flash",
+                   help="attention kernel: flash (default) or eager (materialised s×s scores); sdpa is read as flash")
+    p.add_argument("--flash-kernel", choices=("native", "te", "fa2"), default="native",
+                   help="flash kernel and its fitted share of peak: native (the GPU generation's, default), te "
+                        "(Transformer Engine: Megatron-Core, NeMo) or fa2 (FlashAttention-2: flash-attn 2, PyTorch "
+                        "SDPA; below native on Hopper)")
     p.add_argument("--mfu-causal", choices=("executed", "half"), default="executed",
                    help="attention FLOPs in MFU/HFU: executed (all s², Megatron-LM/PaLM, default) or half")
     p.add_argument("--profile", choices=("megatron", "hf"), default=None,
@@ -156,7 +160,8 @@ def load(args: argparse.Namespace):
     spec = load_spec(args.model)
     positions_warning(spec, args.seq, "--seq")  # learned positions: an error, as in flops and memory
     job = Job(global_batch=args.global_batch, seq=args.seq, precision=args.precision, optimizer=args.optimizer,
-              dtype=args.dtype, attention=args.attention, mfu_causal=args.mfu_causal, mem_util_percent=args.mem_util,
+              dtype=args.dtype, attention=attention_as(args.attention, STEP_ATTENTION), mfu_causal=args.mfu_causal,
+              mem_util_percent=args.mem_util, flash_kernel=getattr(args, "flash_kernel", "native"),
               profile=args.profile, fp8_head=getattr(args, "fp8_head", False),
               moe_imbalance=getattr(args, "moe_imbalance", 1.0),
               micro_batch=getattr(args, "micro_batch", 1), recompute=getattr(args, "recompute", "none"),

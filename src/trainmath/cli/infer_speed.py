@@ -93,8 +93,9 @@ def run_speed(args: argparse.Namespace, spec, setup) -> int:
         f"{eff.step_s * 1e3:g} ms per step + {eff.layer_s * 1e6:g} us per layer (hardware/serving.json)",
         "FLOPs: the op lists' forward fold of the new tokens (causal half), logits only where sampled; routed "
         "experts divided evenly over the ranks (balanced routing), the rest over tp on the busiest attention "
-        "replica; step = max(GEMM compute, weight bytes) + max(routed-expert compute, expert bytes touched) + "
-        "max(attention compute, cache bytes) + communication + overhead",
+        "replica; step = |GEMM compute, weight bytes| + |routed-expert compute, expert bytes touched| + "
+        "|attention compute, cache bytes| + communication + overhead, |c, m| = (c^p + m^p)^(1/p) with p = "
+        f"{eff.overlap:g} (hardware/serving.json overlap_norm; inf: the larger); the floor takes the larger",
         "memory: weights touched (routed experts E*[1-(1-k/E)^T]) + cache read + cache written, per rank",
         f"engine: {args.engine or 'transformers'}",
         *setup.cache.conventions(),

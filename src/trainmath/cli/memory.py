@@ -12,6 +12,8 @@ from trainmath.vocabulary import (
     EXPERTS,
     GRAD_LIFETIMES,
     LOOP_KEEPS,
+    MEMORY_ATTENTION,
+    MEMORY_ATTENTION_HELP,
     OFFLOAD,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
@@ -19,6 +21,7 @@ from trainmath.vocabulary import (
     RECIPES,
     RECOMPUTE,
     ZERO_IMPLS,
+    attention_as,
 )
 
 # The choices are the calculator's own tables (pure Python, no heavy import).
@@ -71,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="activation recompute (default none): selective = torchtitan's op-level policy with the hf "
                         "profile (every 2nd mm and SDPA cached), Korthikanti et al.'s with --profile megatron"
                         "; full = every decoder layer")
-    p.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    p.add_argument("--attention", choices=ATTENTION, default="sdpa", help=MEMORY_ATTENTION_HELP)
     p.add_argument("--profile", choices=PROFILES, default="hf",
                    help="what the model code saves for backward: transformers or Megatron-Core")
     p.add_argument("--zero", type=integer, default=0, help="ZeRO stage 0-3 over data parallel")
@@ -111,12 +114,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--simulate", action="store_true",
                    help="also run one step of the real transformers code on fake tensors under MemTracker (CPU; "
                         "one device, rank 0 of FSDP2 with --zero 3 --dp W, or rank 0 of --tp N [--sp] "
-                        "[--vocab-parallel]; needs torch and transformers) and print its peak beside the --device "
+                        "[--vocab-parallel]; with --peft lora, peft wraps it first, on one device or --zero 3; needs "
+                        "torch, transformers and peft) and print its peak beside the --device "
                         "cpu prediction; progress per layer and a time estimate go to stderr)")
     p.add_argument("--simulate-layers", type=integer, default=None, metavar="N",
                    help="with --simulate: simulate N and N+1 decoder layers (N >= 4) and fold in the rest, each "
-                        "segment's peak extrapolated linearly (exact for a model of identical layers; said in "
-                        "the output)")
+                        "segment's peak extrapolated linearly; a model of several layer types (Gemma-2/3, gpt-oss, "
+                        "Qwen3-Next, Nemotron-H, DeepSeek-V3's dense-first layers) keeps its pattern, with N and N+1 "
+                        "repeats of its unit of layer types; exact where layers of a type are identical; which "
+                        "layers ran is said in the output (a model too short to gain is simulated whole)")
     p.add_argument("--timeline", action="store_true",
                    help="print the step's timeline: bytes live at every event (with --json: the list only)")
     p.add_argument("--explain", "--verbose", dest="explain", action="store_true",
@@ -157,30 +163,35 @@ def peft_run(args: argparse.Namespace):
                    input_grads=None if args.input_grads is None else args.input_grads == "on")
 
 
-def run(args: argparse.Namespace) -> int:
+def layout_of(args: argparse.Namespace):
+    """The ``ParallelLayout`` the flags name (``--dp`` derived from ``--world-size`` when not given)."""
     from trainmath.layout import ParallelLayout
-    from trainmath.memory.training import TrainingSetup, training_memory
-    from trainmath.sources import load_spec
-
-    setup = TrainingSetup(micro_batch=args.micro_batch, seq=args.seq, precision=args.precision,
-                          optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
-                          attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
-                          grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
-                          offload=args.offload, experts=args.experts, loop_keeps=args.loop_keeps,
-                          backward_in_autocast=args.backward_in_autocast,
-                          zero_impl=args.zero_impl, peft=peft_run(args))
-    if setup.peft is not None and args.simulate:
-        from trainmath.errors import TrainmathError
-
-        raise TrainmathError("--simulate with --peft is not wired here; benchmarks/peft_memory.py runs peft models "
-                             "under MemTracker")
     from trainmath.memory.fit import derive_dp
 
     dp = args.dp
     if dp is None:
         dp = derive_dp(args.world_size, tp=args.tp, pp=args.pp, cp=args.cp) if args.world_size is not None else 1
-    layout = ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
-                            vocab_parallel=args.vocab_parallel, zero=args.zero, world_size=args.world_size)
+    return ParallelLayout(dp=dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp,
+                          vocab_parallel=args.vocab_parallel, zero=args.zero, world_size=args.world_size)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainmath.memory.training import TrainingSetup, training_memory
+    from trainmath.sources import load_spec
+
+    setup = TrainingSetup(micro_batch=args.micro_batch, seq=args.seq, precision=args.precision,
+                          optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
+                          attention=attention_as(args.attention, MEMORY_ATTENTION), profile=args.profile,
+                          micro_batches=args.micro_batches,
+                          grad_lifetime=args.grad_lifetime, bucket_view=args.bucket_view, device=args.device,
+                          offload=args.offload, experts=args.experts, loop_keeps=args.loop_keeps,
+                          backward_in_autocast=args.backward_in_autocast,
+                          zero_impl=args.zero_impl, peft=peft_run(args))
+    if setup.peft is not None and args.simulate:  # verify.peft_simulate: one device, or rank 0 of FSDP2
+        from trainmath.verify.peft_simulate import check as check_peft_simulable
+
+        check_peft_simulable(setup, layout_of(args), fold_layers=args.simulate_layers)
+    layout = layout_of(args)
     # check the cheap things before reading the model
     from trainmath.errors import TrainmathError
     from trainmath.layout import layout_problems
@@ -204,10 +215,11 @@ def run(args: argparse.Namespace) -> int:
 
     host_memory = check_host_memory(args.host_memory if args.host_memory is not None else HOST_MEMORY_BYTES)
     spec = load_spec(args.model, strict=args.strict)
+    plan = None
     if args.simulate_layers is not None:
         from trainmath.verify.fold import check_foldable
 
-        check_foldable(spec, args.simulate_layers)
+        plan = check_foldable(spec, args.simulate_layers)
     warning = positions_warning(spec, args.seq, "--seq")
     try:
         report = training_memory(spec, setup, layout)
@@ -228,8 +240,14 @@ def run(args: argparse.Namespace) -> int:
 
     host = job_host_memory(spec, setup, layout, gpus_per_node=gpu.gpus_per_node if gpu is not None else None)
     sim = None
-    if args.simulate:
-        sim = simulation(args.model, spec, setup, layout, fold_layers=args.simulate_layers)
+    if args.simulate and setup.peft is not None:
+        from trainmath.sources import resolve
+        from trainmath.verify.peft_simulate import peft_simulation
+
+        progress("simulating the fine-tune's step on fake tensors")
+        sim = peft_simulation(resolve(args.model).config, spec, setup, layout)
+    elif args.simulate:
+        sim = simulation(args.model, spec, setup, layout, plan=plan)
     if args.timeline and args.json:
         print(json.dumps(report.to_dict()["timeline"], indent=1))
         return 0
@@ -281,9 +299,9 @@ def progress(line: str) -> None:
     print(f"simulate: {line}", file=sys.stderr, flush=True)
 
 
-def simulation(model: str, spec, setup, layout, *, fold_layers: int | None = None) -> dict:
-    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures); with
-    ``fold_layers``, simulated on that many layers and one more and folded (``trainmath.verify.fold``)."""
+def simulation(model: str, spec, setup, layout, *, plan=None) -> dict:
+    """The fake-tensor step's peak beside the ``--device cpu`` prediction (what it measures); with a ``plan``
+    (``--simulate-layers``), simulated on fewer layers and folded (``trainmath.verify.fold``)."""
     from dataclasses import replace
 
     from trainmath.memory.training import experts_path, training_memory
@@ -297,16 +315,17 @@ def simulation(model: str, spec, setup, layout, *, fold_layers: int | None = Non
     from trainmath.verify.fold import estimate_seconds, simulate_folded
 
     config = resolve(model).config
-    layers = len(spec.layers)
-    folding = fold_layers is not None and fold_layers + 1 < layers
-    runs = [fold_layers, fold_layers + 1] if folding else [layers]
+    folding = plan is not None and plan.pattern is not None
+    runs = plan.runs() if plan is not None else [len(spec.layers)]
     est, per_layer, rest = estimate_seconds(config, setup, layout, moe=moe, runs=runs)
     progress(f"estimated {est:.0f} s for {' + '.join(map(str, runs))} layers (an estimate: {per_layer:.2f} s per "
              f"layer and {rest:.1f} s for the rest, timed on a 2-layer run of the same width just now)")
     if folding:
-        sim = simulate_folded(config, setup, layout, moe=moe, n=fold_layers, layers=layers, progress=progress)
+        sim = simulate_folded(config, setup, layout, moe=moe, plan=plan, name=spec.name, progress=progress)
     else:
         sim = simulate(config, setup, layout, moe=moe, progress=progress)
+        if plan is not None:
+            sim = replace(sim, folded=plan.why)
     cpu = training_memory(spec, replace(setup, device="cpu"), layout)
     out = sim.to_dict()
     out["estimated_seconds"] = round(est, 1)

@@ -88,7 +88,7 @@ def config_from_args(args, world_size: int):
     from trainmath.runtime.train.config import TrainConfig, validate
 
     overrides = {k: getattr(args, k) for k in SHRINK if getattr(args, k) is not None}
-    cfg = TrainConfig(model=args.model, overrides=overrides, strategy=args.strategy, impl=args.impl, comm=args.comm,
+    cfg = TrainConfig.of(model=args.model, overrides=overrides, strategy=args.strategy, impl=args.impl, comm=args.comm,
                       precision=args.precision, optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
                       recompute=args.recompute, micro_batch=args.micro_batch, global_batch=args.global_batch,
                       seq=args.seq, steps=args.steps, grad_accum=args.grad_accum, lr=args.lr, seed=args.seed,

@@ -93,4 +93,4 @@ def layer_parts(layer: LayerSpec):
 
 def residual(ctx: Ctx, name: str) -> Tensor:
     """A (b, s, d) tensor of the residual stream (in the embedding's dtype: fp32 under autocast)."""
-    return Tensor(name=name, axes=(*ctx.rows(), Axis(ctx.d)), dtype_bytes=ctx.p.residual)
+    return Tensor(name=name, axes=(*ctx.rows(), Axis(ctx.d)), dtype_bytes=ctx.p.residual_bytes)

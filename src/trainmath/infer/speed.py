@@ -36,15 +36,20 @@ while its MoE GEMMs are memory-bound; a replica prefilling a prompt under attent
 compute-bound in its own projections while the routed experts stay memory-bound; one max over the whole step
 would overlap them.
 
-step = max(other GEMM compute, other weight bytes) + max(expert compute, expert bytes touched)
-       + max(attention compute, cache bytes) + communication + overhead.
-The floor is the same at efficiency 1 and without overhead. The compute and memory efficiencies and the two
+step = ‖other GEMM compute, other weight bytes‖ + ‖expert compute, expert bytes touched‖
+       + ‖attention compute, cache bytes‖ + communication + overhead,
+
+‖c, m‖ = (c^p + m^p)^(1/p) with p = ``overlap_norm`` (``hardware/serving.json``, global): a kernel's math and its
+memory traffic overlap imperfectly, most visibly near the ridge, where the two are about equal (a batch-1 prefill
+of 128 tokens of a 7B model on A100); far from the ridge the norm is the larger of the two. The floor is the
+roofline itself: efficiency 1, p = ∞ (the larger), no overhead. The compute and memory efficiencies and the two
 overheads are per GPU generation, fitted by ``benchmarks/serving_calibrate.py`` to published serving runs and
 stored in ``hardware/serving.json``; the link efficiency is the generation's ``link_fraction`` (``gpus.json``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, replace
@@ -77,6 +82,8 @@ class Efficiency:
     """Fixed time of every forward step (launches, scheduler, sampling)."""
     layer_s: float = 0.0
     """Fixed time per decoder layer per step."""
+    overlap: float = math.inf
+    """p of the p-norm that joins a kernel class's compute and memory times (``combine``); ∞: the larger."""
 
     @classmethod
     def of(cls, gpu: GPU) -> Efficiency:
@@ -85,7 +92,7 @@ class Efficiency:
         if g is None:
             return cls(compute=e.gemm_peak_fraction, memory=e.hbm_fraction, link=e.link_fraction)
         return cls(compute=g["prefill_compute_fraction"], memory=g["decode_memory_fraction"], link=e.link_fraction,
-                   step_s=g["step_overhead_s"], layer_s=g["layer_overhead_s"])
+                   step_s=g["step_overhead_s"], layer_s=g["layer_overhead_s"], overlap=overlap_norm())
 
     def overhead_s(self, layers: int) -> float:
         """Fixed time of one forward step of a model of ``layers`` decoder layers: step_s + layers · layer_s."""
@@ -93,6 +100,19 @@ class Efficiency:
 
 
 FLOOR = Efficiency(compute=1.0, memory=1.0, link=1.0)
+
+
+def overlap_norm() -> float:
+    """The global ``overlap_norm`` of ``hardware/serving.json`` (chosen there by leave-one-source-out error)."""
+    return float(serving_data()["overlap_norm"]["p"])
+
+
+def combine(compute_s: float, memory_s: float, p: float) -> float:
+    """Time of a kernel class doing ``compute_s`` of math and ``memory_s`` of memory traffic: (c^p + m^p)^(1/p),
+    the larger of the two when p is infinite (the roofline)."""
+    if math.isinf(p):
+        return max(compute_s, memory_s)
+    return (compute_s ** p + memory_s ** p) ** (1 / p)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,13 +150,16 @@ class Step:
     """The routed-expert GEMMs' share of ``compute_s``."""
     expert_memory_s: float = 0.0
     """The routed-expert weights' share of ``memory_s``."""
+    overlap: float = math.inf
+    """p of ``combine`` (``Efficiency.overlap``)."""
 
     @property
     def time_s(self) -> float:
-        other = max(self.compute_s - self.attention_compute_s - self.expert_compute_s,
-                    self.memory_s - self.cache_memory_s - self.expert_memory_s)
-        return (other + max(self.expert_compute_s, self.expert_memory_s)
-                + max(self.attention_compute_s, self.cache_memory_s) + self.comm_s + self.overhead_s)
+        p = self.overlap
+        other = combine(self.compute_s - self.attention_compute_s - self.expert_compute_s,
+                        self.memory_s - self.cache_memory_s - self.expert_memory_s, p)
+        return (other + combine(self.expert_compute_s, self.expert_memory_s, p)
+                + combine(self.attention_compute_s, self.cache_memory_s, p) + self.comm_s + self.overhead_s)
 
     @property
     def bound(self) -> str:
@@ -157,7 +180,36 @@ class Step:
                 "comm_bytes_per_rank": self.comm_bytes}
 
 
-@lru_cache(maxsize=4096)
+_SPECS: dict[int, tuple[ModelSpec, dict]] = {}
+"""Per model spec (by identity), what the step functions computed for it."""
+
+
+def per_spec(fn):
+    """Memoise ``fn(spec, *args)`` by the spec's identity and the (small, hashable) other arguments. A ModelSpec
+    is a deep frozen tree whose hash walks every layer and tensor; ``functools.lru_cache`` keyed on it hashed it
+    at every call, which was most of ``infer-plan``'s time (thousands of steps). The entry holds the spec
+    itself, so its id cannot be reused while the entry lives; at most 32 specs and 65,536 results per spec are
+    kept."""
+
+    @functools.wraps(fn)
+    def memoised(spec: ModelSpec, *args):
+        hit = _SPECS.get(id(spec))
+        if hit is None or hit[0] is not spec:
+            if len(_SPECS) >= 32:
+                _SPECS.clear()
+            hit = _SPECS[id(spec)] = (spec, {})
+        key = (fn.__name__, *args)
+        memo = hit[1]
+        if key not in memo:
+            if len(memo) >= 1 << 16:  # a long-lived server pricing many layouts: start afresh
+                memo.clear()
+            memo[key] = fn(spec, *args)
+        return memo[key]
+
+    return memoised
+
+
+@per_spec
 def _forward(spec: ModelSpec, seq: int) -> tuple[int, int]:
     """(forward FLOPs of one sequence of ``seq`` tokens, LM-head FLOPs per token) under causal ``half``."""
     from trainmath.flops.model import count_flops
@@ -184,7 +236,7 @@ def attention_flops(spec: ModelSpec, part: Part) -> int:
     return max(new_token_flops(spec, part) - part.n * (part.t * (one - head) + head), 0)
 
 
-@lru_cache(maxsize=256)
+@per_spec
 def _mla_layers(spec: ModelSpec) -> tuple[tuple[int, int, int, int], ...]:
     """(heads, kv_lora_rank, qk_nope_head_dim, v_head_dim) of every MLA layer."""
     return tuple((b.dims.heads, b.dims.kv_lora_rank, b.dims.qk_nope_head_dim, b.dims.v_head_dim)
@@ -200,7 +252,7 @@ def absorbed_extra(spec: ModelSpec, pairs: int) -> int:
     return sum(2 * h * pairs * (2 * c - nope - v) for h, c, nope, v in _mla_layers(spec))
 
 
-@lru_cache(maxsize=256)
+@per_spec
 def _moe(spec: ModelSpec) -> tuple[int, int, int]:
     """(routed experts E, experts per token k, MoE layers); (0, 0, 0) for a dense model."""
     from trainmath.ops.emit import layer_top_k
@@ -218,12 +270,16 @@ def touched_fraction(experts: int, k: int, tokens: int) -> float:
     return 1.0 - (1.0 - k / experts) ** tokens if experts else 1.0
 
 
-@lru_cache(maxsize=256)
 def _weights(spec: ModelSpec, setup: InferenceSetup) -> tuple[int, int]:
     """(weight bytes one rank reads per step besides routed experts, routed-expert bytes on the rank)."""
+    return _weight_parts(spec, setup.weights, setup.tp, setup.ep, setup.ranks)
+
+
+@per_spec
+def _weight_parts(spec: ModelSpec, fmt, tp: int, ep: int, gpus: int) -> tuple[int, int]:
     from trainmath.infer.weights import weights_tree
 
-    tree = weights_tree(spec, fmt=setup.weights, tp=setup.tp, ep=setup.ep, gpus=setup.ranks)
+    tree = weights_tree(spec, fmt=fmt, tp=tp, ep=ep, gpus=gpus)
     parts = {c.name: c.value for c in tree.children}
     experts = parts.pop("experts", 0)
     if "lm_head" in parts:  # untied: the input table is looked up, one row per token
@@ -232,11 +288,16 @@ def _weights(spec: ModelSpec, setup: InferenceSetup) -> tuple[int, int]:
 
 
 def _cache(spec: ModelSpec, setup: InferenceSetup, n: int, c: int) -> int:
-    from trainmath.infer.kv import cache_tree
-
     if c <= 0 or n <= 0:
         return 0
-    return cache_tree(spec, batch=n, context=c, fmt=setup.cache, tp=setup.tp).value
+    return _cache_bytes(spec, setup.cache, setup.tp, n, c)
+
+
+@per_spec
+def _cache_bytes(spec: ModelSpec, fmt, tp: int, n: int, c: int) -> int:
+    from trainmath.infer.kv import cache_tree
+
+    return cache_tree(spec, batch=n, context=c, fmt=fmt, tp=tp).value
 
 
 def native_formats(gpu: GPU) -> tuple[tuple[str, ...], float | None]:
@@ -260,7 +321,7 @@ def compute_peak(gpu: GPU, weights_dtype: str) -> tuple[float, str]:
     return float(gpu.bf16_flops_per_s), "bf16"
 
 
-@lru_cache(maxsize=256)
+@per_spec
 def routed_flops_per_token(spec: ModelSpec) -> int:
     """Forward FLOPs of the routed experts per token: 2 · k · (one expert's weights) summed over the MoE layers
     (2·m·k·n per expert GEMM, k experts per token); 0 for a dense model."""
@@ -336,7 +397,7 @@ def step(spec: ModelSpec, setup: InferenceSetup, gpu: GPU, parts: tuple[Part, ..
                 overhead_s=eff.overhead_s(spec.num_layers), attention_compute_s=attn / (attn_peak * eff.compute),
                 cache_memory_s=cache_bytes / (gpu.hbm_bytes_per_s * eff.memory),
                 expert_compute_s=expert_flops / (peak * eff.compute),
-                expert_memory_s=touched_bytes / (gpu.hbm_bytes_per_s * eff.memory))
+                expert_memory_s=touched_bytes / (gpu.hbm_bytes_per_s * eff.memory), overlap=eff.overlap)
 
 
 def decode_samples(start: int, steps: int, most: int = 17) -> list[int]:

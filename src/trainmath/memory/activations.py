@@ -49,6 +49,7 @@ from trainmath import families
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
 from trainmath.memory.megatron import activations_megatron, layer_terms, megatron_layer_terms  # noqa: F401
+from trainmath.memory.saved import HeadActivations, LayerGroup, SavedActivations
 from trainmath.model.options import DROPOUT_OPTIONS
 from trainmath.model.spec import (
     ModelSpec,
@@ -60,17 +61,20 @@ from trainmath.ops.context import (  # noqa: F401
     INT64,
     Ctx,
     Family,
-    Precision,
     Router,
 )
-from trainmath.ops.fold import layer_node, saved_leaves
+from trainmath.ops.fold import layer_node, saved_leaves, saved_storages
 from trainmath.ops.ir import Axis, Degrees, Tensor
 from trainmath.ops.program import EmitJob, context, head_program, layer_program
-from trainmath.ops.selective import mask_arguments, selective_layer
-from trainmath.tree import Node, scaled
-from trainmath.vocabulary import DEVICES, RECOMPUTE
+from trainmath.ops.selective import LAYER_INPUT, mask_arguments, selective_layer
+from trainmath.tree import Node
+from trainmath.vocabulary import DEVICES, RECOMPUTE, precision_of
 
 PROFILES = ("hf", "eager", "megatron")
+SAVED_LAYER_INPUT = (LAYER_INPUT, "input_layernorm.x_fp32")
+"""The saved tensors that are the layer's input itself under an fp32 residual stream (the input, or the input norm's
+fp32 alias of it, ``kernels.norms``), which full recompute does not save again beside the checkpoint. Only these
+names are matched: a LayerNorm's view of the input (GPT-2, Falcon) is counted as recomputed again."""
 SCAN_KINDS = {"linear_attention": "Gated DeltaNet", "mamba": "Mamba-2"}
 """Sequence mixers that context parallelism cannot split (block kind: what the refusal calls it)."""
 
@@ -86,18 +90,18 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      param_dtype_bytes: int = 4, experts_hit: int | None = None,
                      norm_topk_prob: bool | None = None, router: Router | None = None,
                      family: Family | None = None, experts: str = "eager", ep: int = 1,
-                     vocab_parallel: bool = False, device: str = "cuda", attention: str = "sdpa") -> Node:
-    """Bytes saved for backward by one micro-batch on one rank: per layer type (× its layers) → per saved tensor,
-    plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin, computed once, shared by all layers).
-    The final norm and the LM head/loss path are in ``logits_bytes``.
+                     vocab_parallel: bool = False, device: str = "cuda", attention: str = "sdpa") -> SavedActivations:
+    """Bytes saved for backward by one micro-batch on one rank (``saved.SavedActivations``): per layer type (its
+    layers, one layer's saved tensors), plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin,
+    computed once, shared by all layers). The final norm and the LM head/loss path are in ``logits_bytes``.
 
     ``recompute="full"``: transformers' ``gradient_checkpointing_enable()`` (``use_reentrant=False`` in 5.x): each
-    layer keeps only its input (r·T·d); the backward recomputes one layer at a time, reported as the separate child
-    ``recompute transient`` (the largest layer's no-recompute bytes). ``selective`` (hf, eager):
+    layer keeps only its input (r·T·d); the backward recomputes one layer at a time, reported as the separate field
+    ``recompute_transient`` (the largest layer's no-recompute bytes). ``selective`` (hf, eager):
     torchtitan's op-level policy as ``trainmath.runtime.checkpointing.apply_selective`` runs it: each layer keeps
     its input and the cached mm/SDPA outputs, and its recompute saves the rest again (``ops.selective``), for
     every family of the table (each checked against it). Under either recompute the attention masks the layers
-    receive as arguments are the child ``attention mask (checkpoint argument)`` (``ops.selective.
+    receive as arguments are ``masks`` (``ops.selective.
     mask_arguments``). ``megatron``: Megatron-Core's layers (``activations_megatron``; ``attention``: ``sdpa`` is
     flash attention, ``eager`` the unfused core attention that saves the s² softmax, Korthikanti's Table 2).
 
@@ -165,7 +169,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                               topk_method=Router.from_config(spec.options, defaults).topk_method)
     family = family or Family.from_config(spec.options, defaults)
     _check_dropout(spec, style, family)
-    p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
+    p = precision_of(compute_bytes=compute_dtype_bytes, weight_bytes=param_dtype_bytes)
     b, s, d = micro_batch, seq, spec.hidden_size
     # Style.attention: the kernel transformers picks by default (Gemma-2: eager, as SDPA cannot soft-cap)
     job = EmitJob(batch=b, seq=s, precision=p, attention="eager" if profile == "eager" else "sdpa", experts=experts,
@@ -174,6 +178,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     groups = []
     largest: Node | None = None
     selective_transient: Node | None = None
+    keeps_input = casts = False
+    kernels: set[str] = set()
     for layer, idx in spec.layer_groups():
         mine = [i for i in idx if i in indices]
         if not mine:
@@ -184,39 +190,44 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
             raise TrainmathError(f"--cp {cp} with {spec.name}'s explicit attention mask (layer {layer.label!r}) is "
                                  f"not modelled: torch's context_parallel runs SDPA with is_causal only (no attn_mask "
                                  f"or attn_bias); pass --cp 1")
+        kept = saved_storages(prog.ops, deg)
+        keeps_input = keeps_input or any(n in t.name for t, _ in kept for n in SAVED_LAYER_INPUT)
+        casts = casts or any(st.kind == "weight_copy" for _, st in kept)
+        kernels.update(op.kernel for op in prog.ops if op.kind == "attention")
         one = layer_node(layer.label, prog.ops, deg)
         if recompute == "selective":
-            kept, fresh = selective_layer(layer.label, prog.ops, layer, deg)
+            kept_node, fresh = selective_layer(layer.label, prog.ops, layer, deg)
             if selective_transient is None or fresh.value > selective_transient.value:
                 selective_transient = fresh
-            one = kept
+            one = kept_node
         if largest is None or one.value > largest.value:
             largest = one
         if recompute == "full":  # torch.utils.checkpoint keeps the rank's layer input: s/cp, and /tp with --sp
-            ckpt = Tensor(name="layer input (checkpoint)", axes=(*ctx.rows(), Axis(d)), dtype_bytes=p.residual)
+            ckpt = Tensor(name="layer input (checkpoint)", axes=(*ctx.rows(), Axis(d)), dtype_bytes=p.residual_bytes)
             one = Node.of(layer.label, [Node(name=ckpt.name, value=ckpt.nbytes(deg), unit="bytes")], "bytes")
-        groups.append(scaled(one, len(mine), f"{layer.label} × {len(mine)}",
-                             f"layers {mine[0]}..{mine[-1]}, {one.value} bytes each"))
-    kids = [Node.of("layers", groups, "bytes")]
+        groups.append(LayerGroup(label=layer.label, layers=tuple(mine), one=one))
+    embedding = rotary_node = mask_node = transient = None
     if 0 in indices:  # the ids: whole on every tensor-parallel rank (the lookup runs before SP cuts the sequence)
-        kids.append(Node.of("embedding", saved_leaves(model_ops.embedding_ops(ctx, style).ops, deg), "bytes"))
+        embedding = Node.of("embedding", saved_leaves(model_ops.embedding_ops(ctx, style).ops, deg), "bytes")
     rotary, note = model_ops.rotary_ops(ctx, spec, style, indices)
     if rotary.ops:
-        kids.append(Node.of("rotary", saved_leaves(rotary.ops, deg), "bytes", note=note))
+        rotary_node = Node.of("rotary", saved_leaves(rotary.ops, deg), "bytes", note=note)
     masks = mask_arguments(ctx, spec, style, indices) if recompute in ("selective", "full") else []
     if masks:  # the checkpoints hold the layers' mask arguments until each layer's backward
-        kids.append(Node.of("attention mask (checkpoint argument)", [Node(name=t.name, value=t.nbytes(deg),
+        mask_node = Node.of("attention mask (checkpoint argument)", [Node(name=t.name, value=t.nbytes(deg),
                                                                           unit="bytes", note=t.note)
-                                                                     for t in masks], "bytes"))
+                                                                     for t in masks], "bytes")
     if recompute == "full" and largest is not None:
-        kids.append(Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
-                         note="one layer's saved tensors while it is recomputed in backward"))
+        transient = Node(name="recompute transient", value=largest.value, unit="bytes", children=largest.children,
+                         note="one layer's saved tensors while it is recomputed in backward")
     if recompute == "selective" and selective_transient is not None:
-        kids.append(Node(name="recompute transient", value=selective_transient.value, unit="bytes",
-                         children=selective_transient.children, note=selective_transient.note))
+        transient = Node(name="recompute transient", value=selective_transient.value, unit="bytes",
+                         children=selective_transient.children, note=selective_transient.note)
     where = "" if deg.single else f", per rank of {_describe(deg)}"
-    return Node.of(f"activations ({profile}, recompute={recompute})", kids, "bytes",
-                   note=f"b={b}, s={s}, compute {p.compute} B, params {p.param} B{where}")
+    return SavedActivations(profile=profile, recompute=recompute, groups=tuple(groups), embedding=embedding,
+                            rotary=rotary_node, masks=mask_node, recompute_transient=transient,
+                            keeps_layer_input=keeps_input, weight_casts=casts, attention_kernels=frozenset(kernels),
+                            note=f"b={b}, s={s}, compute {p.compute_bytes} B, params {p.weight_bytes} B{where}")
 
 
 def _check_dropout(spec: ModelSpec, style: families.Style, family: Family) -> None:
@@ -283,12 +294,12 @@ def _rank_layers(spec: ModelSpec, layers: Sequence[int] | None, pp: int) -> list
 
 def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_bytes: int = 2,
                  param_dtype_bytes: int = 4, tp: int = 1, family: Family | None = None, sp: bool = False,
-                 cp: int = 1, vocab_parallel: bool = True) -> Node:
+                 cp: int = 1, vocab_parallel: bool = True) -> HeadActivations:
     """The final norm, LM head and ``ForCausalLMLoss`` (transformers 5.x, labels given, no ``num_items``): the fold
     of ``trainmath.ops.model.head_ops`` (what each op keeps is described there), as ``saved`` (the final norm, the
     LM head's input and weight cast, Gemma-2's soft-capping tanh, the fp32 log-probabilities, labels and
-    total_weight) and ``not saved`` (the logits the output holds and, when c < 4, their fp32 upcast: the
-    transient peak of the loss).
+    total_weight) and what is alive but not saved (the logits the output holds and, when c < 4, their fp32 upcast:
+    the transient peak of the loss), typed (``saved.HeadActivations``).
 
     Per rank of a layout (derived from the plans, not measured; one device is the measured case):
     ``vocab_parallel`` with ``tp`` > 1 is a vocabulary-parallel head and loss (Megatron's ``ColumnParallelLinear``
@@ -304,13 +315,17 @@ def logits_bytes(spec: ModelSpec, micro_batch: int, seq: int, *, compute_dtype_b
     if tp < 1 or cp < 1:
         raise TrainmathError(f"tp ({tp}) and cp ({cp}) must be at least 1")
     family = family or Family.from_config(spec.options, spec.family.config_defaults)
-    p = Precision(compute=compute_dtype_bytes, param=param_dtype_bytes)
+    p = precision_of(compute_bytes=compute_dtype_bytes, weight_bytes=param_dtype_bytes)
     deg = Degrees(tp=tp, sp=sp and tp > 1, cp=cp, vocab_parallel=vocab_parallel and tp > 1)
     prog, held = head_program(spec, EmitJob(batch=micro_batch, seq=seq, precision=p, family=family, degrees=deg))
+    loss = [op for op in prog.ops if op.kind == "loss"][-1]  # nll_loss: the labels and total_weight it saves
     saved = saved_leaves(prog.ops, deg)
     alive = [Node(name=name, value=t.nbytes(deg), unit="bytes", note=note) for name, t, note in held]
     V = ceil_div(spec.vocab_size, tp) if deg.vocab_parallel else spec.vocab_size
     T = micro_batch * ceil_div(seq, cp)
-    return Node.of("logits and loss", [Node.of("saved", saved, "bytes"), Node.of("not saved", alive, "bytes")],
-                   "bytes", note=f"V={V}" + (f" per rank (tp={tp}, vocabulary-parallel)" if deg.vocab_parallel
-                                             else "") + f", T={T}" + (f" per rank (cp={cp})" if cp > 1 else ""))
+    logits, *upcast = [t.nbytes(deg) for _, t, _ in held]  # the logits, then their fp32 upcast when there is one
+    return HeadActivations(saved=tuple(saved), logits_bytes=logits, logits_fp32_bytes=sum(upcast),
+                           labels_bytes=sum(st.nbytes(deg) for _, st in saved_storages([loss], deg)),
+                           alive=tuple(alive),
+                           note=f"V={V}" + (f" per rank (tp={tp}, vocabulary-parallel)" if deg.vocab_parallel
+                                            else "") + f", T={T}" + (f" per rank (cp={cp})" if cp > 1 else ""))

@@ -51,6 +51,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainmath.errors import TrainmathError
+from trainmath.memory.saved import LayerGroup, SavedActivations
 from trainmath.model.spec import (
     AttentionDims,
     LayerSpec,
@@ -61,7 +62,7 @@ from trainmath.model.spec import (
     ModelSpec,
     MoEDims,
 )
-from trainmath.tree import Node, scaled
+from trainmath.tree import Node
 
 
 def _leaf(name: str, value: int, note: str = "") -> Node:
@@ -206,7 +207,7 @@ def _mlp(width: int, gated: bool, xrows: int, t: int, name: str) -> list[tuple[s
 def activations_megatron(spec: ModelSpec, *, micro_batch: int, seq: int, recompute: str = "none", tp: int = 1,
                          sp: bool = False, cp: int = 1, layers: Sequence[int] = (), compute_dtype_bytes: int = 2,
                          attention: str = "sdpa", attention_dropout: float = 0.0, residual_dropout: float = 0.0
-                         ) -> Node:
+                         ) -> SavedActivations:
     """The ``megatron`` profile on one rank: ``layers`` → ``<layer label> × n`` (as the hf profile names its
     groups, so the timeline puts each on its layer's events) → per saved tensor (``layer_terms``), and under
     recompute the ``recompute transient``: what one layer's backward holds again (full: the whole layer's
@@ -239,13 +240,13 @@ def activations_megatron(spec: ModelSpec, *, micro_batch: int, seq: int, recompu
             one = Node.of(layer.label, kept, "bytes")
         else:
             one = whole
-        groups.append(scaled(one, len(mine), f"{layer.label} × {len(mine)}",
-                             f"layers {mine[0]}..{mine[-1]}, {one.value} bytes each"))
-    kids = [Node.of("layers", groups, "bytes")]
+        groups.append(LayerGroup(label=layer.label, layers=tuple(mine), one=one))
     transient = largest if recompute == "full" else core_largest if recompute == "selective" else None
     if transient is not None:
-        kids.append(Node(name="recompute transient", value=transient.value, unit="bytes",
-                         children=transient.children, note="one layer's recomputed tensors while its backward runs"))
-    return Node.of(f"activations (megatron, recompute={recompute})", kids, "bytes",
-                   note=f"Megatron-Core, Korthikanti et al. 2022 Table 2 terms; b={b}, s={s}, d={d}, t={tp}, sp={sp}, "
-                        f"cp={cp}, attention {'unfused (s² softmax saved)' if attention == 'eager' else 'flash'}")
+        transient = Node(name="recompute transient", value=transient.value, unit="bytes",
+                         children=transient.children, note="one layer's recomputed tensors while its backward runs")
+    return SavedActivations(profile="megatron", recompute=recompute, groups=tuple(groups),
+                            recompute_transient=transient,
+                            note=f"Megatron-Core, Korthikanti et al. 2022 Table 2 terms; b={b}, s={s}, d={d}, t={tp}, "
+                                 f"sp={sp}, cp={cp}, attention "
+                                 f"{'unfused (s² softmax saved)' if attention == 'eager' else 'flash'}")

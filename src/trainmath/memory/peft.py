@@ -16,8 +16,11 @@
   transient of every forward and backward event.
 
 Modelled: one device and DDP (ZeRO-0), ZeRO-1/2 (DeepSpeed: the adapters' states and the reduce bucket over the
-trainable parameters). ZeRO-3 / FSDP2, tensor, pipeline, context and expert parallelism with peft are refused in
-one line.
+trainable parameters), and FSDP2 (``--zero 3``, or ``--zero 2 --zero-impl fsdp2``: ``memory.peft_fsdp2``, every
+parameter sharded and gathered, the adapters alone reduced; LoRA only, bitsandbytes' 4-bit weights are not
+shardable). Dense and MoE MLPs (the routed experts and router frozen; targeting them, peft's
+``target_parameters``, is refused). Tensor parallelism is refused with peft's reason (``check``); pipeline,
+context and expert parallelism in one line.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from trainmath import families
 from trainmath.adapters import ADAPTER_DTYPES, PeftJob, adapter_report, select
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
+from trainmath.memory import peft_fsdp2
 from trainmath.memory import states as st
 from trainmath.memory.optimizers import state_tensors, step_temporary_bytes
 from trainmath.memory.step import Persistent
@@ -61,10 +65,16 @@ class PeftRun:
 def check(spec, setup, layout, run: PeftRun) -> None:
     """One-line refusals of what is not a peft run or not modelled."""
     job = run.job
-    if layout.tp > 1 or layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
-        raise TrainmathError("--peft with --tp/--pp/--cp/--ep is not modelled (one device, DDP and ZeRO-1/2 are)")
-    if layout.zero >= 3:
-        raise TrainmathError("--peft with --zero 3 (FSDP2 over frozen parameters) is not modelled yet; use --zero 0-2")
+    if layout.tp > 1:  # torch 2.13 style.py ColwiseParallel/RowwiseParallel._apply; peft 0.21 tuners/lora/tp_layer.py
+        raise TrainmathError("--peft with --tp is not modelled: peft's tensor-parallel LoRA is Megatron-core's "
+                             "(LoraParallelLinear over ColumnParallelLinear/RowParallelLinear), and torch's "
+                             "parallelize_module, the runtime's TP plan, shards only nn.Linear and nn.Embedding, not "
+                             "peft's lora.Linear (one device, DDP, ZeRO-1/2 and FSDP2 are modelled)")
+    if layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
+        raise TrainmathError("--peft with --pp/--cp/--ep is not modelled (one device, DDP, ZeRO-1/2 and FSDP2 are)")
+    if fsdp_stage(setup, layout) and run.job.method == "qlora":
+        raise TrainmathError("--peft qlora with FSDP2 (--zero 3, or --zero 2 --zero-impl fsdp2) is not modelled: "
+                             "bitsandbytes' Params4bit is not a tensor fully_shard can shard; use --zero 0-2")
     if setup.profile != "hf" or setup.recompute == "selective":
         raise TrainmathError("--peft is modelled with the hf activation profile and --recompute none|full")
     if setup.offload != "none" or setup.zero_impl == "trainmath" or setup.backward_in_autocast:
@@ -72,9 +82,15 @@ def check(spec, setup, layout, run: PeftRun) -> None:
     if spec.family.layer is None:
         raise TrainmathError(f"--peft memory needs {spec.model_type}'s op list (families: "
                              f"{', '.join(families.modelled())})")
-    if any(b.kind in ("moe", "mamba", "linear_attention", "mla") for ly in spec.layers for b in ly.blocks):
-        raise TrainmathError(f"--peft memory is modelled for dense attention layers; {spec.name} has MoE, MLA, "
-                             f"Mamba or linear-attention blocks")
+    if any(b.kind in ("mamba", "linear_attention", "mla") for ly in spec.layers for b in ly.blocks):
+        raise TrainmathError(f"--peft memory is modelled for attention layers with dense or MoE MLPs; {spec.name} "
+                             f"has MLA, Mamba or linear-attention blocks")
+    params = [m.name for m in select(spec, job) if m.name.startswith("experts.") or m.name == "gate.weight"]
+    if params:
+        raise TrainmathError(f"--peft memory with routed-expert or router targets ({', '.join(params)}: bare "
+                             f"Parameters peft adapts through target_parameters, whose ParamWrapper adds B·A to the "
+                             f"whole weight in every forward) is not modelled; target the attention and dense "
+                             f"Linears (e.g. --lora-targets q_proj,k_proj,v_proj,o_proj)")
     if job.method == "qlora" and setup.precision not in QLORA_PRECISIONS:
         raise TrainmathError(f"--peft qlora runs a bf16 model over its 4-bit weights (bnb_4bit_compute_dtype "
                              f"bf16): pass --precision bf16, not {setup.precision}")
@@ -85,6 +101,27 @@ def check(spec, setup, layout, run: PeftRun) -> None:
                              f"8-bit optimizers), got {setup.optimizer}")
     if setup.attention != "sdpa" and spec.family.style.attention != "eager":
         raise TrainmathError("--peft memory is modelled with --attention sdpa")
+
+
+def fsdp_stage(setup, layout) -> bool:
+    """The layout runs as FSDP2 (``memory.training``'s rule): ZeRO-3, or ZeRO-2 with ``--zero-impl fsdp2``."""
+    return layout.zero_degree > 1 and (layout.zero >= 3 or (layout.zero == 2 and setup.zero_impl == "fsdp2"))
+
+
+def fsdp_terms(spec, setup, layout, pl, prec, gran: int) -> tuple[dict, dict, dict]:
+    """(FSDP2's units, layer index → ``fsdp2.MixerBackward``: none, layer index → ``fsdp2.NormBackward``) of the
+    fine-tune (``memory.peft_fsdp2``); the input norm's backward runs only where the layer's input needs a
+    gradient."""
+    from trainmath.memory.fsdp2 import norm_backward
+
+    run: PeftRun = setup.peft
+    norms = {}
+    for i, (_, ops, input_grad) in layer_ops(spec, setup, prec, run, pl.layers).items():
+        norm = norm_backward(ops) if input_grad else None
+        if norm:
+            norms[i] = norm
+    return peft_fsdp2.units(layout, pl, prec, adapter_shapes(spec, run.job), ADAPTER_DTYPES[run.job.dtype],
+                            granularity=gran), {}, norms
 
 
 def quantised(spec, t) -> bool:
@@ -127,24 +164,22 @@ def largest_dequant(spec, pl, prec, gran: int) -> int:
                default=0)
 
 
-def _job(setup, prec):
-    from trainmath.ops.context import Precision as OpPrecision
+def _job(spec, setup, prec):
     from trainmath.ops.program import EmitJob
 
-    return EmitJob(batch=setup.micro_batch, seq=setup.seq,
-                   precision=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
-                   attention=setup.attention, experts=setup.experts, device=setup.device)  # dense layers (``check``)
+    return EmitJob(batch=setup.micro_batch, seq=setup.seq, precision=prec, attention=setup.attention,
+                   experts=setup.experts, device=setup.device)  # training passes its path
 
 
 def _bytes(ops) -> int:
     return sum(s.nbytes() for _, s in saved_storages(ops))
 
 
-def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int, int]]:
-    """layer index → (saved bytes in full training, saved bytes under peft), folded from its op list."""
+def layer_ops(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[list, list, bool]]:
+    """layer index → (its op list in full training, under peft, whether its input requires grad)."""
     from trainmath.ops.program import context, layer_program
 
-    job = _job(setup, prec)
+    job = _job(spec, setup, prec)
     ctx = context(spec, job)
     targets = frozenset(m.name for m in select(spec, run.job))
     out = {}
@@ -152,9 +187,14 @@ def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int,
         prog = layer_program(spec, job, spec.layers[i], ctx)
         lr = LoraRun(targets=targets, rank=run.job.rank, adapter_bytes=ADAPTER_DTYPES[run.job.dtype],
                      dropout=run.dropout, input_grad=i > 0 or run.input_grad(setup.recompute), device=setup.device)
-        out[i] = (_bytes(prog.ops), _bytes(lora_layer(prog.ops, lr, autocast=ctx.p.autocast,
-                                                      compute=ctx.p.compute)))
+        out[i] = (prog.ops, lora_layer(prog.ops, lr, autocast=ctx.p.autocast, compute=ctx.p.compute_bytes),
+                  lr.input_grad)
     return out
+
+
+def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int, int]]:
+    """layer index → (saved bytes in full training, saved bytes under peft), folded from its op list."""
+    return {i: (_bytes(full), _bytes(mine)) for i, (full, mine, _) in layer_ops(spec, setup, prec, run, layers).items()}
 
 
 def head_saved_delta(spec, setup, prec) -> int:
@@ -162,7 +202,7 @@ def head_saved_delta(spec, setup, prec) -> int:
     weights' gradients)."""
     from trainmath.ops.program import head_program
 
-    ops = head_program(spec, _job(setup, prec))[0].ops
+    ops = head_program(spec, _job(spec, setup, prec))[0].ops
     return _bytes(ops) - _bytes(frozen_head(ops))
 
 
@@ -222,6 +262,10 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
     bucket = inp.persistent.framework_overhead_bytes // prec.grad_bytes if layout.zero in (1, 2) else 0
     ad = adapter_states(spec, setup, layout, prec, run, gran, bucket)
     weights = base_weight_bytes(spec, pl, prec, run.job.method, gran) + ad["weights"]
+    if fsdp_stage(setup, layout):  # every parameter a dim-0 shard; FSDP2's buffers are events of its walk
+        sh = peft_fsdp2.sharded_states(setup, layout, pl, prec, adapter_shapes(spec, run.job),
+                                       ADAPTER_DTYPES[run.job.dtype], granularity=gran)
+        weights, ad = sh["weights"], {**ad, "master": 0, "states": sh["states"], "temps": sh["temps"], "overhead": 0}
     transient = largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora" else 0
     units = {u: ad["grads"].get(u, 0) for u in inp.unit_grads}
     head = head_saved_delta(spec, setup, prec) if inp.last else 0
@@ -240,9 +284,14 @@ def peft_summary(spec, setup, layout, pl, prec, gran: int) -> dict:
     run: PeftRun = setup.peft
     rep = adapter_report(spec, run.job, base_params=sum(t.params for t in pl.tensors))
     ad = adapter_states(spec, setup, layout, prec, run, gran)
+    base = base_weight_bytes(spec, pl, prec, run.job.method, gran)
+    if fsdp_stage(setup, layout):  # the rank's shards
+        sh = peft_fsdp2.sharded_states(setup, layout, pl, prec, adapter_shapes(spec, run.job),
+                                       ADAPTER_DTYPES[run.job.dtype], granularity=gran)
+        base, ad = sh["base"], {**ad, "weights": sh["adapters"]}
     return {"trainable_params": rep.trainable_params, "adapter_params": rep.adapter_params,
-            "base_weight_bytes": base_weight_bytes(spec, pl, prec, run.job.method, gran),
-            "adapter_weight_bytes": ad["weights"], "paged_optimizer_states_bytes": ad["paged"],
+            "base_weight_bytes": base, "adapter_weight_bytes": ad["weights"],
+            "paged_optimizer_states_bytes": ad["paged"],
             "qlora_dequant_transient_bytes": largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora"
             else 0, "input_grads": run.input_grad(setup.recompute), "lora_dropout": run.dropout}
 

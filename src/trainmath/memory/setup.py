@@ -1,6 +1,6 @@
 """What one training step runs, everything but the parallel layout: the calculator's training configuration
-(``verify.train.predict`` builds it from a run's ``runtime.train.config.TrainConfig``; the words both use are
-``trainmath.vocabulary``'s)."""
+(a run of ``trainmath train`` holds one: ``runtime.train.config.TrainConfig.step``, which ``verify.train.predict``
+reads; the words both use are ``trainmath.vocabulary``'s)."""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ from trainmath.arith import ceil_div
 from trainmath.comm.flat import flat_units
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, validate_layout
+from trainmath.memory import activations, fsdp2
 from trainmath.memory import flat_zero as fz
-from trainmath.memory import fsdp2
 from trainmath.memory import states as st
 from trainmath.memory import timeline as tl
 from trainmath.memory.optimizers import check_optimizer, step_temporary_bytes
@@ -36,11 +36,11 @@ from trainmath.ops.kernels.experts import routed_weights
 from trainmath.placement import Placement, place
 from trainmath.tree import Node
 from trainmath.vocabulary import (
-    ATTENTION,
     DEVICES,
     EXPERTS,
     GRAD_LIFETIMES,
     LOOP_KEEPS,
+    MEMORY_ATTENTION,
     OFFLOAD,
     PROFILES,
     RECOMPUTE,
@@ -131,20 +131,6 @@ class MemoryReport:
         }
 
 
-def _call(fn, *args, **kwargs):
-    """Call ``fn`` with the keyword arguments it accepts (the activation model's optional knobs)."""
-    import inspect
-
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return fn(*args, **kwargs)
-    return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
-
-
-def _mentions(node: Node, word: str) -> bool:
-    return any(word in n.name for _, n in node.walk())
-
-
 def check_setup(setup: TrainingSetup) -> list[str]:
     bad = []
     if not isinstance(setup.micro_batch, int) or setup.micro_batch < 1:
@@ -153,7 +139,7 @@ def check_setup(setup: TrainingSetup) -> list[str]:
         bad.append(f"seq must be a positive integer, got {setup.seq!r}")
     if setup.micro_batches is not None and setup.micro_batches < 1:
         bad.append(f"micro-batches must be a positive integer, got {setup.micro_batches!r}")
-    for field, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("profile", PROFILES),
+    for field, allowed in (("recompute", RECOMPUTE), ("attention", MEMORY_ATTENTION), ("profile", PROFILES),
                            ("grad_lifetime", GRAD_LIFETIMES), ("loop_keeps", LOOP_KEEPS),
                            ("device", DEVICES), ("offload", OFFLOAD), ("zero_impl", ZERO_IMPLS),
                            ("experts", EXPERTS)):
@@ -175,48 +161,10 @@ def _autocast_cache(pl: Placement, gran: int) -> dict:
     return out
 
 
-def _activation_model(activation_model):
-    if activation_model is not None:
-        return activation_model
-    try:
-        from trainmath.memory import activations
-    except ModuleNotFoundError as e:  # pragma: no cover
-        raise TrainmathError("the activation model (trainmath.memory.activations) is not available") from e
-    if not (hasattr(activations, "activation_bytes") and hasattr(activations, "logits_bytes")):
-        raise TrainmathError("the activation model (trainmath.memory.activations) has no activation_bytes / "
-                             "logits_bytes yet")
-    return activations
-
-
 def experts_path(spec: ModelSpec, setup: TrainingSetup) -> str:
     """The expert path modelled: ``setup.experts``, except the families whose grouped path is not modelled
     (``Style.experts_grouped``), which get their eager loop (the conventions say so)."""
     return "eager" if setup.experts == "grouped" and not spec.family.row.experts_grouped else setup.experts
-
-
-def _per_layer(act: Node, spec: ModelSpec, layers: range) -> tuple[dict, list[Node], int]:
-    """(layer index → saved bytes, the resident nodes, the recompute transient) of an activation tree: its layer
-    groups (named by the layer label, "label × n" in the real model) divided evenly over this stage's layers of
-    that label; embedding and rotary children are resident for the whole forward+backward."""
-    groups = act.child("layers").children if any(c.name == "layers" for c in act.children) else act.children
-    label_of = {i: spec.layers[i].label for i in layers}
-    count: dict[str, int] = {}
-    for i in layers:
-        count[label_of[i]] = count.get(label_of[i], 0) + 1
-    per_label: dict[str, int] = {}
-    resident: list[Node] = []
-    transient = 0
-    for g in groups:
-        label = g.name.split(" × ")[0]
-        if label in count:
-            per_label[label] = g.value // count[label]
-    if groups is not act.children:
-        for c in act.children:
-            if c.name == "recompute transient":
-                transient = c.value
-            elif c.name != "layers":
-                resident.append(c)
-    return {i: per_label.get(label_of[i], 0) for i in layers}, resident, transient
 
 
 def vocab_sharded(setup: TrainingSetup, layout: ParallelLayout) -> bool:
@@ -266,12 +214,10 @@ def _fsdp2_mixer(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if setup.profile != "hf" or layout.tp > 1 or layout.cp > 1 or layout.ep > 1 \
             or spec.family.layer is None:
         return {}, {}
-    from trainmath.ops.context import Precision as OpPrecision
     from trainmath.ops.program import EmitJob, context, layer_program
 
-    job = EmitJob(batch=setup.micro_batch, seq=setup.seq,
-                  precision=OpPrecision(compute=prec.compute_bytes, param=prec.weight_bytes),
-                  attention=setup.attention, experts=experts_path(spec, setup), device=setup.device)
+    job = EmitJob(batch=setup.micro_batch, seq=setup.seq, precision=prec, attention=setup.attention,
+                  experts=experts_path(spec, setup), device=setup.device)
     ctx = context(spec, job)
     out, norms = {}, {}
     for i in pl.layers:
@@ -310,8 +256,10 @@ def _placed_states(spec: ModelSpec, layout: ParallelLayout, stage: int, vocab: b
 
 def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, stage: int,
                  activation_model=None) -> StageMemory:
-    """The timeline of one rank of pipeline ``stage``, its peak event and what is live then."""
-    am = _activation_model(activation_model)
+    """The timeline of one rank of pipeline ``stage``, its peak event and what is live then. ``activation_model``:
+    a module with ``activation_bytes`` and ``logits_bytes`` of ``memory.activations``' signatures, returning
+    ``memory.saved``'s typed results (default ``memory.activations``; the memory tests pass a stand-in)."""
+    am = activation_model or activations
     prec = get_precision(setup.precision)
     gran = 1 if setup.device == "cpu" else setup.granularity
     vocab = vocab_sharded(setup, layout)
@@ -326,44 +274,35 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
               compute_dtype_bytes=prec.compute_bytes, param_dtype_bytes=prec.weight_bytes, tp=layout.tp,
               sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup),
               ep=layout.ep, vocab_parallel=layout.vocab_parallel, device=setup.device)
-    act = _call(am.activation_bytes, spec, recompute=setup.recompute, **kw)
-    saved, resident, transient = _per_layer(act, spec, pl.layers)
+    act = am.activation_bytes(spec, recompute=setup.recompute, **kw)
+    saved, resident = act.per_layer(), list(act.resident)
     if setup.recompute in ("full", "selective") and setup.profile == "hf" and spec.family.checkpoint_position_ids:
         # torch.utils.checkpoint keeps every argument of the layer: also the (1, s) int64 position ids
         resident = [*resident, Node(name="position_ids (checkpoint argument)", value=8 * ceil_div(setup.seq, layout.cp),
                                     unit="bytes")]
     recomputed = {i: 0 for i in pl.layers}
     if setup.recompute == "full":
-        none = _call(am.activation_bytes, spec, recompute="none", **kw)
-        full, _, _ = _per_layer(none, spec, pl.layers)
+        none = am.activation_bytes(spec, recompute="none", **kw)
+        full = none.per_layer()
         # An fp32 residual stream: the recomputed norm's fp32 input is the checkpointed layer input itself.
-        # (the op lists name that saved storage "layer.input"; the per-family code named it the norm's x_fp32)
-        fp32_input = _mentions(none, "input_layernorm.x_fp32") or _mentions(none, "layer.input")
-        dup = saved if prec.weight_bytes == 4 and fp32_input else {}
+        dup = saved if prec.weight_bytes == 4 and none.keeps_layer_input else {}
         recomputed = {i: full[i] - dup.get(i, 0) for i in pl.layers}
     elif setup.recompute == "selective":
         # what the recompute saves again in the layer's backward (hf: beside the cache and the layer input;
         # megatron: the core attention's own tensors; activations.activation_bytes)
-        recomputed = {i: transient for i in pl.layers}
+        recomputed = {i: act.recompute_transient_bytes for i in pl.layers}
     copies = weight_copies_bytes(pl, prec, in_flight)
-    if copies and prec.name == "amp-bf16" and _mentions(act, "weight"):  # (the LM head's cast is in logits)
+    if copies and prec.name == "amp-bf16" and act.weight_casts:  # (the LM head's cast is in logits)
         copies = 0  # the activation model already counts autocast's weight casts as saved tensors
     head_saved = logits = up = ce = loss_freed = 0
     if last:
-        tree = _call(am.logits_bytes, spec, setup.micro_batch, setup.seq, profile=profile,
-                     param_dtype_bytes=prec.weight_bytes, compute_dtype_bytes=prec.compute_bytes, tp=layout.tp,
-                     sp=layout.sp, cp=layout.cp, vocab_parallel=vocab)
-        leaves = [n for _, n in tree.walk() if not n.children]
-        up_leaf = sum(n.value for n in leaves if "logits_fp32" in n.name)
-        held = sum(n.value for n in leaves if n.name.startswith("logits") and "fp32" not in n.name)
-        if tree.children:
-            logits, head_saved = held, tree.value - held - up_leaf
-        else:  # a one-number logits model: the logits alone
-            logits = tree.value
-        logits += 4  # the fp32 loss scalar, held with the logits by the output
-        loss_freed = sum(n.value for n in leaves if n.name in ("labels", "labels_pad", "total_weight")) - 4
-        up4, ce = loss_transients(spec, setup, layout)
-        up = up_leaf if _mentions(tree, "log_softmax") else up4
+        head = am.logits_bytes(spec, setup.micro_batch, setup.seq, param_dtype_bytes=prec.weight_bytes,
+                               compute_dtype_bytes=prec.compute_bytes, tp=layout.tp, sp=layout.sp, cp=layout.cp,
+                               vocab_parallel=vocab)
+        head_saved, up = head.saved_bytes, head.logits_fp32_bytes
+        logits = head.logits_bytes + 4  # the fp32 loss scalar, held with the logits by the output
+        loss_freed = head.labels_bytes - 4
+        _, ce = loss_transients(spec, setup, layout)
         if prec.compute_bytes == 4 and setup.profile == "hf":
             up = 0  # logits.float() of fp32 logits is the same tensor
         extra = loss_parallel_bytes(spec, setup, layout)  # loss_parallel()'s third fp32 buffer, both directions
@@ -453,7 +392,10 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if setup.peft is not None:  # the terms a frozen base with adapters changes (memory/peft.py)
         from trainmath.memory import peft
 
-        inp = peft.peft_inputs(spec, setup, layout, pl, prec, gran, inp, copies)
+        psetup = replace(setup, experts=experts_path(spec, setup))  # the op lists' expert path, as full training's
+        inp = peft.peft_inputs(spec, psetup, layout, pl, prec, gran, inp, copies)
+        if fsdp:  # FSDP2 gathers the frozen base and reduces the adapters alone (memory/peft_fsdp2.py)
+            fsdp, mixer, norms = peft.fsdp_terms(spec, psetup, layout, pl, prec, gran)
     zero = fsdp2.FSDP2(fsdp, reshard=layout.zero >= 3, mixer=mixer, norm=norms) if fsdp else \
         fz.Flat(flat, layout.zero) if flat else tl.Buckets()
     events = tl.step_timeline(inp, zero)

@@ -43,14 +43,14 @@ def _cached(name: str, kind: str, axes: tuple[Axis, ...], dtype: int, note: str 
 
 def kv_cache(ctx: Ctx, kv_heads: int, head_dim: int, v_head_dim: int) -> tuple[Tensor, Tensor]:
     """K and V of an attention op as the cache holds them: (b, h_kv, s, h_d) and (b, h_kv, s, h_dv)."""
-    b, s = ctx.b, ctx.s
-    return (_cached("keys", "kv", (Axis(b), Axis(kv_heads, "tp"), Axis(s, "seq"), Axis(head_dim)), ctx.p.compute),
-            _cached("values", "kv", (Axis(b), Axis(kv_heads, "tp"), Axis(s, "seq"), Axis(v_head_dim)), ctx.p.compute))
+    b, s, c = ctx.b, ctx.s, ctx.p.compute_bytes
+    return (_cached("keys", "kv", (Axis(b), Axis(kv_heads, "tp"), Axis(s, "seq"), Axis(head_dim)), c),
+            _cached("values", "kv", (Axis(b), Axis(kv_heads, "tp"), Axis(s, "seq"), Axis(v_head_dim)), c))
 
 
 def mla_cache(ctx: Ctx, *, kv_lora_rank: int, rope_dim: int, heads: int, qk_dim: int, v_dim: int) -> tuple[Tensor, ...]:
     """MLA's cache in both conventions: the latent (c_KV, k^R) and the expanded per-head K and V."""
-    b, s, c = ctx.b, ctx.s, ctx.p.compute
+    b, s, c = ctx.b, ctx.s, ctx.p.compute_bytes
     return (_cached("latent_kv", "latent", (Axis(b), Axis(s, "seq"), Axis(kv_lora_rank)), c),
             _cached("rope_keys", "latent", (Axis(b), Axis(s, "seq"), Axis(rope_dim)), c),
             _cached("keys", "expanded", (Axis(b), Axis(heads, "tp"), Axis(s, "seq"), Axis(qk_dim)), c),
@@ -59,7 +59,7 @@ def mla_cache(ctx: Ctx, *, kv_lora_rank: int, rope_dim: int, heads: int, qk_dim:
 
 def conv_state(ctx: Ctx, channels: int, kernel: int) -> Tensor:
     """The depthwise conv's state: (b, channels, kernel) (the last axis is its columns)."""
-    return _cached("conv_state", "conv", (Axis(ctx.b), Axis(channels, "tp"), Axis(kernel)), ctx.p.compute)
+    return _cached("conv_state", "conv", (Axis(ctx.b), Axis(channels, "tp"), Axis(kernel)), ctx.p.compute_bytes)
 
 
 def recurrent_state(ctx: Ctx, heads: int, *dims: int) -> Tensor:

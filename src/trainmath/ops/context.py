@@ -11,29 +11,10 @@ from dataclasses import dataclass, field
 
 from trainmath.errors import TrainmathError
 from trainmath.ops.ir import SINGLE, Axis, Degrees
+from trainmath.vocabulary import Precision
 
 INT64 = 8
 FP32 = 4
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Precision:
-    """The dtypes of one run, in bytes per element."""
-
-    compute: int
-    """Dtype matmuls produce: 2 under bf16/fp16 autocast or a bf16 model, 4 in fp32."""
-    param: int
-    """Dtype of the parameters: 4 with autocast (fp32 master weights), 2 for a bf16 model."""
-
-    @property
-    def autocast(self) -> bool:
-        """Parameters wider than the compute dtype: every Linear casts its input and weight."""
-        return self.param > self.compute
-
-    @property
-    def residual(self) -> int:
-        """The residual stream's dtype: the embedding's (param) dtype; bf16 + fp32 adds promote to fp32."""
-        return self.param
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -58,14 +58,14 @@ def embedding_ops(ctx: Ctx, style: Style) -> Program:
     prog = Program()
     ids = Tensor(name="input_ids", axes=(Axis(ctx.b), Axis(ctx.s, "seq")), dtype_bytes=INT64,
                  note="indices saved by the embedding")
-    h = Tensor(name="embedding.out", axes=(*ctx.rows(), Axis(ctx.d)), dtype_bytes=ctx.p.residual)
+    h = Tensor(name="embedding.out", axes=(*ctx.rows(), Axis(ctx.d)), dtype_bytes=ctx.p.residual_bytes)
     prog.emit("embedding", "embed_tokens", inputs=(ids,), outputs=(h,), saved=(ids,))
     if style.positions == "learned":
         pos = Tensor(name="position_ids", axes=(Axis(1), Axis(ctx.s, "seq")), dtype_bytes=INT64,
                      note="(1, s) arange saved by the position embedding")
         prog.emit("embedding", "position_embeddings", inputs=(pos,), saved=(pos,))
     if style.embed_scale:
-        scale = Tensor(name="embed_scale", axes=(), dtype_bytes=ctx.p.param,
+        scale = Tensor(name="embed_scale", axes=(), dtype_bytes=ctx.p.weight_bytes,
                        note="sqrt(d) as a 0-dim tensor in the embedding dtype, saved by the scaling product")
         prog.emit("mul", "embed_scale", inputs=(h, scale), saved=(scale,))
     dropout(prog, ctx, h, ctx.family.embedding_dropout, "embedding.dropout")
@@ -93,7 +93,7 @@ def rotary_ops(ctx: Ctx, spec: ModelSpec, style: Style, layers: Sequence[int]) -
     if style.rope_half:
         rope //= 2
     sets = len(set(kinds)) if style.rope_sets_by_window else 1
-    dtype = FP32 if style.rope_fp32 else ctx.p.residual
+    dtype = FP32 if style.rope_fp32 else ctx.p.residual_bytes
     axes = (Axis(1), Axis(ctx.s, "seq"), Axis(rope))
     cos, sin = (Tensor(name=n, axes=axes, dtype_bytes=dtype, count=sets) for n in ("cos", "sin"))
     prog.emit("rotary_embedding", "rotary_emb", outputs=(cos, sin), saved=(cos, sin))
@@ -113,8 +113,8 @@ def head_ops(ctx: Ctx, spec: ModelSpec, style: Style) -> tuple[Program, list[tup
     """The head and loss of the last stage, and what is alive but not saved, as (name, tensor, note): the
     logits the model returns, then their fp32 upcast when there is one."""
     prog = Program()
-    c, d, V = ctx.p.compute, ctx.d, spec.vocab_size
-    x = Tensor(name="hidden_states", axes=(*ctx.rows(), Axis(d)), dtype_bytes=ctx.p.residual,
+    c, d, V = ctx.p.compute_bytes, ctx.d, spec.vocab_size
+    x = Tensor(name="hidden_states", axes=(*ctx.rows(), Axis(d)), dtype_bytes=ctx.p.residual_bytes,
                note="the last layer's output")
     h = norm(prog, ctx, style.norm, "norm", x,
              _post(spec, "norm", TensorSpec(name="norm.weight", shape=(d,), component="norms", kind="norm")))

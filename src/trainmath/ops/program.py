@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmath.model.spec import LayerSpec, ModelSpec
-from trainmath.ops.context import Ctx, Family, Precision, Router
+from trainmath.ops.context import Ctx, Family, Router
 from trainmath.ops.ir import SINGLE, Degrees, Program
 from trainmath.ops.model import head_ops
+from trainmath.vocabulary import RECIPES, Precision
 
-BF16_MODEL = Precision(compute=2, param=2)
+BF16_MODEL = RECIPES["bf16"]
 """A bf16 model: what the shape folds emit for (dtypes change no FLOPs; the cache's are a serving format)."""
 
 

@@ -111,11 +111,15 @@ def cached(ops: Sequence[Op], layer: LayerSpec, *, every_second_mm: bool = True)
     return out
 
 
+LAYER_INPUT = "layer.input"
+"""The name the families give the residual stream entering a layer (``families.common.residual``)."""
+
+
 def layer_input(ops: Sequence[Op]) -> Tensor:
-    """The residual stream entering the layer (the tensor the families name ``layer.input``)."""
+    """The residual stream entering the layer (the tensor the families name ``LAYER_INPUT``)."""
     for op in ops:
         for t in op.inputs:
-            if t.name == "layer.input":
+            if t.name == LAYER_INPUT:
                 return t
     raise TrainmathError("selective checkpointing folds layers whose op list reads 'layer.input'")
 
@@ -131,7 +135,7 @@ def mask_arguments(ctx, spec, style, layers: Sequence[int]) -> list[Tensor]:
                if isinstance(bl.dims, AttentionDims)]
     axes = (Axis(ctx.b), Axis(1), Axis(ctx.s, "seq"), Axis(ctx.s))
     if ctx.eager or style.attention == "eager":
-        return [tensor("attention_mask.sliding" if sliding else "attention_mask", axes, ctx.p.param,
+        return [tensor("attention_mask.sliding" if sliding else "attention_mask", axes, ctx.p.weight_bytes,
                        "eager attention's additive (b, 1, s, s) mask in the parameters' dtype, one per attention kind")
                 for sliding in sorted({w is not None for w in windows})]
     if style.layer_mask == "bool" and windows:

@@ -43,8 +43,6 @@ EAGER_SCORE_BYTES = 11
 al. 2022 §4.1 list): Q·Kᵀ writes the scores (2), the fused scale-mask-softmax reads them and writes the
 probabilities (2 + 2), dropout reads those and writes its output and 1-byte mask (2 + 2 + 1)."""
 
-ATTENTION = ("flash", "eager")
-
 FP8_GEMMS = ("none", "linears", "linears+head")
 """Which GEMMs run in FP8 under Transformer Engine's recipe: ``linears`` the decoder layers' weighted GEMMs
 (fprop, dgrad, wgrad), ``linears+head`` those and the LM head; attention cores and norms stay in BF16."""

@@ -127,7 +127,7 @@ def zero3_item(gname: str, group: Group, topo: Topology, share: float, layers: S
                      micro_batches)
 
 
-OVERHEAD: dict[str, tuple[float, float]] = {"hopper": (0.09, 0.0025)}
+OVERHEAD: dict[str, tuple[float, float]] = {"hopper": (0.13, 0.0009)}
 """Per GPU generation: (fixed seconds per step, seconds per unit per micro-batch per pass) of an FSDP job, fitted
 by ``benchmarks/fsdp_fit.py`` on the FSDP runs of tests/perf/published_runs_more.json (never per run; its output,
 in-sample and leave-one-source-out, is in docs/benchmarks.md). What it stands for: the eager framework's work

@@ -10,6 +10,7 @@ from trainmath.model.spec import ModelSpec
 from trainmath.perf.compute import memo
 from trainmath.perf.placement import Groups
 from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
+from trainmath.vocabulary import STEP_ATTENTION
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,15 +32,28 @@ class Job:
     """Attention FLOPs in MFU/HFU: ``executed`` (all s², Megatron-LM's and PaLM's formulas) or ``half``."""
     attention: str = "flash"
     """Attention kernel: ``flash`` or ``eager`` (materialised scores; ``trainmath.perf.compute``)."""
+    flash_kernel: str = "native"
+    """Which flash kernel (``trainmath.perf.attention``): ``native`` (the generation's calibrated one), ``te``
+    (Transformer Engine's, as Megatron-Core and NeMo run it) or ``fa2`` (FlashAttention-2: flash-attn 2, SDPA)."""
     profile: str = "megatron"
     """Activation profile of the memory model."""
     uneven_stages: bool = False
     """Allow pp · virtual_stages not dividing the layers (stages differ by one layer, like Llama 3's)."""
     fp8_head: bool = False
     """With ``precision="fp8"``: run the LM head's GEMMs in FP8 too (Transformer Engine's recipe keeps it BF16)."""
+    fsdp: bool = False
+    """The data-parallel sharding runs as PyTorch FSDP units (``zero`` 3 FULL_SHARD, 2 SHARD_GRAD_OP): the fitted
+    FSDP overhead (``trainmath.perf.fsdp``: per-unit hooks) applies at ZeRO-2 too. ZeRO-3 pays it either way."""
     moe_imbalance: float = 1.0
     """MoE load imbalance: tokens routed to the busiest expert-parallel rank / the mean (1.0 balanced; a capacity
     factor with dropping bounds it; ``trainmath.perf.moe``)."""
+    ep_overlap: bool = False
+    """Megatron-Core's EP all-to-all overlap (``--overlap-moe-expert-parallel-comm``, the combined 1F1B schedule):
+    one micro-batch's dispatch and combine run on a communication stream while another micro-batch's forward and
+    backward compute; only what that compute cannot cover is exposed (``trainmath.perf.step``)."""
+    ep_dispatcher: str = "alltoall"
+    """EP token dispatcher (``trainmath.perf.moe.DISPATCHERS``): ``alltoall`` (one copy per routed expert) or
+    ``deepep`` (DeepEP: one RDMA copy per destination node, forwarded over NVLink)."""
     mem_util_percent: int = MEM_UTIL_PERCENT
     """The fit rule's usable share (``trainmath.usable``: peak_bytes + the CUDA context under this share of the
     GPU's memory)."""
@@ -158,11 +172,21 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
         v = getattr(job, name)
         if not isinstance(v, int) or v < 1:
             bad.append(f"{name.replace('_', ' ')} must be a positive integer, got {v!r}")
-    if job.attention not in ("flash", "eager"):
+    if job.attention not in STEP_ATTENTION:
         bad.append(f"attention kernel must be flash or eager, got {job.attention!r}")
+    if job.attention == "flash":
+        from trainmath.perf.attention import kernel_problems
+
+        bad += kernel_problems(job.flash_kernel)
     if not isinstance(job.moe_imbalance, (int, float)) or not 1 <= job.moe_imbalance <= 1e3:
         bad.append(f"moe imbalance (busiest EP rank's tokens / the mean) must be a number from 1 to 1000, got "
                    f"{job.moe_imbalance!r}")
+    from trainmath.perf.moe import DISPATCHERS
+
+    if job.ep_dispatcher not in DISPATCHERS:
+        bad.append(f"ep dispatcher must be one of {', '.join(DISPATCHERS)}, got {job.ep_dispatcher!r}")
+    if not isinstance(job.ep_overlap, bool):
+        bad.append(f"ep overlap must be true or false, got {job.ep_overlap!r}")
     if job.mfu_causal not in ("executed", "half"):
         bad.append(f"mfu causal convention must be executed or half, got {job.mfu_causal!r}")
     if bad:

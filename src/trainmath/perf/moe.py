@@ -45,7 +45,7 @@ ROUTER_BYTES_PER_LOGIT = 16
 """HBM bytes per router logit (tokens · experts) forward, FP32: write the logits (4), softmax reads them and writes
 the probabilities (4 + 4), top-k reads those (4) — derived; backward twice that."""
 
-OVERHEAD: dict[str, float] = {"hopper": 0.0015, "blackwell": 0.00345}
+OVERHEAD: dict[str, float] = {"hopper": 0.0022, "blackwell": 0.0029}
 """Per GPU generation: seconds per MoE layer per micro-batch per pass (forward, backward, recompute) that the
 dispatcher costs besides its kernels — the host synchronisation that reads the per-expert token counts for the
 all-to-all splits (``tokens_per_expert`` moved to the CPU) stalls the launch queue, and the many small kernels
@@ -117,3 +117,24 @@ def moe_text(generation: str, imbalance: float, link: str, ep: int, per_node: in
             f"{GROUPED_GEMM_HALF_TOKENS}) in tokens per expert (DeepGEMM's table); EP all-to-all dispatch and "
             f"combine, forward and backward, on {ep_link}; permutation + router memory-bound; dispatcher overhead "
             f"{over}")
+
+
+DISPATCHERS = ("alltoall", "deepep")
+"""EP token dispatchers (``Job.ep_dispatcher``): ``alltoall`` sends each (token, expert) pair to its rank;
+``deepep`` (DeepEP's internode kernels) sends a token once per destination node over RDMA and forwards it over
+NVLink to that node's ranks (``deepseek-ai/DeepEP csrc/kernels/internode.cu``: the RDMA send count per node is
+``total_count += (is_token_in_rank_uint64 != 0)``, one per token whichever of the node's ranks receive it)."""
+
+
+def deepep_node_share(experts: int, top_k: int, nodes: int) -> float:
+    """Cross-node bytes of DeepEP's dispatch over a plain all-to-all's, experts spread evenly over ``nodes``
+    and each token's top-k drawn uniformly without replacement: a plain all-to-all sends k·(N − 1)/N copies of a
+    token off its node, DeepEP (N − 1)·P(a given node holds at least one of its experts) copies, with
+    P = 1 − C(E − E/N, k) / C(E, k)."""
+    if nodes <= 1 or top_k <= 0 or experts <= 0:
+        return 1.0
+    per_node = experts / nodes
+    miss = 1.0
+    for i in range(top_k):  # C(E − E/N, k) / C(E, k) as a product
+        miss *= max(0.0, (experts - per_node - i) / (experts - i))
+    return nodes * (1.0 - miss) / top_k

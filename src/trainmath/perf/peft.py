@@ -44,6 +44,7 @@ from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.qlora import nf4_storage
 from trainmath.usable import rule_text, usable_bytes
+from trainmath.vocabulary import MEMORY_ATTENTION, attention_as
 
 CLASSES = ("base_fprop", "base_dgrad", "adapter_forward", "adapter_backward", "attention_forward",
            "attention_backward", "head_fprop", "head_dgrad", "recompute")
@@ -213,7 +214,7 @@ def peft_peak_bytes(spec, layout, job: Job, micro_batches: int) -> int:
 
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision, optimizer=job.optimizer,
                           recompute=job.recompute, profile=job.profile,
-                          attention="eager" if job.attention == "eager" else "sdpa", micro_batches=micro_batches,
+                          attention=attention_as(job.attention, MEMORY_ATTENTION), micro_batches=micro_batches,
                           offload=job.offload, peft=job.peft)
     return training_memory(spec, setup, layout).peak_bytes
 

@@ -28,13 +28,14 @@ from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
 from trainmath.perf import moe as moe_terms
+from trainmath.perf.attention import kernel_efficiency, kernel_text
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, FP8_CAST_TRANSPOSE_BYTES, layer_times, memo
 from trainmath.perf.fsdp import fsdp_text, overhead_s, zero3_item
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.placement import place, stage_layers
 from trainmath.usable import rule_text, usable_bytes
-from trainmath.vocabulary import get_precision
+from trainmath.vocabulary import MEMORY_ATTENTION, attention_as, get_precision
 
 BREAKDOWN = ("forward", "backward", "recompute", "fp8_cast", "tp_comm", "cp_comm", "ep_comm", "zero3_comm",
              "pipeline_bubble", "pp_p2p", "dp_grad_sync", "zero_param_gather", "optimizer_step", "fsdp_overhead",
@@ -87,6 +88,16 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int,
     return memo(spec, ("params", tp, pp, ep, stage, split, folded), make)
 
 
+def _overlapped_ep(it: cm.CommItem, micro_batches: int, compute_s: float) -> cm.CommItem:
+    """The EP all-to-all under Megatron-Core's combined 1F1B (``Job.ep_overlap``): in each of the M − 1 steady
+    pairs, one micro-batch's dispatch and combine run on the communication stream while the other micro-batch's
+    forward and backward (``compute_s`` per micro-batch) run on the compute stream; the first forward and the last
+    backward have no partner, so one micro-batch's all-to-all is always exposed."""
+    total = it.time_s
+    exposed = min(total, max(total / micro_batches, total - (micro_batches - 1) * compute_s))
+    return cm.CommItem(**{**it.__dict__, "exposed_s": exposed})
+
+
 def _split_text(stages, layout: ParallelLayout) -> str:
     sizes = [len(r) for r in stages]
     if len(set(sizes)) == 1:
@@ -127,7 +138,7 @@ def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_b
 
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
                           optimizer=job.optimizer, recompute=memory_recompute(job), profile=job.profile,
-                          attention="eager" if job.attention == "eager" else "sdpa", micro_batches=micro_batches,
+                          attention=attention_as(job.attention, MEMORY_ATTENTION), micro_batches=micro_batches,
                           offload=job.offload)
     return training_memory(spec, setup, layout).peak_bytes
 
@@ -153,7 +164,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     topo = Topology.of_gpu(gpu, eff.link_fraction)
     groups = place_groups(layout, gpu.gpus_per_node)
     M = job.micro_batches(layout.dp)
-    per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu, eff=eff,
+    kernel_eff = kernel_efficiency(eff, job.flash_kernel) if job.attention == "flash" else eff
+    per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu,
+                                  eff=kernel_eff,
                                   recompute=job.recompute, dtype=job.gemm_dtype, compute_bytes=c,
                                   attention=job.attention, profile=job.profile, fp8=job.fp8_gemms,
                                   moe_imbalance=job.moe_imbalance)
@@ -207,7 +220,11 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         # (expert TP 1: each rank dispatches only its sequence-parallel 1/tp of the tokens)
         size = (tokens / (layout.tp // layout.expert_tp) * moe[0].dims.top_k * spec.hidden_size * c
                 * job.moe_imbalance)
+        if job.ep_dispatcher == "deepep":  # one RDMA copy per destination node (its cross-node share dominates)
+            size *= moe_terms.deepep_node_share(moe[0].dims.experts, moe[0].dims.top_k, groups.ep.nodes)
         items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, topo))
+        if job.ep_overlap and M > 1:
+            items[-1] = _overlapped_ep(items[-1], M, f + b + r)
     if layout.pp > 1:
         size = act / layout.tp
         items.append(cm.item("pp_p2p", "send_recv", "pp", groups.pp, size, 2 * M * job.virtual_stages, topo,
@@ -259,7 +276,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                  **per_mb_comm,
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
                  "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
-                 if layout.zero == 3 and layout.zero_degree > 1 else 0.0,
+                 if (layout.zero == 3 or (job.fsdp and layout.zero == 2)) and layout.zero_degree > 1 else 0.0,
                  "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes)}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
@@ -276,7 +293,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"(step time · {n} GPUs · dense {job.dtype} peak {peak / 1e12:.1f} TFLOP/s)",
         f"HFU: executed FLOPs (recompute={job.recompute} included, same attention convention) / the same",
         f"compute at the {gpu.generation} efficiency curve (gpus.json 'generations'); flash attention skips "
-        f"causally masked blocks",
+        f"causally masked blocks"
+        + (f"; {kernel_text(eff, job.flash_kernel)}" if job.attention == "flash" else ""),
         *_fp8_conventions(job),
         f"1F1B pipeline, {job.virtual_stages} virtual stage(s): bubble (pp - 1)/v micro-batch times of the slowest "
         f"stage; layers per stage {_split_text(stages, layout)}",
@@ -287,6 +305,13 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
         *((moe_terms.moe_text(gpu.generation, job.moe_imbalance, cm.link_of(groups.ep), layout.ep,
                               groups.ep.local),) if moe else ()),
+        *((f"EP dispatcher DeepEP: one RDMA copy per token per destination node, the all-to-all's bytes × "
+           f"{moe_terms.deepep_node_share(moe[0].dims.experts, moe[0].dims.top_k, groups.ep.nodes):.3f} "
+           f"(experts spread evenly, top-k uniform)",) if moe and job.ep_dispatcher == "deepep" and layout.ep > 1
+          else ()),
+        *(("EP all-to-all overlapped with the other micro-batch's forward and backward (Megatron-Core combined "
+           "1F1B, --overlap-moe-expert-parallel-comm): exposed = max(one micro-batch's, all − (M − 1) micro-batch "
+           "computes)",) if moe and job.ep_overlap and layout.ep > 1 else ()),
         f"optimizer step memory-bound over the rank's shard: {per_param} bytes per parameter (grad read, master "
         f"read+write, {states} state(s) read+write, weight write) at {eff.hbm_fraction:.0%} of HBM bandwidth",
         f"memory: the {job.profile} activation profile ({_profile_text(job.profile)}) with recompute={job.recompute}, "

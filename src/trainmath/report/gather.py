@@ -11,7 +11,7 @@ from trainmath.errors import TrainmathError
 from trainmath.memory.host import HOST_MEMORY_BYTES
 from trainmath.plot.charts import peak_phase
 from trainmath.usable import MEM_UTIL_PERCENT, rule_text, usable_bytes
-from trainmath.vocabulary import RECOMPUTE
+from trainmath.vocabulary import MEMORY_ATTENTION, RECOMPUTE, STEP_ATTENTION, attention_as
 
 COMPARE = ("recompute", "zero", "none")
 
@@ -134,7 +134,7 @@ def plan_for(spec, setup, *, gpus: int, gpu, global_batch: int | None = None, to
     if not isinstance(batch, int) or batch < 1:
         raise TrainmathError(f"--global-batch must be a positive integer, got {batch!r}")
     job = Job(global_batch=batch, seq=setup.seq, precision=setup.precision, optimizer=setup.optimizer,
-              attention="eager" if setup.attention == "eager" else "flash", profile="megatron",
+              attention=attention_as(setup.attention, STEP_ATTENTION), profile="megatron",
               mem_util_percent=mem_util_percent)
     if peft is not None and peft.enabled:
         from trainmath.memory.peft import PeftRun
@@ -156,7 +156,7 @@ def planned_setup(setup, top):
 
     job = top.job
     return replace(setup, micro_batch=job.micro_batch, recompute=memory_recompute(job), profile=job.profile,
-                   attention="eager" if job.attention == "eager" else "sdpa",
+                   attention=attention_as(job.attention, MEMORY_ATTENTION),
                    micro_batches=top.micro_batches), top.layout
 
 

@@ -161,8 +161,9 @@ def speed_html(f) -> str:
     if f is None:
         return ""
     return (f'<h3>Serving speed</h3><p class="sub">batch {f.batch}, prompt {f.input:,} tokens, {f.output:,} '
-            f'generated; step = max(other GEMM compute, other weight bytes) + max(expert compute, '
-            f'expert bytes touched) + max(attention compute, cache bytes) + communication + overhead, as '
+            f'generated; step = |other GEMM compute, other weight bytes| + |expert compute, '
+            f'expert bytes touched| + |attention compute, cache bytes| + communication + overhead, '
+            f'|c, m| = (c<sup>p</sup> + m<sup>p</sup>)<sup>1/p</sup> with p = {f.prefill.overlap:g}, as '
             f'<code>trainmath infer --input --output</code></p>'
             + _table(["", "predicted", "floor (efficiency 1)", "bound"], [
                 ["TTFT", f"{f.ttft_s * 1e3:,.2f} ms", f"{f.prefill_floor.time_s * 1e3:,.2f} ms", f.prefill.bound],

@@ -11,7 +11,17 @@ import argparse
 from trainmath.args import add_mem_util, byte_size, integer
 from trainmath.errors import TrainmathError
 from trainmath.infer.dtypes import KV_DTYPES, WEIGHT_DTYPES
-from trainmath.vocabulary import ATTENTION, OFFLOAD, OPTIMIZERS, PROFILES, RECIPES, RECOMPUTE
+from trainmath.vocabulary import (
+    ATTENTION,
+    MEMORY_ATTENTION,
+    MEMORY_ATTENTION_HELP,
+    OFFLOAD,
+    OPTIMIZERS,
+    PROFILES,
+    RECIPES,
+    RECOMPUTE,
+    attention_as,
+)
 
 # The choices are the calculator's own tables (pure Python, no heavy import); the serving formats are
 # `trainmath infer`'s (WEIGHT_DTYPES, KV_DTYPES from trainmath.infer.dtypes).
@@ -37,7 +47,7 @@ def add_training_flags(p: argparse.ArgumentParser, *, required: bool = True) -> 
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     g.add_argument("--optimizer-impl", choices=("foreach", "fused"), default="foreach")
     g.add_argument("--recompute", choices=RECOMPUTE, default="none")
-    g.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    g.add_argument("--attention", choices=ATTENTION, default="sdpa", help=MEMORY_ATTENTION_HELP)
     g.add_argument("--profile", choices=PROFILES, default="hf")
     g.add_argument("--micro-batches", type=integer, default=None, help="micro-batches per step (default: at least pp)")
     g.add_argument("--offload", choices=OFFLOAD, default="none",
@@ -94,7 +104,8 @@ def training_from_args(args: argparse.Namespace):
 
     setup = TrainingSetup(micro_batch=args.micro_batch, seq=args.seq, precision=args.precision,
                           optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, recompute=args.recompute,
-                          attention=args.attention, profile=args.profile, micro_batches=args.micro_batches,
+                          attention=attention_as(args.attention, MEMORY_ATTENTION), profile=args.profile,
+                          micro_batches=args.micro_batches,
                           offload=getattr(args, "offload", "none"))
     layout = ParallelLayout(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp, zero=args.zero)
     bad = check_setup(setup) + layout_problems(layout)

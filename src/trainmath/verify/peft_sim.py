@@ -5,11 +5,13 @@ The loop: ``loss = model(input_ids=ids, labels=ids).loss`` (the logits die when 
 Trainer's), ``loss.backward()``, ``opt.step()``, ``opt.zero_grad()`` (set_to_none) with torch's AdamW (``foreach``)
 over the trainable parameters; ``amp-bf16`` runs the forward under ``torch.autocast("cpu", bf16)`` and backward after
 it exits; ``bf16`` casts the base to bf16 before peft wraps it (adapters fp32: ``autocast_adapter_dtype=True``).
-Two steps; the second is measured (``reset_mod_stats`` between them). Two facts make fake tensors work: a fake
+Two steps; the second is measured (``reset_mod_stats`` between them). On fake tensors the batch is told
+unpacked (``unpacked``) and fp32 ``grouped_mm`` runs as the CPU kernel does (``fake_experts.grouped_mm_rule``), as
+``verify.simulate`` does. Two facts make fake tensors work: a fake
 parameter cannot be swapped, so peft's ``.to(device)`` of a new adapter is made a no-op while wrapping; and
 MemTracker hooks every parameter's gradient, so the model is registered before peft freezes the base. On fake
 tensors transformers' masking would take its tracing path (an explicit causal mask, K/V repeated for SDPA):
-``_real_masks`` keeps it on the path real tensors take. Each step's embedding-output leaf is released after the step
+``unpacked`` keeps it on the path real tensors take. Each step's embedding-output leaf is released after the step
 (``release``): MemTracker's hooks would keep it alive.
 """
 
@@ -48,26 +50,23 @@ def _no_swap():
     return restore
 
 
-def _real_masks():
-    """transformers counts a FakeTensor as tracing (``import_utils.is_tracing``) and then builds the explicit (s, s)
-    causal mask instead of leaving SDPA ``is_causal``; with a mask, SDPA gets no ``enable_gqa`` and ``repeat_kv``
-    copies K and V to every query head. A run on real tensors takes neither path: while the fake step runs,
-    masking_utils sees fake tensors as real ones, and its data-dependent checks answer what the step's batch is: no
-    padding (``fast_all``), one sequence per row (``find_packed_sequence_indices``). Returns the restoring
-    function."""
-    import transformers.masking_utils as mu
-    from transformers.utils import import_utils
+@contextlib.contextmanager
+def unpacked(fake: bool):
+    """On fake tensors transformers cannot check the position ids for packed sequences and builds an explicit
+    attention mask (then SDPA repeats K/V for GQA); an eager run of an unpacked batch finds no packing and runs
+    SDPA with ``is_causal``. ``find_packed_sequence_indices`` says so while the model runs, as in
+    ``verify.simulate``."""
+    if not fake:
+        yield
+        return
+    import transformers.masking_utils as masking
 
-    saved = mu.is_tracing, mu.fast_all, mu.find_packed_sequence_indices
-    fake = import_utils.is_fake_tensor
-    mu.is_tracing = lambda tensor=None: import_utils.is_tracing(None) or import_utils.is_torch_fx_proxy(tensor)
-    mu.fast_all = lambda t: True if fake(t) else saved[1](t)
-    mu.find_packed_sequence_indices = lambda ids: None if fake(ids) else saved[2](ids)
-
-    def restore():
-        mu.is_tracing, mu.fast_all, mu.find_packed_sequence_indices = saved
-
-    return restore
+    saved = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = saved
 
 
 def release(leaves: list) -> None:
@@ -98,9 +97,11 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
     if precision not in ("fp32", "bf16", "amp-bf16"):
         raise TrainmathError(f"precision {precision!r}: the peft simulation runs fp32, bf16 or amp-bf16")
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
-    restore = unmask = lambda: None  # noqa: E731
+    restore = lambda: None  # noqa: E731
     try:
-        with mode:
+        from trainmath.verify.fake_experts import grouped_mm_rule
+
+        with mode, unpacked(fake), grouped_mm_rule() if fake else contextlib.nullcontext():
             torch.manual_seed(0)
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
@@ -132,7 +133,6 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
                 opt.zero_grad(set_to_none=True)
                 release(leaves)
 
-            unmask = _real_masks() if fake else (lambda: None)
             with mt:
                 step()
                 mt.reset_mod_stats()
@@ -141,7 +141,6 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
             buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
     finally:
         restore()
-        unmask()
     snap = next(iter(peak.values()))
     kinds = {str(getattr(k, "value", k)): v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total"}
     return {"peak_bytes": snap["Total"], "buffers_bytes": buffers, "by_kind": kinds,

@@ -13,7 +13,9 @@ Updating them walks every module seen so far on every op, which makes a step qua
 75% of a 24-layer Qwen3-8B simulation, measured with cProfile); without them the step is linear.
 
 A layer's position class is its place counted from both ends: ``bottom 0``, ``bottom 1``, ``top 1``, ``top 0``,
-else ``interior``; between layers a segment is named by the layer class before it (``after top 0``).
+else ``interior``; between layers a segment is named by the layer class before it (``after top 0``). In a model
+of several layer types the class is the repeat's of the type pattern and the layer's place in it
+(``trainmath.verify.pattern``).
 FSDP2's prefetch makes the first and last layers differ from the rest (nothing to prefetch
 beyond them); every other layer of a model of identical layers does the same thing at a place that moves by one
 layer's bytes per layer, so two layers at each end carry everything a longer model does (``fold``).
@@ -26,12 +28,13 @@ from __future__ import annotations
 import time
 
 
-def position_class(i: int, layers: int) -> str:
-    """``bottom 0``, ``bottom 1``, ``top 1``, ``top 0`` or ``interior`` (module docstring)."""
+def position_class(i: int, count: int) -> str:
+    """``bottom 0``, ``bottom 1``, ``top 1``, ``top 0`` or ``interior``: place ``i`` of ``count`` counted from both
+    ends (module docstring)."""
     if i < 2:
         return f"bottom {i}"
-    if layers - 1 - i < 2:
-        return f"top {layers - 1 - i}"
+    if count - 1 - i < 2:
+        return f"top {count - 1 - i}"
     return "interior"
 
 
@@ -44,10 +47,12 @@ def segment_text(key: tuple) -> str:
 class Segments:
     """Per-segment peaks (bytes, with MemTracker's snapshot by kind), progress and time of one simulation."""
 
-    def __init__(self, layer_names: dict[str, int], *, progress=None):
+    def __init__(self, layer_names: dict[str, int], *, progress=None, position=None):
         self.layer_names = layer_names
         """Tracker module name (``Qwen3ForCausalLM.model.layers.3``) → layer index."""
         self.layers = len(layer_names)
+        self.position = position or (lambda i: position_class(i, self.layers))
+        """Layer index → its position class (``pattern.Pattern.position`` for a model of several layer types)."""
         self._prefixes = {n.rsplit(".", 1)[0] + "." for n in layer_names}
         self.progress = progress
         self.step = 0
@@ -117,7 +122,7 @@ class Segments:
             if self.progress is not None:
                 self.progress(f"step {self.step}/2 optimizer step")
         if i is not None:
-            where = self._after = position_class(i, self.layers)
+            where = self._after = self.position(i)
         else:  # between layers: named by the layer before it (a gap after an interior layer is interior too)
             where = f"after {self._after}" if self._after != "interior" else "interior"
         key = (self.step, phase, where, inner)

@@ -17,11 +17,14 @@ One deviation from an eager run, and why: transformers treats fake tensors as tr
 position ids for packed sequences and builds an explicit attention mask (then SDPA repeats K/V for GQA). An eager
 run of an unpacked batch finds no packing and runs SDPA with ``is_causal``; ``find_packed_sequence_indices`` is
 patched to say so for the duration of the step (the tests check the fake step against a real one, op for op).
-A second, for TP: DTensor infers each op's global output shape by running it on fake tensors of the ambient fake
-mode (``_sharding_prop.detect_fake_mode() or FakeTensorMode()``), cached per op and arguments. In a real run that
+A second, for TP and FSDP2 (both step DTensors): DTensor infers each op's global output shape by running it on fake
+tensors of the ambient fake mode (``_sharding_prop.detect_fake_mode() or FakeTensorMode()``), cached per op and
+arguments. In a real run that
 is a private mode whose tensors MemTracker does not count; under the simulation's own fake mode they would be
 counted, and AdamW's bias corrections change every step, so each step's optimizer ops miss the cache and add
-global-shape transients (86,016 bytes more at the optimizer step of the tiny tp = 2 test model).
+global-shape transients (86,016 bytes more at the optimizer step of the tiny tp = 2 test model; under FSDP2 the
+for-loop AdamW's first step, whose states are made lazily on DTensor shards, rose 655,232 B above the second on
+the tiny dp = 2 Qwen3 of ``tests/memory/test_fsdp2_first_step.py``).
 ``detect_fake_mode`` is patched for the duration of the step so that the propagation gets a private mode, as it
 does in a real run.
 
@@ -176,10 +179,10 @@ def hf_config(config: dict):
 
 
 def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = ParallelLayout(), *,
-             moe: bool = False, layers: int | None = None, progress=None) -> Simulation:
+             moe: bool = False, layers: int | None = None, progress=None, position=None) -> Simulation:
     """MemTracker's peak of one step of ``config`` on fake CPU tensors (``moe``: the model has routed experts,
     run by ``setup.experts``'s path; ``layers``: build only that many decoder layers; ``progress``: called with
-    a line per decoder layer entered, ``segments.Segments``)."""
+    a line per decoder layer entered, ``segments.Segments``; ``position``: the layers' position classes there)."""
     check_simulable(setup, layout)
     try:
         import torch
@@ -221,7 +224,7 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
     start = time.perf_counter()
     saved = masking.find_packed_sequence_indices
     masking.find_packed_sequence_indices = lambda position_ids: None  # an unpacked batch (module docstring)
-    if tp:
+    if fsdp or tp:
         import torch.distributed.tensor._sharding_prop as prop
 
         detect = prop.detect_fake_mode
@@ -295,7 +298,7 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
                 mt.track_external(model, *([masters.module] if masters else []), opt)
             names = dict(model.named_modules())
             segments = Segments({f"{type(model).__name__}.{n}": i for i, n in enumerate(
-                n for n, m in names.items() for d in decoder if m is d)}, progress=progress)
+                n for n, m in names.items() for d in decoder if m is d)}, progress=progress, position=position)
             segments.install(mt)
             routing: list[str] = []
             with mt, routing_standin(mode, model, routing), grouped_mm_rule():
@@ -310,7 +313,7 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
             buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
     finally:
         masking.find_packed_sequence_indices = saved
-        if tp:
+        if fsdp or tp:
             prop.detect_fake_mode = detect
         if fsdp or tp:
             dist.destroy_process_group()

@@ -34,7 +34,6 @@ from dataclasses import dataclass, replace
 
 from trainmath.layout import ParallelLayout
 from trainmath.runtime.train.config import TrainConfig
-from trainmath.vocabulary import optimizer_name
 
 ATTENTION_TOLERANCE = 0.2
 """Flash attention's recomputed QKᵀ in backward: 3.5/3 − 1 ≈ 0.17 (see the module docstring)."""
@@ -103,13 +102,10 @@ class Field:
 
 
 def training_setup(cfg: TrainConfig, world_size: int, *, cuda: bool = False):
-    """The calculator's ``TrainingSetup`` of the run's step (see ``predict``)."""
-    from trainmath.memory.training import TrainingSetup
-
-    return TrainingSetup(micro_batch=cfg.micro_batch_for(world_size), seq=cfg.seq, precision=cfg.precision,
-                         optimizer=optimizer_name(cfg.optimizer), optimizer_impl="forloop",
-                         recompute=cfg.recompute, micro_batches=cfg.grad_accum, granularity=512 if cuda else 1,
-                         loop_keeps="loss", device="cuda" if cuda else "cpu", zero_impl=zero_impl(cfg))
+    """The run's step (``TrainConfig.step``) on ``world_size`` ranks of the device it ran on, with the ZeRO buffers
+    its strategy holds (see ``predict``)."""
+    return replace(cfg.step, micro_batch=cfg.micro_batch_for(world_size), granularity=512 if cuda else 1,
+                   device="cuda" if cuda else "cpu", zero_impl=zero_impl(cfg))
 
 
 def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> dict:
@@ -158,16 +154,16 @@ def predict(spec, cfg: TrainConfig, world_size: int, *, cuda: bool = False) -> d
 
 def _sdpa_math(spec, batch: int, seq: int, cuda: bool) -> bool:
     """Whether the run's SDPA takes PyTorch's math fallback (``ops.kernels``: dropout on the CPU, GPT-2's
-    ``attn_pdrop``; fewer key than query heads without ``enable_gqa``, Falcon-7B), read from the op lists as the
-    activation fold names them: its Q·Kᵀ and P·V are ``bmm``s in the GEMM field, the attention core counts 0."""
+    ``attn_pdrop``; fewer key than query heads without ``enable_gqa``, Falcon-7B), read from the kernels of the op
+    lists' attention: its Q·Kᵀ and P·V are ``bmm``s in the GEMM field, the attention core counts 0."""
     from trainmath.errors import TrainmathError
     from trainmath.memory.activations import activation_bytes
 
     try:
-        tree = activation_bytes(spec, micro_batch=batch, seq=seq, device="cuda" if cuda else "cpu")
+        act = activation_bytes(spec, micro_batch=batch, seq=seq, device="cuda" if cuda else "cpu")
     except TrainmathError:
         return False
-    return any(n.name.startswith("sdpa_math.") for _, n in tree.walk())
+    return "sdpa_math" in act.attention_kernels
 
 
 def _collective_bytes(spec, cfg: TrainConfig, layout: ParallelLayout) -> dict | None:

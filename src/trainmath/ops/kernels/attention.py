@@ -70,7 +70,7 @@ def gqa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: s
         raise TrainmathError(f"attention block without AttentionDims: {block.kind}")
     if rotary not in ROTARY or qk_norm not in QK_NORM:
         raise TrainmathError(f"unknown rotary {rotary!r} or q/k norm {qk_norm!r}")
-    c = ctx.p.compute
+    c = ctx.p.compute_bytes
     b, s = ctx.b, ctx.s
     h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
     xg = gather_seq(prog, x, f"{prefix}.input")
@@ -95,7 +95,7 @@ def gqa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: s
         if qk_norm == "full":
             q, k = (tensor(t.name, heads_axes(ctx, n, hd), t.dtype_bytes) for t, n in ((q, h), (k, hkv)))
     if rotary != "none":
-        q, k = rotary_embed(prog, prefix, q, k, max(q.dtype_bytes, ctx.p.residual), rotary)
+        q, k = rotary_embed(prog, prefix, q, k, max(q.dtype_bytes, ctx.p.residual_bytes), rotary)
     o_axes = heads_axes(ctx, h, hd)
     at = dict(window=dims.sliding_window, cache=kv_cache(ctx, hkv, hd, dims.v_head_dim))
     scores = (Axis(b), Axis(h, "tp"), Axis(s, "seq"), Axis(s))

@@ -51,7 +51,7 @@ def _o_proj(prog: Program, ctx: Ctx, block: Block, o_in: Tensor, prefix: str) ->
 def sink_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: str = "self_attn") -> Tensor:
     """q/k/v, rotary, eager attention with sinks, o_proj; returns o_proj's output."""
     dims = block.dims
-    c = ctx.p.compute
+    c = ctx.p.compute_bytes
     h, hd = dims.heads, dims.head_dim
     qo, k, v = _qkv(prog, ctx, block, x, prefix)
     q = qo.view(f"{prefix}.query", *heads_axes(ctx, h, hd))
@@ -77,7 +77,7 @@ def sdpa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: 
     """SDPA attention with the module options above; ``qk_norm`` is a norm kind (``kernels.norms.NORMS``) or
     None. Returns o_proj's output."""
     dims = block.dims
-    c = ctx.p.compute
+    c = ctx.p.compute_bytes
     h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
     qo, k, v = _qkv(prog, ctx, block, x, prefix, q_mult=2 if project_gate else 1)
     q = qo.view(f"{prefix}.query", *heads_axes(ctx, h, hd), note="a view of q_proj's output")
@@ -91,7 +91,7 @@ def sdpa_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, rotary: 
     if rotary == "complex":  # q.float() · freqs_cis, .type_as(q)
         q, k = rotary_embed(prog, prefix, q, k, q.dtype_bytes, rotary)
     elif rotary != "none":
-        q, k = rotary_embed(prog, prefix, q, k, max(q.dtype_bytes, ctx.p.residual), rotary)
+        q, k = rotary_embed(prog, prefix, q, k, max(q.dtype_bytes, ctx.p.residual_bytes), rotary)
     if qk_norm is not None and qk_norm_after_rotary:
         q, k = qk_norms(q, k)
     if query_scale:

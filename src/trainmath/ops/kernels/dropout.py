@@ -50,12 +50,12 @@ def sdpa_math_dropout(prog: Program, ctx: Ctx, q: Tensor, k: Tensor, v: Tensor, 
              tensor("sdpa_math.key_scaled", o_axes, FP32, "transposed key (fp32, h heads) times sqrt(scale)"),
              tensor("sdpa_math.softmax_fp32", scores, FP32, "kept by _safe_softmax")]
     probs = dropout(prog, ctx, saved[-1], p, "sdpa_math.dropout")
-    if ctx.p.compute == FP32 and ctx.b == 1 and v.axes[2].size == o_axes[2].size:
+    if ctx.p.compute_bytes == FP32 and ctx.b == 1 and v.axes[2].size == o_axes[2].size:
         value = v  # no upcast, no repeat, and with one sequence bmm's (b·h, s, h_d) reshape is a view
     else:
         value = tensor("sdpa_math.value", o_axes, FP32, "fp32, h heads, as the second bmm reads it")
     saved += [probs, value]
-    out = tensor("sdpa_math.output", o_axes, ctx.p.compute, "cast back to the compute dtype")
+    out = tensor("sdpa_math.output", o_axes, ctx.p.compute_bytes, "cast back to the compute dtype")
     prog.emit("attention", "sdpa_math", inputs=(q, k, v), outputs=(out,), saved=saved, kernel="sdpa_math",
               note=f"dropout p={p} on the CPU: no fused kernel", **at)
     return out

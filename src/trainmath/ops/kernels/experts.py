@@ -59,7 +59,7 @@ def expert_linear(prog: Program, ctx: Ctx, name: str, x: Tensor, out: Axis, weig
     when ``autocast``) and, with ``copies`` not None, the weights' autocast casts (``copies`` experts). ``kernel``
     defaults to ``grouped_mm`` (``copies`` None) or ``eager_loop``; ``all_tokens`` marks rows that are every
     expert over every token (``ops.flops`` then counts the active T·top_k of them by default)."""
-    c = ctx.p.compute
+    c = ctx.p.compute_bytes
     xin = x
     if autocast and ctx.p.autocast and x.dtype_bytes != c:
         xin = tensor(f"{name}.input_cast", x.axes, c, "autocast copy of the routed rows")
@@ -116,7 +116,7 @@ def eager_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, weights: Ten
     prog.emit("index", f"{prefix}.routing_weight", inputs=(weights,), outputs=(rw,), saved=(idx,))
     wy = tensor(f"{prefix}.weighted", (rows, d), max(y.dtype_bytes, rw.dtype_bytes))
     prog.emit("mul", f"{prefix}.routing_mul", inputs=(y, rw), outputs=(wy,), saved=(y, rw))
-    src = tensor(f"{prefix}.index_add_source", (rows, d), source_dtype or ctx.p.residual)
+    src = tensor(f"{prefix}.index_add_source", (rows, d), source_dtype or ctx.p.residual_bytes)
     prog.emit("index_add", f"{prefix}.index_add", inputs=(src, idx), saved=(src,))
 
 
@@ -168,7 +168,7 @@ def all_tokens_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, scores:
     n = down.experts
     rows = ctx.token_rows(n)  # ÷cp; whole on an expert-parallel rank (module docstring)
     d = x.axes[-1]
-    c = ctx.p.compute
+    c = ctx.p.compute_bytes
     rep = tensor(f"{prefix}.repeated_input", (rows, d), x.dtype_bytes, "input repeated n times, saved by the product")
     st = tensor(f"{prefix}.scores_t", (rows, Axis(1)), c, "(n·T, 1) transposed copy of the scores")
     prog.emit("copy", f"{prefix}.repeat", inputs=(x, scores), outputs=(rep, st))
@@ -208,7 +208,7 @@ def clamped_swiglu_experts(prog: Program, ctx: Ctx, block: Block, x: Tensor, wei
     n = down.experts
     rows = ctx.token_rows(k)  # ÷cp; whole on an expert-parallel rank (module docstring)
     d = x.axes[-1]
-    c = ctx.p.compute
+    c = ctx.p.compute_bytes
     g = FP32 if ctx.p.autocast else c  # bf16 product + fp32 bias
     tok = tensor(f"{prefix}.token_indices", (rows,), INT64, "saved by the gather and by index_add")
     slot = tensor(f"{prefix}.slot_indices", (rows,), INT64, "top-k positions, saved by the routing weights' gather")

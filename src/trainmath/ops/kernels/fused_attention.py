@@ -77,14 +77,14 @@ def fused_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, qkv: st
         raise TrainmathError(f"attention block without AttentionDims: {block.kind}")
     if split not in SPLITS or rotary not in ROTARY:
         raise TrainmathError(f"unknown split {split!r} (one of {', '.join(SPLITS)}) or rotary {rotary!r}")
-    c = ctx.p.compute
+    c = ctx.p.compute_bytes
     b, s = ctx.b, ctx.s
     h, hkv, hd = dims.heads, dims.kv_heads, dims.head_dim
     xg = gather_seq(prog, x, f"{prefix}.input")
     fused = linear(prog, ctx, qkv, xg, Axis((h + 2 * hkv) * hd, "tp"), weight=find(block, qkv, "linear"))
     q, k, v = _split(prog, ctx, fused, split, prefix, h, hkv, hd)
     if rotary != "none":
-        q, k = rotary_embed(prog, prefix, q, k, max(c, ctx.p.residual), rotary)  # times cos/sin (embedding dtype)
+        q, k = rotary_embed(prog, prefix, q, k, max(c, ctx.p.residual_bytes), rotary)  # times cos/sin (embedding dtype)
     key_heads = k.axes[2].size
     o_axes = heads_axes(ctx, h, hd)
     scores = (Axis(b), Axis(h, "tp"), Axis(s, "seq"), Axis(s))

@@ -42,7 +42,7 @@ def weight_copy(ctx: Ctx, w: TensorSpec, copies: int | None = None) -> Tensor | 
     if not ctx.p.autocast:
         return None
     name = w.name + "_cast" if w.name.endswith(".weight") else w.name + ".weight_cast"
-    return Tensor(name=name, axes=weight_axes(w, copies), dtype_bytes=ctx.p.compute, kind="weight_copy")
+    return Tensor(name=name, axes=weight_axes(w, copies), dtype_bytes=ctx.p.compute_bytes, kind="weight_copy")
 
 
 def linear(prog: Program, ctx: Ctx, name: str, x: Tensor, out: Axis, *, weight: TensorSpec | None = None,
@@ -51,7 +51,7 @@ def linear(prog: Program, ctx: Ctx, name: str, x: Tensor, out: Axis, *, weight: 
     that dtype) and, under autocast, the weight's cast. ``out`` is the output's last axis (with its sharding
     rule: ``tp`` for a column-parallel Linear, None for a row-parallel one, whose output is reduced whole);
     ``out_dtype`` defaults to the compute dtype."""
-    c = ctx.p.compute
+    c = ctx.p.compute_bytes
     xin = x
     if ctx.p.autocast and x.dtype_bytes != c:
         xin = Tensor(name=f"{name}.input_cast", axes=x.axes, dtype_bytes=c, note="autocast copy, one per Linear")

@@ -40,8 +40,8 @@ def sdpa_math(prog: Program, ctx: Ctx, q: Tensor, k: Tensor, v: Tensor, *, heads
              Tensor(name="sdpa_math.key_scaled", axes=(*hq, Axis(qk_dim)), dtype_bytes=FP32, note="fp32 on CPU"),
              Tensor(name="sdpa_math.softmax_fp32", axes=scores, dtype_bytes=FP32),
              Tensor(name="sdpa_math.value", axes=(*hq, Axis(v_dim)), dtype_bytes=FP32, note="contiguous fp32 copy"))
-    out = Tensor(name=f"{prefix}.o_proj.input", axes=(*rows, Axis(heads * v_dim, "tp")), dtype_bytes=ctx.p.compute,
-                 note="contiguous copy of the (b, h, s, v) output")
+    out = Tensor(name=f"{prefix}.o_proj.input", axes=(*rows, Axis(heads * v_dim, "tp")),
+                 dtype_bytes=ctx.p.compute_bytes, note="contiguous copy of the (b, h, s, v) output")
     prog.emit("attention", "sdpa_math", inputs=(q, k, v), outputs=(out,), saved=saved, kernel="sdpa_math",
               cache=cache)
     return out
@@ -81,11 +81,11 @@ def mla_attention(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, norm_kind
                 weight=w("kv_b_proj"))
     # per head: the query, the key assembled from kv_b_proj's k_nope and the shared rotary key (``copy_``), v
     q4 = q.view(f"{prefix}.query", *heads_axes(ctx, h, qk))
-    k4 = tensor(f"{prefix}.key", heads_axes(ctx, h, qk), ctx.p.compute, "k_nope and the rotary key, by copy_")
+    k4 = tensor(f"{prefix}.key", heads_axes(ctx, h, qk), ctx.p.compute_bytes, "k_nope and the rotary key, by copy_")
     v4 = kv.view(f"{prefix}.value", *heads_axes(ctx, h, vd), note="a view of kv_b_proj's output")
     cache = mla_cache(ctx, kv_lora_rank=latent, rope_dim=dims.qk_rope_head_dim, heads=h, qk_dim=qk, v_dim=vd)
     if flash:  # shapes only (``Ctx.shapes_only``): what the flash kernel saves here is not modelled
-        o_in = tensor(f"{prefix}.o_proj.input", (*rows, Axis(h * vd, "tp")), ctx.p.compute)
+        o_in = tensor(f"{prefix}.o_proj.input", (*rows, Axis(h * vd, "tp")), ctx.p.compute_bytes)
         prog.emit("attention", "sdpa", inputs=(q4, k4, v4), outputs=(o_in,), kernel="sdpa", cache=cache,
                   note="saved bytes not modelled")
     else:

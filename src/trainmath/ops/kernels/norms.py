@@ -53,7 +53,7 @@ def norm(prog: Program, ctx: Ctx, kind: str, name: str, x: Tensor, weight: Tenso
                  _t(f"{name}.centered_mul", x, FP32, note="x - mean again, saved by the product with rsqrt"),
                  _t(f"{name}.rsqrt", x, FP32, rows_only=True),
                  _t(f"{name}.normalized_fp32", x, FP32, note="saved by the weight's product")]
-        if p.param != FP32 and weight is not None:
+        if p.weight_bytes != FP32 and weight is not None:
             saved.append(_fp32_weight(f"{name}.weight_fp32", weight, "w.to(fp32) of a bf16 weight"))
         out_dtype = x.dtype_bytes
     elif kind in ("rms", "rms_fp32_weight", "gemma", "nemotron", "l2"):
@@ -63,7 +63,7 @@ def norm(prog: Program, ctx: Ctx, kind: str, name: str, x: Tensor, weight: Tenso
         saved = [xf, _t(f"{name}.rsqrt", x, FP32, rows_only=True, note="one fp32 per row")]
         if kind == "rms":
             saved.append(_t(f"{name}.normalized", x, x.dtype_bytes, note="x·rsqrt in the input dtype"))
-            out_dtype = max(x.dtype_bytes, p.param)
+            out_dtype = max(x.dtype_bytes, p.weight_bytes)
         elif kind == "l2":
             out_dtype = FP32
         else:
@@ -71,7 +71,7 @@ def norm(prog: Program, ctx: Ctx, kind: str, name: str, x: Tensor, weight: Tenso
             out_dtype = x.dtype_bytes
         if kind == "gemma" and weight is not None:
             saved.append(_fp32_weight(f"{name}.one_plus_weight", weight, "1 + w in fp32, saved by the product"))
-        if kind == "nemotron" and p.param != FP32 and weight is not None:
+        if kind == "nemotron" and p.weight_bytes != FP32 and weight is not None:
             saved.append(_fp32_weight(f"{name}.weight_fp32", weight, "w.to(fp32) of a bf16 weight"))
     else:
         raise TrainmathError(f"unknown norm kind {kind!r} (one of {', '.join(NORMS)})")

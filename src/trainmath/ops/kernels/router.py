@@ -45,7 +45,7 @@ def fp32_linear(prog: Program, ctx: Ctx, name: str, x: Tensor, w: TensorSpec, n:
         return linear(prog, ctx, name, x, Axis(n), weight=w)
     xf = cast(prog, x, FP32, f"{name}.input_fp32", "x.float()")
     saved = [xf]
-    if ctx.p.param != FP32:
+    if ctx.p.weight_bytes != FP32:
         wf = Tensor(name=f"{name}.weight_fp32", axes=weight_axes(w), dtype_bytes=FP32,
                     note="w.float() of a bf16 weight, kept by the Linear")
         prog.emit("cast", f"{name}.weight_float", outputs=(wf,))

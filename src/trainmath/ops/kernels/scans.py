@@ -26,7 +26,7 @@ def _conv(prog: Program, ctx: Ctx, block: Block, prefix: str, x: Tensor, channel
     """``causal_conv1d_fn``'s torch path: ``silu(conv1d(x)[..., :s])``; the SiLU keeps the whole padded conv
     output (c·b·channels·(s + K - 1)); the inference cache keeps the (b, channels, K) conv state. Returns the SiLU
     output (b, s, channels)."""
-    c = ctx.p.compute
+    c = ctx.p.compute_bytes
     chan = Axis(channels, "tp")
     padded = tensor(f"{prefix}.conv1d.silu_input", (Axis(ctx.b), chan, Axis(ctx.s + kernel - 1, "seq")), c,
                 "the whole padded conv output")
@@ -63,7 +63,7 @@ def gated_deltanet(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: 
     dims = block.dims
     if not isinstance(dims, LinearAttentionDims):
         raise TypeError(f"a linear_attention block carries LinearAttentionDims, got {type(dims).__name__}")
-    c, b = ctx.p.compute, ctx.b
+    c, b = ctx.p.compute_bytes, ctx.b
     hv, dk, dv = dims.value_heads, dims.key_head_dim, dims.value_head_dim
     kd, vd = dims.key_heads * dk, hv * dv
     cd = 2 * kd + vd
@@ -125,7 +125,7 @@ def gated_deltanet(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: 
     wide = (*per_head, Axis(dv))
     prog.emit("norm", f"{prefix}.norm", inputs=(out,), saved=(
         tensor("norm.x_fp32", wide, FP32), tensor("norm.rsqrt", per_head, FP32), tensor("norm.normalized", wide, c),
-        tensor("norm.weighted", wide, ctx.p.param), tensor("norm.z_fp32", wide, FP32),
+        tensor("norm.weighted", wide, ctx.p.weight_bytes), tensor("norm.z_fp32", wide, FP32),
         tensor("norm.silu_z", wide, FP32)),
         kernel="gated_rms", weight=find(block, "linear_attn.norm"))
     o_in = tensor(f"{prefix}.out_proj.input", (*rows, Axis(vd, "tp")), c)
@@ -149,7 +149,7 @@ def mamba2(prog: Program, ctx: Ctx, block: Block, x: Tensor, *, prefix: str = "m
     dims = block.dims
     if not isinstance(dims, MambaDims):
         raise TypeError(f"a mamba block carries MambaDims, got {type(dims).__name__}")
-    c, b, ac = ctx.p.compute, ctx.b, ctx.p.autocast
+    c, b, ac = ctx.p.compute_bytes, ctx.b, ctx.p.autocast
     hm, P, g, N, K = dims.heads, dims.head_dim, dims.groups, dims.state_size, dims.conv_kernel
     Q = ctx.mamba_chunk or dims.chunk_size
     I = hm * P  # noqa: E741  (Dao & Gu's and the docstring's name for the SSM width)

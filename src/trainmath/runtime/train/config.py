@@ -1,9 +1,11 @@
 """What one training run is, checked before any rank starts. Pure Python (no torch): the CLI validates here.
 
-The batch convention is the calculator's: ``micro_batch`` sequences per data-parallel rank per micro-step,
-``grad_accum`` micro-steps per optimizer step, so a step consumes ``micro_batch · grad_accum · world_size``
-sequences. ``global_batch`` (optional) fixes that product instead, so runs on different world sizes see the same
-tokens per step; the world size must divide it.
+The step the ranks run is the calculator's type (``memory.setup.TrainingSetup``, ``TrainConfig.step``): one job,
+one description, which ``verify`` predicts as it stands. The batch convention is the calculator's:
+``micro_batch`` sequences per data-parallel rank per micro-step, ``grad_accum`` micro-steps per optimizer step
+(``TrainingSetup.micro_batches``), so a step consumes ``micro_batch · grad_accum · world_size`` sequences.
+``global_batch`` (optional) fixes that product instead, so runs on different world sizes see the same tokens per
+step; the world size must divide it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from dataclasses import dataclass, field
 
 from trainmath.adapters import PeftJob
 from trainmath.errors import TrainmathError
-from trainmath.vocabulary import RECOMPUTE, TRAIN_OPTIMIZERS, TRAIN_PRECISIONS
+from trainmath.memory.setup import TrainingSetup
+from trainmath.vocabulary import OPTIMIZER_ALIASES, RECOMPUTE, TRAIN_OPTIMIZERS, TRAIN_PRECISIONS, optimizer_name
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 IMPLS = ("torch", "trainmath")
@@ -26,27 +29,36 @@ COMMS = ("ring", "torch")
 ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 
 
+def run_step(*, micro_batch: int = 1, seq: int = 32, precision: str = "fp32", optimizer: str = "adamw",
+             recompute: str = "none", grad_accum: int = 1) -> TrainingSetup:
+    """The step ``trainmath train`` runs, from its flags: the runtime's optimizers on the single-tensor path
+    (``optimizer_impl="forloop"``: ours are written so, torch's are forced onto it), a loop that keeps only the
+    loss (``loss = model(...).loss``)."""
+    return TrainingSetup(micro_batch=micro_batch, seq=seq, precision=precision, optimizer=optimizer_name(optimizer),
+                         optimizer_impl="forloop", recompute=recompute, micro_batches=grad_accum, loop_keeps="loss")
+
+
+_TRAIN_SPELLING = {v: k for k, v in OPTIMIZER_ALIASES.items()}
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """One training run (every rank gets the same one)."""
+    """One training run (every rank gets the same one): the step, and how the runtime runs it."""
 
     model: str
     """Catalog name, config.json or directory (see ``trainmath.sources.resolve``)."""
+    step: TrainingSetup = field(default_factory=run_step)
+    """What each micro-step and step run (``run_step``); ``micro_batch`` is per rank unless ``global_batch``."""
     overrides: dict = field(default_factory=dict)
     """Config keys shrunk by the flags: layers, hidden, intermediate, heads, kv_heads, vocab, experts."""
     strategy: str = "ddp"
     impl: str = "torch"
     comm: str = "ring"
     """Collectives of ``impl=trainmath``: our ring (``trainmath.runtime.ring``) or torch's."""
-    precision: str = "fp32"
-    optimizer: str = "adamw"
     optimizer_impl: str = "torch"
-    recompute: str = "none"
-    micro_batch: int = 1
+    """Whose optimizer code runs the step: torch's or ours (``runtime.train.optim``)."""
     global_batch: int | None = None
-    seq: int = 32
     steps: int = 4
-    grad_accum: int = 1
     lr: float = 1e-3
     seed: int = 0
     data: str = "synthetic"
@@ -64,9 +76,43 @@ class TrainConfig:
     peft: PeftJob = field(default_factory=PeftJob)
     """Fine-tuning job (``--peft lora|qlora``, ``runtime.train.peft``); method none is full training."""
 
+    @classmethod
+    def of(cls, *, micro_batch: int = 1, seq: int = 32, precision: str = "fp32", optimizer: str = "adamw",
+           recompute: str = "none", grad_accum: int = 1, **run) -> TrainConfig:
+        """A run from the CLI's flags: the step's (``run_step``) and the runtime's own (``run``)."""
+        return cls(step=run_step(micro_batch=micro_batch, seq=seq, precision=precision, optimizer=optimizer,
+                                 recompute=recompute, grad_accum=grad_accum), **run)
+
     @property
     def zero(self) -> int:
         return ZERO_STAGE[self.strategy]
+
+    # the step's fields, as the runtime reads them
+    @property
+    def micro_batch(self) -> int:
+        return self.step.micro_batch
+
+    @property
+    def seq(self) -> int:
+        return self.step.seq
+
+    @property
+    def precision(self) -> str:
+        return self.step.precision
+
+    @property
+    def recompute(self) -> str:
+        return self.step.recompute
+
+    @property
+    def grad_accum(self) -> int:
+        return self.step.micro_batches
+
+    @property
+    def optimizer(self) -> str:
+        """As ``trainmath train --optimizer`` spells it (``TRAIN_OPTIMIZERS``; the step holds its ``OPTIMIZERS``
+        name)."""
+        return _TRAIN_SPELLING.get(self.step.optimizer, self.step.optimizer)
 
     def micro_batch_for(self, world_size: int) -> int:
         """Sequences per rank per micro-step on ``world_size`` ranks."""

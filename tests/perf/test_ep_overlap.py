@@ -1,0 +1,96 @@
+"""The EP all-to-all under Megatron-Core's combined 1F1B schedule (``Job.ep_overlap``), against its derivation:
+exposed = max(one micro-batch's all-to-all, all of them − (M − 1) micro-batch computes), nothing else moves; and
+DeepEP's dispatch (``Job.ep_dispatcher``): one RDMA copy per token per destination node."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from trainmath.errors import TrainmathError
+from trainmath.hardware import presets
+from trainmath.layout import ParallelLayout
+from trainmath.perf import Job, estimate
+from trainmath.sources import load_spec
+
+SPEC = load_spec("Qwen/Qwen3-30B-A3B")
+H100 = presets().gpu("h100")
+LAYOUT = ParallelLayout(dp=16, ep=16, zero=1)
+JOB = Job(global_batch=128, seq=4096)
+
+
+def _ep(est):
+    (it,) = [c for c in est.comm if c.name == "ep_comm"]
+    return it
+
+
+@pytest.mark.parametrize("gpu", [H100, replace(H100, nic_gbps=H100.nic_gbps / 8)])
+def test_overlapped_all_to_all_is_what_the_other_micro_batch_cannot_cover(gpu):
+    off = estimate(SPEC, LAYOUT, JOB, gpu, memory=False)
+    on = estimate(SPEC, LAYOUT, replace(JOB, ep_overlap=True), gpu, memory=False)
+    M = off.micro_batches
+    assert M == 8
+    compute = (off.breakdown["forward"] + off.breakdown["backward"] + off.breakdown["recompute"]) / M
+    total = _ep(off).time_s
+    assert _ep(off).exposed_s == pytest.approx(total)
+    assert _ep(on).time_s == pytest.approx(total)
+    assert _ep(on).exposed_s == pytest.approx(max(total / M, total - (M - 1) * compute))
+    assert on.breakdown["ep_comm"] == pytest.approx(_ep(on).exposed_s)
+    assert {k: v for k, v in on.breakdown.items() if k != "ep_comm"} == pytest.approx(
+        {k: v for k, v in off.breakdown.items() if k != "ep_comm"})
+    assert off.step_time_s - on.step_time_s == pytest.approx(total - _ep(on).exposed_s)
+    assert any("combined 1F1B" in c for c in on.conventions)
+    assert not any("combined 1F1B" in c for c in off.conventions)
+
+
+def test_across_nodes_the_excess_stays_exposed_and_inside_a_node_one_micro_batch():
+    slow = estimate(SPEC, LAYOUT, replace(JOB, ep_overlap=True), H100, memory=False)
+    fast = estimate(SPEC, ParallelLayout(dp=16, ep=8, zero=1), replace(JOB, ep_overlap=True), H100, memory=False)
+    assert _ep(slow).link == "both" and _ep(fast).link == "intra"
+    assert _ep(fast).exposed_s == pytest.approx(_ep(fast).time_s / 8)
+    assert _ep(slow).exposed_s > _ep(slow).time_s / 8
+
+
+def test_one_micro_batch_has_nothing_to_overlap_with():
+    job = Job(global_batch=16, seq=4096, ep_overlap=True)
+    on = estimate(SPEC, LAYOUT, job, H100, memory=False)
+    assert on.micro_batches == 1 and _ep(on).exposed_s == pytest.approx(_ep(on).time_s)
+
+
+def test_a_non_boolean_overlap_is_refused():
+    with pytest.raises(TrainmathError, match="ep overlap must be true or false"):
+        estimate(SPEC, LAYOUT, replace(JOB, ep_overlap="yes"), H100, memory=False)
+
+
+def test_deepep_share_is_the_distinct_nodes_a_token_reaches_over_its_remote_copies():
+    from math import comb
+
+    from trainmath.perf.moe import deepep_node_share
+
+    E, k, N = 128, 8, 4
+    hit = 1 - comb(E - E // N, k) / comb(E, k)
+    assert deepep_node_share(E, k, N) == pytest.approx((N - 1) * hit / (k * (N - 1) / N))
+    assert deepep_node_share(E, k, 1) == 1.0
+    assert deepep_node_share(8, 1, 4) == pytest.approx(1.0)  # top-1: one copy either way
+    assert deepep_node_share(E, k, 8) < 1.0
+
+
+def test_deepep_scales_the_cross_node_all_to_all_and_nothing_inside_a_node():
+    from trainmath.perf.moe import deepep_node_share
+
+    (dims,) = [b.dims for b in SPEC.layers[0].blocks if b.kind == "moe"]
+    plain = estimate(SPEC, LAYOUT, JOB, H100, memory=False)
+    deep = estimate(SPEC, LAYOUT, replace(JOB, ep_dispatcher="deepep"), H100, memory=False)
+    assert _ep(deep).size_bytes == pytest.approx(_ep(plain).size_bytes * deepep_node_share(dims.experts, dims.top_k, 2))
+    assert _ep(deep).time_s < _ep(plain).time_s
+    assert any("DeepEP" in c for c in deep.conventions)
+    inside = ParallelLayout(dp=16, ep=8, zero=1)
+    a = estimate(SPEC, inside, JOB, H100, memory=False)
+    b = estimate(SPEC, inside, replace(JOB, ep_dispatcher="deepep"), H100, memory=False)
+    assert _ep(a).size_bytes == _ep(b).size_bytes and a.step_time_s == b.step_time_s
+
+
+def test_an_unknown_dispatcher_is_refused():
+    with pytest.raises(TrainmathError, match="ep dispatcher must be one of alltoall, deepep"):
+        estimate(SPEC, LAYOUT, replace(JOB, ep_dispatcher="nccl"), H100, memory=False)
