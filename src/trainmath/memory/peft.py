@@ -251,9 +251,10 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
             saved[i] = max(0, saved[i] - (full - mine))
     # a frozen embedding saves no ids, but the loop holds the batch through the step: the resident ids stay.
     # enable_input_require_grads() makes the embedding's output a leaf that requires grad: the graph's
-    # AccumulateGrad node holds it to the end of backward
+    # AccumulateGrad node holds it to the end of backward. Under full recompute that storage is layer 0's
+    # checkpointed input, already counted among the checkpoints.
     resident = list(inp.resident)
-    if inp.first and run.input_grad(setup.recompute):
+    if inp.first and run.input_grad(setup.recompute) and setup.recompute == "none":
         tokens = setup.micro_batch * setup.seq
         resident.append(Node(name="embedding output (leaf requiring grad)", unit="bytes",
                              value=st.alloc_bytes(tokens * spec.hidden_size * prec.weight_bytes, gran),

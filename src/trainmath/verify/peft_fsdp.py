@@ -39,7 +39,7 @@ def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precisio
             from None
     from trainmath.runtime.fsdp import shard_model
     from trainmath.runtime.train.model import decoder_layers
-    from trainmath.verify.peft_sim import _no_swap, unpacked
+    from trainmath.verify.peft_sim import _no_swap, release, unpacked
 
     if precision not in ("fp32", "bf16"):
         raise TrainmathError(f"precision {precision!r}: the peft FSDP2 simulation runs fp32 or bf16")
@@ -61,8 +61,10 @@ def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precisio
             restore()
             if recompute == "full":
                 pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            leaves: list = []  # each step's embedding-output leaf, released after it (peft_sim.release)
             if input_grads if input_grads is not None else recompute == "full":
                 pm.enable_input_require_grads()
+                pm.get_input_embeddings().register_forward_hook(lambda m, i, out: leaves.append(out))
             shard_model(model, decoder_layers(model), mesh=mesh, reshard_after_forward=reshard)
             trainable = [p for p in pm.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
@@ -73,6 +75,7 @@ def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precisio
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+                release(leaves)
 
             mt = FSDPMemTracker(model, opt)
             with mt:

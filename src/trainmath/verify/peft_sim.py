@@ -9,7 +9,10 @@ Two steps; the second is measured (``reset_mod_stats`` between them). On fake te
 unpacked (``unpacked``) and fp32 ``grouped_mm`` runs as the CPU kernel does (``fake_experts.grouped_mm_rule``), as
 ``verify.simulate`` does. Two facts make fake tensors work: a fake
 parameter cannot be swapped, so peft's ``.to(device)`` of a new adapter is made a no-op while wrapping; and
-MemTracker hooks every parameter's gradient, so the model is registered before peft freezes the base.
+MemTracker hooks every parameter's gradient, so the model is registered before peft freezes the base. On fake
+tensors transformers' masking would take its tracing path (an explicit causal mask, K/V repeated for SDPA):
+``unpacked`` keeps it on the path real tensors take. Each step's embedding-output leaf is released after the step
+(``release``): MemTracker's hooks would keep it alive.
 """
 
 from __future__ import annotations
@@ -66,6 +69,20 @@ def unpacked(fake: bool):
         masking.find_packed_sequence_indices = saved
 
 
+def release(leaves: list) -> None:
+    """Drop the step's embedding outputs that ``enable_input_require_grads`` made leaves requiring grad, with the
+    gradient hooks MemTracker's module tracker put on them. ``register_multi_grad_hook`` keeps each hooked tensor's
+    grad accumulator in the hook's closure, and a leaf's accumulator holds the leaf: a cycle through C++ that
+    Python's collector does not see, so without this each step's leaf and its ``.grad`` outlive the step (one
+    (T, d) pair more at the next step's peak than the training loop holds without the tracker)."""
+    import torch
+
+    for t in leaves:
+        t.grad = None
+        t.data = torch.empty(0, dtype=t.dtype)
+    leaves.clear()
+
+
 def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, rank: int, recompute: str = "none",
                    input_grads: bool | None = None, fake: bool = False, dropout: float = 0.0) -> dict:
     """{"peak_bytes", "buffers_bytes", "trainable_params"} of the measured step (module docstring)."""
@@ -99,8 +116,10 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
             restore()
             if recompute == "full":
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            leaves: list = []
             if input_grads if input_grads is not None else recompute == "full":
                 model.enable_input_require_grads()
+                model.get_input_embeddings().register_forward_hook(lambda m, i, out: leaves.append(out))
             trainable = [p for p in model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
             mt.track_external(model, opt)
@@ -112,6 +131,7 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+                release(leaves)
 
             with mt:
                 step()
