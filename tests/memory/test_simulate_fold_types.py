@@ -132,3 +132,23 @@ def test_cli_says_which_layers_ran(capsys, tmp_path):
     assert main(["memory", path, *argv, "3"]) == 2
     err = capsys.readouterr().err
     assert "--simulate-layers must be at least 4" in err and err.count("\n") == 1
+
+
+def test_fold_on_a_multimodal_wrapper():
+    """Llama-4's config wraps its text model (``text_config``): the simulation builds the text model the calculator
+    reads, and the fold over its (chunked ×3, full) unit equals the full simulation to the byte."""
+    wrapper = {k: v for k, v in catalog_entry("meta-llama/Llama-4-Scout-17B-16E-Instruct").config.items()
+               if not k.startswith("_")}
+    text = {k: v for k, v in wrapper["text_config"].items()
+            if k not in ("layer_types", "no_rope_layers", "rope_scaling", "moe_layers")}
+    text.update(NARROW, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4, num_hidden_layers=24,
+                attention_chunk_size=16, pad_token_id=0)
+    config = {**wrapper, "text_config": text}
+    from trainmath.memory.training import experts_path
+
+    setup = TrainingSetup(micro_batch=1, seq=32, attention="eager", device="cpu")
+    setup = TrainingSetup(micro_batch=1, seq=32, attention="eager", device="cpu",
+                          experts=experts_path(spec_from_config(config, name="narrow", source="test"), setup))
+    pattern, folded, full = fold_against_full(config, setup)
+    assert pattern.describe() == "(chunked_attention + moe ×3, full_attention + moe) ×6"
+    check(folded, full)

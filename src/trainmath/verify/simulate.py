@@ -196,6 +196,7 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
     fsdp = layout.zero == 3 and layout.dp > 1
     tp = layout.tp > 1
     cfg = hf_config(config)
+    cfg = cfg.get_text_config()  # a multimodal wrapper (Llama-4): its text model, as the calculator reads it
     if layers is not None:
         cfg.num_hidden_layers = layers
         if isinstance(getattr(cfg, "layer_types", None), list):
