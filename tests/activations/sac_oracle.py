@@ -185,8 +185,11 @@ def measure(model, mode: str, ids, **apply_kw) -> Measurement:
                 frame = frame_ref()
                 i = frame.recomp_counter[gid]
                 stored = i < len(frame.weak_holders) and frame.weak_holders[i]() is not None
-                if ptr not in params and not held:
-                    every[ptr] = x.untyped_storage().nbytes()
+                if ptr not in params and not held:  # a storage freed during the recompute (an unstored
+                    # tensor) can hand its address to the next one: a new storage there is counted again
+                    seen = every.setdefault(ptr, [])
+                    if not seen or seen[-1][0].expired():
+                        seen.append((StorageWeakRef(x.untyped_storage()), x.untyped_storage().nbytes()))
                 if stored and ptr not in params and not held and ptr not in mine:
                     mine[ptr] = x.untyped_storage().nbytes()
                     shapes.append((tuple(x.shape), DTYPE.get(x.dtype, str(x.dtype)), mine[ptr]))
@@ -200,5 +203,5 @@ def measure(model, mode: str, ids, **apply_kw) -> Measurement:
     finally:
         ckpt._recomputation_hook = real_hook
     m.transient_bytes = [sum(d.values()) for d in seen_now]
-    m.packed_bytes = [sum(d.values()) for d in m.packed_bytes]
+    m.packed_bytes = [sum(n for seen in d.values() for _, n in seen) for d in m.packed_bytes]
     return m
