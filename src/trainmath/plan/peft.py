@@ -18,7 +18,7 @@ from trainmath.perf.compute import memo, spec_cache
 from trainmath.perf.job import job_problems
 from trainmath.perf.peft import layout_problems, peft_estimate, peft_peak_bytes
 from trainmath.plan import search as full
-from trainmath.plan.search import MAX_GPUS, MICRO_BATCHES, PlanResult, Rejected, reason_category
+from trainmath.plan.search import MICRO_BATCHES, PlanResult, Rejected, reason_category
 from trainmath.usable import usable_bytes
 
 RECOMPUTES = ("none", "full")
@@ -34,16 +34,9 @@ def plan_peft(spec, *, gpus: int, gpu, job, gpus_per_node: int | None = None, to
     if fit_profiles is not None and tuple(fit_profiles) != ("hf",):
         raise TrainmathError("--fit-profiles with --peft: the fine-tune's memory is modelled with the hf profile "
                              "only (pass --fit-profiles hf or leave it out)")
-    if not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
-        raise TrainmathError(f"--gpus must be a positive integer of at most {MAX_GPUS:,} (2**20), got {gpus!r}")
-    if top < 1:
-        raise TrainmathError(f"--top must be at least 1, got {top}")
+    gpu = full.checked_request(gpus, gpu, gpus_per_node, top)
+    gpn = gpu.gpus_per_node
     hw = hardware or presets()
-    gpn = gpus_per_node or gpu.gpus_per_node
-    if gpn < 1:
-        raise TrainmathError(f"--gpus-per-node must be a positive integer, got {gpn}")
-    if gpn != gpu.gpus_per_node:
-        gpu = replace(gpu, gpus_per_node=gpn)
     limit = usable_bytes(gpu.memory_bytes, job.mem_util_percent)
     rejected: list[Rejected] = []
     per_structure = len(MICRO_BATCHES) * len(RECOMPUTES)

@@ -233,6 +233,20 @@ def fit_profiles_default(spec: ModelSpec, job: Job) -> tuple[str, ...]:
     return (job.profile, *extra)
 
 
+def checked_request(gpus, gpu, gpus_per_node: int | None, top: int):
+    """The planner's request checked (one line for a bad one); ``gpu`` with ``gpus_per_node`` applied."""
+    if not isinstance(gpus, int) or gpus < 1:
+        raise TrainmathError(f"--gpus must be a positive integer, got {gpus!r}")
+    if gpus > MAX_GPUS:
+        raise TrainmathError(f"--gpus must be at most {MAX_GPUS:,} (2**20) for the planner, got {gpus:,}")
+    if top < 1:
+        raise TrainmathError(f"--top must be at least 1, got {top}")
+    gpn = gpus_per_node or gpu.gpus_per_node
+    if gpn < 1:
+        raise TrainmathError(f"--gpus-per-node must be a positive integer, got {gpn}")
+    return gpu if gpn == gpu.gpus_per_node else replace(gpu, gpus_per_node=gpn)
+
+
 def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int | None = None, top: int = 5,
          hardware: Hardware | None = None, fit_profiles: tuple[str, ...] | None = None) -> PlanResult:
     """The ``top`` fastest layouts of ``job`` on ``gpus`` GPUs of type ``gpu`` that fit, and every rejection.
@@ -243,18 +257,9 @@ def plan(spec: ModelSpec, *, gpus: int, gpu: GPU, job: Job, gpus_per_node: int |
     profiles = fit_profiles_default(spec, job) if fit_profiles is None else tuple(fit_profiles)
     if not profiles or any(p not in ("megatron", "hf") for p in profiles):
         raise TrainmathError(f"--fit-profiles must name megatron and/or hf, got {','.join(profiles) or 'nothing'}")
-    if not isinstance(gpus, int) or gpus < 1:
-        raise TrainmathError(f"--gpus must be a positive integer, got {gpus!r}")
-    if gpus > MAX_GPUS:
-        raise TrainmathError(f"--gpus must be at most {MAX_GPUS:,} (2**20) for the planner, got {gpus:,}")
-    if top < 1:
-        raise TrainmathError(f"--top must be at least 1, got {top}")
+    gpu = checked_request(gpus, gpu, gpus_per_node, top)
+    gpn = gpu.gpus_per_node
     hw = hardware or presets()
-    gpn = gpus_per_node or gpu.gpus_per_node
-    if gpn < 1:
-        raise TrainmathError(f"--gpus-per-node must be a positive integer, got {gpn}")
-    if gpn != gpu.gpus_per_node:
-        gpu = replace(gpu, gpus_per_node=gpn)
     eff = hw.efficiency(gpu)
     limit = usable_bytes(gpu.memory_bytes, job.mem_util_percent)
     rejected: list[Rejected] = []
