@@ -192,11 +192,7 @@ def compare_peft(predicted: dict, measured: dict[int, dict], cfg: TrainConfig) -
                             measured=m["training_flops"] - m["attention_core_flops"], tolerance=0.0,
                             note="every matmul but the attention core, FlopCounterMode"))
     if predicted.get("peak_bytes") is not None:
-        from trainmath.verify.train import peak_tolerance
+        from trainmath.verify.train import peak_fields
 
-        tol, _ = peak_tolerance(cfg)
-        for r in ranks:
-            fields.append(Field(name=f"peak_bytes (rank {r})", predicted=predicted["peak_bytes"],
-                                measured=measured[r]["peak_bytes"], tolerance=tol,
-                                note="MemTracker (CPU)" if not measured[r].get("cuda") else "max_memory_allocated"))
+        fields += peak_fields(cfg, predicted["peak_bytes"], measured, ranks)
     return fields

@@ -39,7 +39,7 @@ def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precisio
             from None
     from trainmath.runtime.fsdp import shard_model
     from trainmath.runtime.train.model import decoder_layers
-    from trainmath.verify.peft_sim import _no_swap, release, unpacked
+    from trainmath.verify.peft_sim import _no_swap, release, tracked_steps, unpacked
 
     if precision not in ("fp32", "bf16"):
         raise TrainmathError(f"precision {precision!r}: the peft FSDP2 simulation runs fp32 or bf16")
@@ -77,17 +77,8 @@ def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precisio
                 opt.zero_grad(set_to_none=True)
                 release(leaves)
 
-            mt = FSDPMemTracker(model, opt)
-            with mt:
-                step()
-                mt.reset_mod_stats()
-                step()
-                peak = mt.get_tracker_snapshot("peak")
-            buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
-            count = sum(p.numel() for p in trainable)
+            result = tracked_steps(FSDPMemTracker(model, opt), step, model, trainable)
     finally:
         restore()
         dist.destroy_process_group()
-    snap = next(iter(peak.values()))
-    kinds = {str(getattr(k, "value", k)): v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total"}
-    return {"peak_bytes": snap["Total"], "buffers_bytes": buffers, "by_kind": kinds, "trainable_params": count}
+    return result

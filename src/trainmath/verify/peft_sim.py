@@ -83,6 +83,20 @@ def release(leaves: list) -> None:
     leaves.clear()
 
 
+def tracked_steps(mt, step, model, trainable) -> dict:
+    """Two steps under the tracker ``mt``, the second measured: its peak, by kind, with the module buffers and the
+    trainable parameter count."""
+    with mt:
+        step()
+        mt.reset_mod_stats()
+        step()
+        peak = mt.get_tracker_snapshot("peak")
+    snap = next(iter(peak.values()))
+    kinds = {str(getattr(k, "value", k)): v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total"}
+    return {"peak_bytes": snap["Total"], "buffers_bytes": sum(b.untyped_storage().nbytes() for b in model.buffers()),
+            "by_kind": kinds, "trainable_params": sum(p.numel() for p in trainable)}
+
+
 def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, rank: int, recompute: str = "none",
                    input_grads: bool | None = None, fake: bool = False, dropout: float = 0.0) -> dict:
     """{"peak_bytes", "buffers_bytes", "trainable_params"} of the measured step (module docstring)."""
@@ -133,15 +147,7 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
                 opt.zero_grad(set_to_none=True)
                 release(leaves)
 
-            with mt:
-                step()
-                mt.reset_mod_stats()
-                step()
-                peak = mt.get_tracker_snapshot("peak")
-            buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
+            result = tracked_steps(mt, step, model, trainable)
     finally:
         restore()
-    snap = next(iter(peak.values()))
-    kinds = {str(getattr(k, "value", k)): v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total"}
-    return {"peak_bytes": snap["Total"], "buffers_bytes": buffers, "by_kind": kinds,
-            "trainable_params": sum(p.numel() for p in trainable)}
+    return result

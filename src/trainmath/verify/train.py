@@ -219,9 +219,12 @@ def compare(predicted: dict, measured: dict[int, dict], cfg: TrainConfig) -> lis
                             measured=m["attention_core_flops"], tolerance=ATTENTION_TOLERANCE,
                             note="flash backward recomputes QKᵀ (2.5× forward; the calculator counts 2×)"))
     fields += collective_fields(predicted, measured, "buffer bytes per step (nccl-tests' size), trainmath.comm.volume")
-    peak_tol, _ = peak_tolerance(cfg)
-    for r in ranks:
-        fields.append(Field(name=f"peak_bytes (rank {r})", predicted=predicted["peak_bytes"],
-                            measured=measured[r]["peak_bytes"], tolerance=peak_tol,
-                            note="MemTracker (CPU)" if not measured[r].get("cuda") else "max_memory_allocated"))
-    return fields
+    return fields + peak_fields(cfg, predicted["peak_bytes"], measured, ranks)
+
+
+def peak_fields(cfg: TrainConfig, predicted: int, measured: dict[int, dict], ranks) -> list[Field]:
+    """Each rank's measured step peak against ``predicted``, at the run's ``peak_tolerance``."""
+    tol, _ = peak_tolerance(cfg)
+    return [Field(name=f"peak_bytes (rank {r})", predicted=predicted, measured=measured[r]["peak_bytes"],
+                  tolerance=tol, note="MemTracker (CPU)" if not measured[r].get("cuda") else "max_memory_allocated")
+            for r in ranks]
