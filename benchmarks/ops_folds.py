@@ -8,7 +8,10 @@ batch and context searches); serve's ``calc`` for six models; and the saved-byte
 precisions × two expert paths × tp 1/2 × two lengths × recompute none/selective) that the emitters also feed;
 ``trainmath params --json``; ``trainmath memory --json --timeline`` under eight layouts (DDP buckets, ZeRO-1/2 ours
 and DeepSpeed's, FSDP2 ZeRO-2/3, TP+SP, recompute, eager experts, megatron profile); one ``trainmath plan --json``
-and one ``trainmath estimate --json`` per model.
+and one ``trainmath estimate --json`` per model; and ``plans``: the planner at scale (``trainmath plan --json``
+for Llama-3.1-70B on 1024 and 4096 GPUs, Qwen3-30B-A3B on 256, DeepSeek-V3 on 2048, Qwen3-32B on 512, with
+--gpus auto and --deadline, --peft lora, --uneven-stages and a case where nothing fits).
+``snapshot OUT.json plans`` records only that section (a few seconds per case).
 ``compare OLD.json NEW.json`` prints, per section, how many cases are equal to the byte.
 Run on the tree before a change and after it (``PYTHONPATH=<old tree>/src python benchmarks/ops_folds.py snapshot
 old.json``; the same with the new tree; then ``compare``). Pure calculator, about a minute per snapshot on one core.
@@ -116,9 +119,47 @@ def _commands(m: str) -> dict:
     return out
 
 
-def snapshot(path: str) -> None:
+PLANS = (["meta-llama/Llama-3.1-70B", "--gpus", "4096", "--gpu", "h100", "--seq", "8192", "--global-batch", "1024"],
+         ["meta-llama/Llama-3.1-70B", "--gpus", "4096", "--gpu", "h100", "--seq", "8192", "--global-batch", "2048"],
+         ["meta-llama/Llama-3.1-70B", "--gpus", "1024", "--gpu", "h100", "--seq", "8192", "--global-batch", "1024"],
+         ["meta-llama/Llama-3.1-70B", "--gpus", "64", "--gpu", "h100", "--seq", "4096", "--global-batch", "256",
+          "--top", "10"],
+         ["Qwen/Qwen3-30B-A3B", "--gpus", "256", "--gpu", "h100", "--seq", "4096", "--global-batch", "512"],
+         ["Qwen/Qwen3-30B-A3B", "--gpus", "256", "--gpu", "h100", "--seq", "4096", "--global-batch", "1024",
+          "--precision", "fp8"],
+         ["deepseek-ai/DeepSeek-V3", "--gpus", "2048", "--gpu", "h100", "--seq", "4096", "--global-batch", "2048"],
+         ["Qwen/Qwen3-32B", "--gpus", "512", "--gpu", "h100", "--seq", "4096", "--global-batch", "1024"],
+         ["meta-llama/Llama-3.1-405B", "--gpus", "2048", "--gpu", "h100", "--seq", "8192", "--global-batch", "1024",
+          "--uneven-stages"],
+         ["meta-llama/Llama-3.1-70B", "--gpus", "8", "--gpu", "h100", "--seq", "8192", "--global-batch", "64"],
+         ["meta-llama/Llama-3.1-70B", "--gpus", "256", "--gpu", "a100-80gb", "--seq", "4096", "--global-batch",
+          "512", "--profile", "hf", "--optimizer", "adamw8bit"],
+         ["meta-llama/Llama-3.1-70B", "--gpu", "h100", "--seq", "8192", "--global-batch", "1024", "--tokens", "15T",
+          "--deadline", "30d"],
+         ["Qwen/Qwen3-8B", "--gpus", "auto", "--gpu", "h100", "--seq", "4096", "--global-batch", "256", "--tokens",
+          "100B", "--deadline", "3d"],
+         ["meta-llama/Llama-3.1-8B", "--gpus", "8", "--gpu", "h100", "--seq", "4096", "--global-batch", "64",
+          "--peft", "lora", "--lora-rank", "16", "--lora-targets", "all-linear", "--top", "3"])
+
+
+def _plans() -> dict:
+    out = {}
+    for argv in PLANS:
+        for fmt in (["--json"], []):
+            cmd = ["plan", *argv, *fmt]
+            out[" ".join(cmd)] = _cli(cmd)
+    return out
+
+
+def snapshot(path: str, only: str | None = None) -> None:
     from trainmath.serve.app import calc
 
+    if only == "plans":
+        out = {"plans": _plans()}
+        with open(path, "w") as f:
+            json.dump(out, f)
+        print({k: len(v) for k, v in out.items()})
+        return
     out: dict[str, dict] = {k: {} for k in ("flops", "cache", "per_token", "grows", "cli", "serve", "memory",
                                                     "commands")}
     for m in sorted(catalog_index()):
@@ -134,6 +175,7 @@ def snapshot(path: str) -> None:
     for m in SERVE:
         out["serve"][m] = json.dumps(calc({"model": m, "micro-batch": "1", "seq": "1024", "serve-batch": "4",
                                            "context": "70000", "gpu": "h100"}), sort_keys=True)
+    out["plans"] = _plans()
     with open(path, "w") as f:
         json.dump(out, f)
     print({k: len(v) for k, v in out.items()})
@@ -147,16 +189,18 @@ def compare(old_path: str, new_path: str) -> int:
     print("| section | cases | equal to the byte |\n|---|---:|---:|")
     differ = 0
     for sec, cases in old.items():
-        eq = sum(1 for k, v in cases.items() if new.get(sec, {}).get(k) == v)
+        if sec not in new:
+            continue  # a partial snapshot (``snapshot OUT.json plans``) is compared on its sections only
+        eq = sum(1 for k, v in cases.items() if new[sec].get(k) == v)
         differ += len(cases) - eq
         print(f"| {sec} | {len(cases)} | {eq} |")
     return 1 if differ else 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "snapshot":
-        snapshot(sys.argv[2])
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "snapshot" and sys.argv[3:] in ([], ["plans"]):
+        snapshot(sys.argv[2], *sys.argv[3:])
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
         sys.exit(compare(sys.argv[2], sys.argv[3]))
     else:
-        sys.exit("usage: python benchmarks/ops_folds.py snapshot OUT.json | compare OLD.json NEW.json")
+        sys.exit("usage: python benchmarks/ops_folds.py snapshot OUT.json [plans] | compare OLD.json NEW.json")
