@@ -77,26 +77,46 @@ def model_states(placement: Placement, layout: ParallelLayout, prec: Precision, 
     w = g = m = s = 0
     any_8bit = False
     scalar_units: dict[str, set] = {}
+    done: dict[tuple, tuple[int, int, int, int, bool, bool]] = {}  # the layers' tensors repeat: one sum per shape
     for t in placement.tensors:
-        shape, n = held_tensors(t, layout, 3)
-        w += n * alloc_bytes(numel(shape) * prec.weight_bytes, granularity)
-        shape, n = held_tensors(t, layout, 2)
-        g += n * alloc_bytes(numel(shape) * prec.grad_bytes, granularity)
-        shard, n = held_tensors(t, layout, 1)
-        m += n * alloc_bytes(numel(shard) * prec.master_bytes, granularity)
         per_expert = t.expert and "{e}" in t.spec.name
-        for st in state_tensors(optimizer, shard, state_bytes=prec.state_bytes, impl=impl, block_size=block_size):
-            if st.on_device or device == "cpu":
-                if per_expert and st.numel == 1:
-                    scalar_units.setdefault(t.unit, set()).add(t.spec.name.rsplit(".", 2)[-2])
-                    continue
-                s += n * alloc_bytes(st.nbytes, granularity)
-            any_8bit |= st.elem_bytes == 1
+        key = (t.shape, t.copies, t.expert, per_expert)
+        one = done.get(key)
+        if one is None:
+            one = done[key] = _tensor_states(t, layout, prec, optimizer, impl, granularity, block_size, device,
+                                             per_expert)
+        dw, dg, dm, ds, scalar, eight = one
+        w, g, m, s = w + dw, g + dg, m + dm, s + ds
+        any_8bit |= eight
+        if scalar:
+            scalar_units.setdefault(t.unit, set()).add(t.spec.name.rsplit(".", 2)[-2])
     for names in scalar_units.values():
         s += runtime_expert_params(names) * alloc_bytes(4, granularity)
     if any_8bit:
         s += 2 * alloc_bytes(BNB_QMAP_BYTES // 2, granularity)
     return ModelStates(weights_bytes=w, gradients_bytes=g, master_weights_bytes=m, optimizer_states_bytes=s)
+
+
+def _tensor_states(t: RankTensor, layout: ParallelLayout, prec: Precision, optimizer: str, impl: str,
+                   granularity: int, block_size: int, device: str,
+                   per_expert: bool) -> tuple[int, int, int, int, bool, bool]:
+    """(weight, gradient, master, optimizer-state bytes, has a per-expert scalar state, has an 8-bit state) of
+    one placed tensor: ``model_states``' terms for ``t`` alone."""
+    shape, n = held_tensors(t, layout, 3)
+    w = n * alloc_bytes(numel(shape) * prec.weight_bytes, granularity)
+    shape, n = held_tensors(t, layout, 2)
+    g = n * alloc_bytes(numel(shape) * prec.grad_bytes, granularity)
+    shard, n = held_tensors(t, layout, 1)
+    m = n * alloc_bytes(numel(shard) * prec.master_bytes, granularity)
+    s, scalar, eight = 0, False, False
+    for st in state_tensors(optimizer, shard, state_bytes=prec.state_bytes, impl=impl, block_size=block_size):
+        if st.on_device or device == "cpu":
+            if per_expert and st.numel == 1:
+                scalar = True
+                continue
+            s += n * alloc_bytes(st.nbytes, granularity)
+        eight |= st.elem_bytes == 1
+    return w, g, m, s, scalar, eight
 
 
 def runtime_expert_params(names: set) -> int:
@@ -108,7 +128,16 @@ def runtime_expert_params(names: set) -> int:
 
 def optimizer_shard_shapes(placement: Placement, layout: ParallelLayout) -> list[tuple[int, ...]]:
     """The shapes the optimizer updates on this rank (ZeRO-1 shards), one per tensor copy."""
-    return [shape for t in placement.tensors for shape, n in [held_tensors(t, layout, 1)] for _ in range(n)]
+    out: list[tuple[int, ...]] = []
+    done: dict[tuple, tuple[tuple[int, ...], int]] = {}
+    for t in placement.tensors:
+        key = (t.shape, t.copies, t.expert)
+        held = done.get(key)
+        if held is None:
+            held = done[key] = held_tensors(t, layout, 1)
+        shape, n = held
+        out += [shape] * n
+    return out
 
 
 def optimizer_temporaries_bytes(placement: Placement, layout: ParallelLayout, prec: Precision, optimizer: str,

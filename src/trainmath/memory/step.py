@@ -79,7 +79,12 @@ class Live:
 
     @property
     def bytes(self) -> int:
-        return sum(n.value for n in self.terms())
+        """The sum of ``terms()``' values, in the same order, without building the nodes."""
+        total = 0
+        for name in TERMS:
+            v = getattr(self, name)
+            total += v.value if isinstance(v, Node) else v
+        return total
 
 
 TERMS = tuple(f.name for f in fields(Live))

@@ -237,15 +237,20 @@ def unit_bytes(placement: Placement, layout: ParallelLayout, prec: Precision, *,
     grads: dict[str, int] = {}
     gathered: dict[str, int] = {}
     full_grads: dict[str, int] = {}
+    done: dict[tuple, tuple[int, int, int] | tuple[int]] = {}  # the layers' tensors repeat: one figure per shape
     for t in placement.tensors:
-        g = tensor_grad_bytes(t, layout, prec, granularity=granularity)
-        grads[t.unit] = grads.get(t.unit, 0) + g
-        degree = layout.expert_zero_degree if t.expert else layout.zero_degree
-        if layout.zero >= 3 and degree > 1:
-            gathered[t.unit] = gathered.get(t.unit, 0) + t.copies * st.alloc_bytes(
-                t.numel * prec.weight_bytes, granularity)
-            full_grads[t.unit] = full_grads.get(t.unit, 0) + t.copies * st.alloc_bytes(
-                t.numel * prec.grad_bytes, granularity)
+        key = (t.shape, t.copies, t.expert)
+        one = done.get(key)
+        if one is None:
+            degree = layout.expert_zero_degree if t.expert else layout.zero_degree
+            g = tensor_grad_bytes(t, layout, prec, granularity=granularity)
+            one = done[key] = (g, t.copies * st.alloc_bytes(t.numel * prec.weight_bytes, granularity),
+                               t.copies * st.alloc_bytes(t.numel * prec.grad_bytes, granularity)) \
+                if layout.zero >= 3 and degree > 1 else (g,)
+        grads[t.unit] = grads.get(t.unit, 0) + one[0]
+        if len(one) == 3:
+            gathered[t.unit] = gathered.get(t.unit, 0) + one[1]
+            full_grads[t.unit] = full_grads.get(t.unit, 0) + one[2]
     return grads, gathered, full_grads
 
 

@@ -95,8 +95,13 @@ def micro_batch_time(layers: Sequence[Unit], root: Unit, head_forward_s: float, 
 def fsdp_item(gname: str, group: Group, topo: Topology, layers: Sequence[Unit], root: Unit, head_forward_s: float,
               head_backward_s: float, weight_bytes: float, grad_bytes: float, micro_batches: int) -> cm.CommItem:
     """The step's ZeRO-3 CommItem (``zero3_comm``) for one data-parallel group: ``micro_batches`` micro-batches."""
+    priced: dict[tuple[str, float], float] = {}  # the layers' units repeat: each collective priced once
+
     def time(op: str, size: float) -> float:
-        return cm.time_s(op, size, group, topo) if group.size > 1 and size > 0 else 0.0
+        t = priced.get((op, size))
+        if t is None:
+            t = priced[(op, size)] = cm.time_s(op, size, group, topo) if group.size > 1 and size > 0 else 0.0
+        return t
 
     t = micro_batch_time(layers, root, head_forward_s, head_backward_s, weight_bytes, grad_bytes, time)
     params = root.params + sum(u.params for u in layers)
