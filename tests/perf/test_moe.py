@@ -155,11 +155,12 @@ def test_published_error_table_does_not_regress():
     assert statistics.median(errs["all"]) <= 0.048
     assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.82
     assert statistics.median(errs["moe"]) <= MOE_MEDIAN
-    # with the sources added after the MoE terms and the ampere refit (docs/benchmarks.md, "four more publishers")
+    # with the sources added after the MoE terms, InternLM's stated gradient buckets and hybrid ZeRO group
+    # (perf.dpsync) and the ampere refit that follows (docs/benchmarks.md, "InternLM's gradient buckets")
     every = errs["every source"]
     assert len(every) == 220
-    assert statistics.median(every) <= 0.070
-    assert sum(e <= 0.15 for e in every) / len(every) >= 0.786
+    assert statistics.median(every) <= 0.068
+    assert sum(e <= 0.15 for e in every) / len(every) >= 0.813
 
 
 def test_cli_refuses_an_imbalance_below_one():
