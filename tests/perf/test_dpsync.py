@@ -123,3 +123,24 @@ def test_job_problems_name_the_bad_values(layout, job, words):
     assert any(words in b for b in bad), bad
     with pytest.raises(TrainmathError):
         estimate(INTERNLM_7B, layout, Job(global_batch=32, seq=2048, **job), A100, memory=False)
+
+
+def test_autograd_accumulation_adds_three_gradient_passes_per_later_micro_batch():
+    gpus, M = 16, 4
+    layout = ParallelLayout(dp=gpus, zero=1)
+    job = Job(global_batch=2 * gpus * M, seq=2048, micro_batch=2, **HYBRID)
+    plain = estimate(INTERNLM_7B, layout, job, A100, memory=False)
+    summed = estimate(INTERNLM_7B, layout, replace(job, autograd_grad_accumulation=True), A100, memory=False)
+    eff = HW.efficiency(A100)
+    want = (M - 1) * 3 * 7_321_423_872 * 2 / (A100.hbm_bytes_per_s * eff.hbm_fraction)  # bf16 .grad
+    assert summed.breakdown["backward"] - plain.breakdown["backward"] == pytest.approx(want)
+    assert summed.step_time_s - plain.step_time_s == pytest.approx(want)
+    # one micro-batch, or ZeRO-2 (gradient shards, reduced every micro-batch): nothing to accumulate
+    one = Job(global_batch=2 * gpus, seq=2048, micro_batch=2, autograd_grad_accumulation=True)
+    assert estimate(INTERNLM_7B, layout, one, A100, memory=False).step_time_s == pytest.approx(
+        estimate(INTERNLM_7B, layout, replace(one, autograd_grad_accumulation=False), A100, memory=False).step_time_s)
+    z2 = ParallelLayout(dp=gpus, zero=2)
+    four = Job(global_batch=2 * gpus * M, seq=2048, micro_batch=2)
+    assert estimate(INTERNLM_7B, z2, replace(four, autograd_grad_accumulation=True), A100,
+                    memory=False).step_time_s == pytest.approx(estimate(INTERNLM_7B, z2, four, A100,
+                                                                        memory=False).step_time_s)

@@ -18,7 +18,9 @@ nodes", doc/en/train_performance.md@20fe5ac297e61c6ee62a8589e0b7fd12e36b590b): t
 dst_rank=None, parallel_mode=ParallelMode.DATA)``, bf16), each rank steps the 1/N of the parameters it owns, and
 ``broadcast_params`` broadcasts each of the N partitions from its owner inside the group (``ParallelMode.ZERO1``)
 — with ``overlap=False`` at that commit ("TODO: support broadcast overlap"), so the step waits for it
-(``Job.param_sync_overlap`` False).
+(``Job.param_sync_overlap`` False). Only the last micro-batch reduces: ``forward_backward_step`` in
+``internlm/core/no_pipeline_scheduler.py`` (same commit) sets ``skip_grad_reduce`` on the others, whose gradients
+autograd's AccumulateGrad adds into ``.grad`` (``Job.autograd_grad_accumulation``, :func:`accumulation_s`).
 """
 
 from __future__ import annotations
@@ -137,6 +139,9 @@ def dpsync_text(job) -> str | None:
         parts.append(f"hybrid ZeRO over groups of {job.zero_group}: gradients all-reduced over all of dp, the "
                      f"optimizer step over 1/{job.zero_group} of the parameters, the updates broadcast inside the "
                      f"group")
+    if job.autograd_grad_accumulation:
+        parts.append("gradients of later micro-batches added into .grad by autograd (3 x grad bytes per parameter "
+                     "at HBM bandwidth, in backward)")
     if not job.param_sync_overlap:
         parts.append("the parameter sync after the optimizer step not overlapped")
     return "; ".join(parts) or None
@@ -187,3 +192,13 @@ def optimizer_shard(layout, job, kind: str) -> int:
         return 1
     degree = layout.zero_degree if kind == "dense" else layout.expert_zero_degree
     return min(job.zero_group, degree) if job.zero_group else degree
+
+
+def accumulation_s(job, layout, rank_params: int, grad_bytes: int, hbm_bytes_per_s: float,
+                   micro_batches: int) -> float:
+    """Seconds per step of PyTorch's AccumulateGrad adding each later micro-batch's gradients into ``.grad``
+    (``Job.autograd_grad_accumulation``): (M − 1) · 3 · P · grad bytes (read ``.grad`` and the new gradient,
+    write ``.grad``) at ``hbm_bytes_per_s``. Only where whole gradients are kept (ZeRO 0/1)."""
+    if not job.autograd_grad_accumulation or layout.zero > 1 or micro_batches < 2:
+        return 0.0
+    return (micro_batches - 1) * 3 * rank_params * grad_bytes / hbm_bytes_per_s

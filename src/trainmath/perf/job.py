@@ -68,6 +68,10 @@ class Job:
     param_sync_overlap: bool = True
     """The ZeRO parameter all-gather (or broadcast) after the optimizer step overlaps the next forward (Megatron's
     ``--overlap-param-gather``); False: the step waits for it (InternLM's ``broadcast_params(overlap=False)``)."""
+    autograd_grad_accumulation: bool = False
+    """Micro-batches after the first add their gradients into ``.grad`` through PyTorch's AccumulateGrad (read
+    both, write one, at HBM bandwidth: InternLM's hooks skip the reduce and let autograd accumulate); False: fused
+    into the weight-gradient GEMM (Megatron's ``gradient_accumulation_fusion``) or sharded away (ZeRO-2/3)."""
     mem_util_percent: int = MEM_UTIL_PERCENT
     """The fit rule's usable share (``trainmath.usable``: peak_bytes + the CUDA context under this share of the
     GPU's memory)."""
@@ -201,7 +205,7 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
         bad.append(f"ep dispatcher must be one of {', '.join(DISPATCHERS)}, got {job.ep_dispatcher!r}")
     if not isinstance(job.ep_overlap, bool):
         bad.append(f"ep overlap must be true or false, got {job.ep_overlap!r}")
-    for name in ("blocking_buckets", "param_sync_overlap"):
+    for name in ("blocking_buckets", "param_sync_overlap", "autograd_grad_accumulation"):
         if not isinstance(getattr(job, name), bool):
             bad.append(f"{name.replace('_', ' ')} must be true or false, got {getattr(job, name)!r}")
     for name in ("zero_group", "grad_bucket_elements"):

@@ -263,7 +263,10 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         (per_mb_comm if it.name in per_mb_comm else once)[it.name] += it.exposed_s
     per_mb = f + b + r + cast + sum(per_mb_comm.values()) / M
     bubble = (layout.pp - 1) / job.virtual_stages * per_mb
-    breakdown = {"forward": M * f, "backward": M * b, "recompute": M * r, "fp8_cast": M * cast + weight_cast_s,
+    accumulate_s = dpsync.accumulation_s(job, layout, dense_p + expert_p, g, gpu.hbm_bytes_per_s * eff.hbm_fraction,
+                                         M)
+    breakdown = {"forward": M * f, "backward": M * b + accumulate_s, "recompute": M * r,
+                 "fp8_cast": M * cast + weight_cast_s,
                  **per_mb_comm,
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
                  "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
