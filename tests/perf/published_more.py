@@ -36,11 +36,16 @@ def gpus(run: dict) -> int:
     return lay["dp"] * lay["tp"] * lay["pp"] * lay.get("cp", 1)
 
 
+def job_fields(run: dict) -> dict:
+    """The run's ``job`` as ``Job`` keywords (JSON lists as tuples)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in run["job"].items()}
+
+
 def estimate_run(run: dict, hardware: Hardware | None = None):
     """(the step-time estimate of ``run``, the job it priced): uneven pipeline stages where the layers do not
     divide, no memory model (the runs did fit); raises TrainmathError when the model cannot price the run."""
     hw = hardware or presets()
-    job = dict(run["job"])
+    job = job_fields(run)
     uneven = job.get("virtual_stages", 1) * run["layout"]["pp"]
     if len(spec(run["id"]).layers) % uneven:
         job["uneven_stages"] = True
@@ -96,7 +101,7 @@ def memory_check(run: dict, hardware: Hardware | None = None) -> dict:
     from trainmath.usable import usable_bytes
 
     hw = hardware or presets()
-    job = dict(run["job"])
+    job = job_fields(run)
     if len(spec(run["id"]).layers) % (job.get("virtual_stages", 1) * run["layout"]["pp"]):
         job["uneven_stages"] = True
     gpu = run_gpu(run, hw)

@@ -206,14 +206,17 @@ def _mlp(width: int, gated: bool, xrows: int, t: int, name: str) -> list[tuple[s
 
 def activations_megatron(spec: ModelSpec, *, micro_batch: int, seq: int, recompute: str = "none", tp: int = 1,
                          sp: bool = False, cp: int = 1, layers: Sequence[int] = (), compute_dtype_bytes: int = 2,
-                         attention: str = "sdpa", attention_dropout: float = 0.0, residual_dropout: float = 0.0
-                         ) -> SavedActivations:
+                         attention: str = "sdpa", attention_dropout: float = 0.0, residual_dropout: float = 0.0,
+                         recompute_saves: Sequence[str] = ()) -> SavedActivations:
     """The ``megatron`` profile on one rank: ``layers`` → ``<layer label> × n`` (as the hf profile names its
     groups, so the timeline puts each on its layer's events) → per saved tensor (``layer_terms``), and under
     recompute the ``recompute transient``: what one layer's backward holds again (full: the whole layer's
     tensors; selective: its core attention's). ``attention``: ``sdpa`` is flash attention, ``eager`` Megatron's
     unfused core attention (the paper's, s² softmax saved). Embedding, final norm and logits are not in Table 2:
-    the head is ``logits_bytes``."""
+    the head is ``logits_bytes``. ``recompute_saves`` (with ``full``): tensors of ``layer_terms`` kept beside the
+    checkpointed input, by name, as a JAX remat policy ``save_only_these_names`` keeps them (MaxText's
+    ``remat_policy``, e.g. ``save_qkv_proj``: the q, k and v projections; every other tensor recomputed);
+    a name no layer has is refused."""
     if tp < 1 or cp < 1:
         raise TrainmathError(f"tp ({tp}) and cp ({cp}) must be at least 1")
     if sp and tp == 1:
@@ -222,6 +225,7 @@ def activations_megatron(spec: ModelSpec, *, micro_batch: int, seq: int, recompu
         raise TrainmathError(f"seq ({seq}) must be divisible by tp ({tp}) with sp and by cp ({cp})")
     b, s, d, x = micro_batch, seq, spec.hidden_size, compute_dtype_bytes
     groups, largest, core_largest = [], None, None
+    found: set[str] = set()
     for layer, idx in spec.layer_groups():
         mine = [i for i in idx if i in set(layers)]
         if not mine:
@@ -234,13 +238,18 @@ def activations_megatron(spec: ModelSpec, *, micro_batch: int, seq: int, recompu
         if core and (core_largest is None or sum(n.value for n in core) > core_largest.value):
             core_largest = Node.of(layer.label, core, "bytes")
         if recompute == "full":
-            one = Node.of(layer.label, [_leaf("layer input (checkpoint)", x * s * b * d // ((tp if sp else 1) * cp))],
-                          "bytes")
+            keep = [n for n in kept + core if n.name in set(recompute_saves)]
+            one = Node.of(layer.label, [_leaf("layer input (checkpoint)", x * s * b * d // ((tp if sp else 1) * cp)),
+                                        *keep], "bytes")
+            found.update(n.name for n in keep)
         elif recompute == "selective":
             one = Node.of(layer.label, kept, "bytes")
         else:
             one = whole
         groups.append(LayerGroup(label=layer.label, layers=tuple(mine), one=one))
+    if recompute == "full" and set(recompute_saves) - found:
+        raise TrainmathError(f"recompute saves {sorted(set(recompute_saves) - found)} name no tensor the megatron "
+                             f"profile saves in {spec.name}'s layers (memory.megatron.layer_terms names)")
     transient = largest if recompute == "full" else core_largest if recompute == "selective" else None
     if transient is not None:
         transient = Node(name="recompute transient", value=transient.value, unit="bytes",

@@ -62,3 +62,12 @@ class TrainingSetup:
     """ZeRO-Offload (Ren et al. 2021): ``optimizer`` keeps optimizer states, master weights and the optimizer
     step on the CPU; ``params`` (ZeRO-3 only) also keeps the parameter shards there, gathered to the GPU per
     module."""
+    recompute_saves: tuple[str, ...] = ()
+    """With ``recompute="full"`` under the megatron profile: the layer's tensors (``memory.megatron`` names) kept
+    beside its checkpointed input, as a JAX ``save_only_these_names`` remat policy keeps them."""
+    offload_layers: int = 0
+    """Megatron-Core's ``--cpu-offloading-num-layers`` (megatron profile): the first that many layers of the rank
+    keep their saved activations in host memory; each is reloaded for its backward (``memory.recipe_options``)."""
+    fp8_param_gather: bool = False
+    """``fp8_param_gather`` (``precision="fp8"``): the linear weights are FP8 tensors, not bf16 beside an FP8
+    cache (``memory.recipe_options.fp8_param_bytes_saved``)."""

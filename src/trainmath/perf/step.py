@@ -139,7 +139,8 @@ def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_b
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
                           optimizer=job.optimizer, recompute=memory_recompute(job), profile=job.profile,
                           attention=attention_as(job.attention, MEMORY_ATTENTION), micro_batches=micro_batches,
-                          offload=job.offload)
+                          offload=job.offload, recompute_saves=tuple(job.recompute_saves),
+                          offload_layers=job.offload_layers, fp8_param_gather=job.fp8_param_gather)
     return training_memory(spec, setup, layout).peak_bytes
 
 
