@@ -153,13 +153,14 @@ def test_published_error_table_does_not_regress():
     assert len(errs["all"]) == 184 and len(errs["moe"]) == 32
     # with the flash kernels (perf.attention), FSDP at ZeRO-2, the Blackwell GEMM plateau
     assert statistics.median(errs["all"]) <= 0.048
-    assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.82
+    # 0.80: the MaxText rows now recompute as their recipe states (remat_policy save_qkv_proj), 3 of them out of 15%
+    assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.80
     assert statistics.median(errs["moe"]) <= MOE_MEDIAN
     # with the sources added after the MoE terms and the ampere refit (docs/benchmarks.md, "four more publishers")
     every = errs["every source"]
     assert len(every) == 220
     assert statistics.median(every) <= 0.070
-    assert sum(e <= 0.15 for e in every) / len(every) >= 0.786
+    assert sum(e <= 0.15 for e in every) / len(every) >= 0.77  # MaxText's stated recompute (above)
 
 
 def test_cli_refuses_an_imbalance_below_one():
