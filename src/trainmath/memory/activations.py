@@ -91,7 +91,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      norm_topk_prob: bool | None = None, router: Router | None = None,
                      family: Family | None = None, experts: str = "eager", ep: int = 1,
                      vocab_parallel: bool = False, device: str = "cuda", attention: str = "sdpa",
-                     recompute_saves: tuple[str, ...] = ()) -> SavedActivations:
+                     recompute_saves: tuple[str, ...] = (), recompute_modules: tuple[str, ...] = (),
+                     fp8_linear_inputs: bool = False) -> SavedActivations:
     """Bytes saved for backward by one micro-batch on one rank (``saved.SavedActivations``): per layer type (its
     layers, one layer's saved tensors), plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin,
     computed once, shared by all layers). The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -149,12 +150,16 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
     if recompute_saves and (profile != "megatron" or recompute != "full"):
         raise TrainmathError("recompute_saves names what a full-recompute layer keeps: megatron profile, "
                              f"recompute full only (got {profile}, {recompute})")
+    if recompute_modules and (profile != "megatron" or recompute != "selective"):
+        raise TrainmathError("recompute_modules are Megatron-Core's --recompute-modules: megatron profile, recompute "
+                             f"selective only (got {profile}, {recompute})")
     if profile == "megatron":
         fam = family or Family.from_config(spec.options, spec.family.config_defaults)
         return activations_megatron(spec, micro_batch=micro_batch, seq=seq, recompute=recompute, tp=tp, sp=sp,
                                     cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes,
                                     attention=attention, attention_dropout=fam.attention_dropout,
-                                    residual_dropout=fam.residual_dropout, recompute_saves=recompute_saves)
+                                    residual_dropout=fam.residual_dropout, recompute_saves=recompute_saves,
+                                    recompute_modules=recompute_modules, fp8=fp8_linear_inputs)
     deg = _degrees(spec, seq, tp=tp, sp=sp, cp=cp, ep=ep, vocab_parallel=vocab_parallel)
     if profile == "eager" and cp > 1:
         raise TrainmathError(f"--attention eager with --cp {cp} is not modelled: context parallelism (torch's "

@@ -65,6 +65,9 @@ class TrainingSetup:
     recompute_saves: tuple[str, ...] = ()
     """With ``recompute="full"`` under the megatron profile: the layer's tensors (``memory.megatron`` names) kept
     beside its checkpointed input, as a JAX ``save_only_these_names`` remat policy keeps them."""
+    recompute_modules: tuple[str, ...] = ()
+    """With ``recompute="selective"`` under the megatron profile: Megatron-Core's ``--recompute-modules``
+    (``memory.megatron_recompute``); empty: ``core_attn`` (Megatron-Core's default)."""
     offload_layers: int = 0
     """Megatron-Core's ``--cpu-offloading-num-layers`` (megatron profile): the first that many layers of the rank
     keep their saved activations in host memory; each is reloaded for its backward (``memory.recipe_options``)."""

@@ -278,8 +278,12 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
               compute_dtype_bytes=prec.compute_bytes, param_dtype_bytes=prec.weight_bytes, tp=layout.tp,
               sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup),
               ep=layout.ep, vocab_parallel=layout.vocab_parallel, device=setup.device)
+    if setup.precision == "fp8" and setup.profile == "megatron":  # TE saves FP8 linear inputs (memory/te_fp8.py)
+        kw["fp8_linear_inputs"] = True
     if setup.recompute_saves:  # a remat policy's saved names (megatron profile, full recompute)
         kw["recompute_saves"] = tuple(setup.recompute_saves)
+    if setup.recompute_modules:  # Megatron-Core's --recompute-modules (megatron profile, selective)
+        kw["recompute_modules"] = tuple(setup.recompute_modules)
     act = am.activation_bytes(spec, recompute=setup.recompute, **kw)
     saved, resident = act.per_layer(), list(act.resident)
     if setup.recompute in ("full", "selective") and setup.profile == "hf" and spec.family.checkpoint_position_ids:
@@ -288,7 +292,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                                     unit="bytes")]
     recomputed = {i: 0 for i in pl.layers}
     if setup.recompute == "full":
-        none = am.activation_bytes(spec, recompute="none", **{k: v for k, v in kw.items() if k != "recompute_saves"})
+        plain = {k: v for k, v in kw.items() if k not in ("recompute_saves", "recompute_modules")}
+        none = am.activation_bytes(spec, recompute="none", **plain)
         full = none.per_layer()
         # An fp32 residual stream: the recomputed norm's fp32 input is the checkpointed layer input itself.
         dup = saved if prec.weight_bytes == 4 and none.keeps_layer_input else {}

@@ -70,6 +70,10 @@ class Job:
     """With ``recompute="full"`` (megatron profile): the layer's tensors kept beside its checkpointed input, by
     their ``memory.megatron`` names, as a JAX ``save_only_these_names`` policy keeps them (MaxText's
     ``remat_policy``); empty: Megatron-Core's full recompute (the input only)."""
+    recompute_modules: tuple[str, ...] = ()
+    """With ``recompute="selective"`` (megatron profile): Megatron-Core's ``--recompute-modules``
+    (``memory.megatron_recompute``); empty: ``core_attn``. The step times the core attention's recompute only
+    (``perf.step.timed_recompute``)."""
     offload_layers: int = 0
     """Megatron-Core's ``--cpu-offloading-num-layers``: the saved activations of the first that many layers of
     each rank live in host memory between their forward and backward (``memory.recipe_options``); 0: none."""
