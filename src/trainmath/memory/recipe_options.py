@@ -84,3 +84,18 @@ def fp8_param_bytes_saved(placement: Placement, layout: ParallelLayout) -> tuple
     weights (ZeRO-3: the rank's shard)."""
     n = _linear_params(placement, layout, sharded=layout.zero >= 3 and layout.zero_degree > 1)
     return n, n
+
+
+def fused_cross_entropy(head, head_saved: int) -> tuple[int, int, int, int]:
+    """(head saved, logits alive at the loss beside it, fp32 logits, cross-entropy gradient) bytes of the loss
+    under Megatron-Core's cross-entropy fusion with Transformer Engine's kernel (``cross_entropy_loss_fusion=True``,
+    ``cross_entropy_fusion_impl="te"``, as Megatron-Bridge's recipes set them), from ``head`` (the head's
+    ``saved.HeadActivations``) and what the plain loss saves. TE's ``parallel_cross_entropy``
+    (``transformer_engine/pytorch/cross_entropy.py``, ``CrossEntropyFunction``) computes in fp32 inside its Triton
+    kernels and saves the 16-bit logits themselves (``ctx.save_for_backward(_input, ...)``) with per-token
+    statistics, then writes the gradient into the logits' storage in backward: no fp32 log-probabilities, no
+    fp32 upcast, no separate gradient; the logits are saved (held through the loss's and the head's backward),
+    so they are counted once, as saved, and the loss scalar (4 bytes) is what is alive beside them. The
+    per-token statistics (a few fp32 values per token) are left out."""
+    lsm = sum(n.value for n in head.saved if n.name == "log_softmax_fp32")
+    return head_saved - lsm + head.logits_bytes, 4, 0, 0
