@@ -86,16 +86,24 @@ def fp8_param_bytes_saved(placement: Placement, layout: ParallelLayout) -> tuple
     return n, n
 
 
-def fused_cross_entropy(head, head_saved: int) -> tuple[int, int, int, int]:
-    """(head saved, logits alive at the loss beside it, fp32 logits, cross-entropy gradient) bytes of the loss
-    under Megatron-Core's cross-entropy fusion with Transformer Engine's kernel (``cross_entropy_loss_fusion=True``,
-    ``cross_entropy_fusion_impl="te"``, as Megatron-Bridge's recipes set them), from ``head`` (the head's
-    ``saved.HeadActivations``) and what the plain loss saves. TE's ``parallel_cross_entropy``
-    (``transformer_engine/pytorch/cross_entropy.py``, ``CrossEntropyFunction``) computes in fp32 inside its Triton
-    kernels and saves the 16-bit logits themselves (``ctx.save_for_backward(_input, ...)``) with per-token
-    statistics, then writes the gradient into the logits' storage in backward: no fp32 log-probabilities, no
-    fp32 upcast, no separate gradient; the logits are saved (held through the loss's and the head's backward),
-    so they are counted once, as saved, and the loss scalar (4 bytes) is what is alive beside them. The
-    per-token statistics (a few fp32 values per token) are left out."""
+CROSS_ENTROPY_FUSIONS = ("none", "te", "flash-attn")
+
+
+def fused_cross_entropy(head, head_saved: int, fusion: str) -> tuple[int, int, int, int]:
+    """(head saved, logits alive at the loss beside it, fp32 logits, cross-entropy gradient) bytes of a fused
+    cross-entropy kernel, from ``head`` (the head's ``saved.HeadActivations``) and what the plain loss saves. Both
+    kernels compute in fp32 inside Triton and save the 16-bit logits themselves with per-token statistics (left
+    out: a few fp32 values per token), so there are no fp32 log-probabilities and no fp32 upcast; the logits are
+    saved through the loss's and the head's backward, counted once, as saved, with the 4-byte loss beside them.
+
+    - ``te``: Megatron-Core's ``cross_entropy_loss_fusion=True`` with ``cross_entropy_fusion_impl="te"`` (as
+      Megatron-Bridge's recipes set them): Transformer Engine's ``parallel_cross_entropy``
+      (``transformer_engine/pytorch/cross_entropy.py``, ``CrossEntropyFunction``: ``ctx.save_for_backward(_input,
+      target, m_d_X_y)``) writes the gradient into the logits' storage: no gradient tensor of its own.
+    - ``flash-attn``: flash-attn's ``CrossEntropyLoss`` (``flash_attn/losses/cross_entropy.py``, default
+      ``inplace_backward=False``; LLM Foundry's ``loss_fn: fused_crossentropy``): its backward makes
+      ``dlogits = torch.empty_like(logits)`` (``flash_attn/ops/triton/cross_entropy.py``): one 16-bit (T, V)
+      gradient."""
     lsm = sum(n.value for n in head.saved if n.name == "log_softmax_fp32")
-    return head_saved - lsm + head.logits_bytes, 4, 0, 0
+    grad = head.logits_bytes if fusion == "flash-attn" else 0
+    return head_saved - lsm + head.logits_bytes, 4, 0, grad

@@ -68,9 +68,10 @@ class TrainingSetup:
     recompute_modules: tuple[str, ...] = ()
     """With ``recompute="selective"`` under the megatron profile: Megatron-Core's ``--recompute-modules``
     (``memory.megatron_recompute``); empty: ``core_attn`` (Megatron-Core's default)."""
-    cross_entropy_fusion: bool = False
-    """Megatron-Core's cross-entropy fusion with Transformer Engine's kernel (megatron profile): no fp32 logits
-    and the gradient written in place (``memory.recipe_options.fused_cross_entropy``)."""
+    cross_entropy_fusion: str = "none"
+    """A fused cross-entropy kernel (megatron profile): ``te`` (Transformer Engine's, the gradient in place) or
+    ``flash-attn`` (flash-attn's, a 16-bit gradient): no fp32 logits (``memory.recipe_options.fused_cross_entropy``);
+    ``none``: the profile's own loss."""
     offload_layers: int = 0
     """Megatron-Core's ``--cpu-offloading-num-layers`` (megatron profile): the first that many layers of the rank
     keep their saved activations in host memory; each is reloaded for its backward (``memory.recipe_options``)."""

@@ -146,9 +146,12 @@ def check_setup(setup: TrainingSetup) -> list[str]:
                            ("experts", EXPERTS)):
         if getattr(setup, field) not in allowed:
             bad.append(f"{field} must be one of {', '.join(allowed)}, got {getattr(setup, field)!r}")
-    if setup.cross_entropy_fusion and setup.profile != "megatron":
-        bad.append("cross entropy fusion is Megatron-Core's --cross-entropy-fusion-impl te: megatron profile only, "
-                   f"got --profile {setup.profile}")
+    if setup.cross_entropy_fusion not in ro.CROSS_ENTROPY_FUSIONS:
+        bad.append(f"cross entropy fusion must be one of {', '.join(ro.CROSS_ENTROPY_FUSIONS)}, got "
+                   f"{setup.cross_entropy_fusion!r}")
+    elif setup.cross_entropy_fusion != "none" and setup.profile != "megatron":
+        bad.append(f"cross entropy fusion {setup.cross_entropy_fusion} is modelled under the megatron profile, got "
+                   f"--profile {setup.profile}")
     bad += ro.offload_problems(setup.offload_layers, setup.recompute_saves, setup.profile, setup.recompute)
     if setup.fp8_param_gather and setup.precision != "fp8":
         bad.append(f"fp8 param gather keeps the linear weights in FP8: needs --precision fp8, got {setup.precision}")
@@ -325,8 +328,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
             up = 0  # logits.float() of fp32 logits is the same tensor
         extra = loss_parallel_bytes(spec, setup, layout)  # loss_parallel()'s third fp32 buffer, both directions
         up, ce = up + extra, ce + extra
-        if setup.cross_entropy_fusion:  # TE's fused cross entropy: no fp32 logits (memory/recipe_options.py)
-            head_saved, logits, up, ce = ro.fused_cross_entropy(head, head_saved)
+        if setup.cross_entropy_fusion != "none":  # a fused cross entropy: no fp32 logits (memory/recipe_options.py)
+            head_saved, logits, up, ce = ro.fused_cross_entropy(head, head_saved, setup.cross_entropy_fusion)
     tokens = setup.micro_batch * ceil_div(setup.seq, layout.cp)
     residual = prec.compute_bytes if setup.profile == "megatron" else prec.weight_bytes
     grads, gathered, full_grads = tl.unit_bytes(pl, layout, prec, granularity=gran)

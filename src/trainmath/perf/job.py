@@ -74,9 +74,10 @@ class Job:
     """With ``recompute="selective"`` (megatron profile): Megatron-Core's ``--recompute-modules``
     (``memory.megatron_recompute``); empty: ``core_attn``. The step times the core attention's recompute only
     (``perf.step.timed_recompute``)."""
-    cross_entropy_fusion: bool = False
-    """Megatron-Core's ``cross_entropy_loss_fusion`` with ``cross_entropy_fusion_impl="te"`` (megatron profile):
-    the loss keeps no fp32 logits (``memory.recipe_options.fused_cross_entropy``)."""
+    cross_entropy_fusion: str = "none"
+    """A fused cross-entropy kernel (megatron profile; ``memory.recipe_options.fused_cross_entropy``): ``te``
+    (Megatron-Core's ``cross_entropy_fusion_impl="te"``, gradient in place) or ``flash-attn`` (flash-attn's
+    ``CrossEntropyLoss``); the loss keeps no fp32 logits. ``none``: the profile's own loss."""
     offload_layers: int = 0
     """Megatron-Core's ``--cpu-offloading-num-layers``: the saved activations of the first that many layers of
     each rank live in host memory between their forward and backward (``memory.recipe_options``); 0: none."""
