@@ -92,7 +92,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      family: Family | None = None, experts: str = "eager", ep: int = 1,
                      vocab_parallel: bool = False, device: str = "cuda", attention: str = "sdpa",
                      recompute_saves: tuple[str, ...] = (), recompute_modules: tuple[str, ...] = (),
-                     fp8_linear_inputs: bool = False) -> SavedActivations:
+                     fp8_linear_inputs: bool = False, expert_tp: int | None = None) -> SavedActivations:
     """Bytes saved for backward by one micro-batch on one rank (``saved.SavedActivations``): per layer type (its
     layers, one layer's saved tensors), plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin,
     computed once, shared by all layers). The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -159,7 +159,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                                     cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes,
                                     attention=attention, attention_dropout=fam.attention_dropout,
                                     residual_dropout=fam.residual_dropout, recompute_saves=recompute_saves,
-                                    recompute_modules=recompute_modules, fp8=fp8_linear_inputs)
+                                    recompute_modules=recompute_modules, fp8=fp8_linear_inputs,
+                                    expert_tp=expert_tp)
     deg = _degrees(spec, seq, tp=tp, sp=sp, cp=cp, ep=ep, vocab_parallel=vocab_parallel)
     if profile == "eager" and cp > 1:
         raise TrainmathError(f"--attention eager with --cp {cp} is not modelled: context parallelism (torch's "

@@ -112,11 +112,14 @@ def megatron_layer_terms(*, s: int, b: int, h: int, a: int, t: int = 1, sp: bool
 
 def layer_terms(layer: LayerSpec, *, b: int, s: int, d: int, t: int = 1, sp: bool = False, cp: int = 1,
                 x: int = 2, flash: bool = True, attention_dropout: float = 0.0, residual_dropout: float = 0.0,
-                fp8: bool = False) -> tuple[list[Node], list[Node]]:
+                fp8: bool = False, expert_tp: int | None = None) -> tuple[list[Node], list[Node]]:
     """(tensors kept through the step, core-attention tensors that selective recompute drops) of one Megatron-Core
     layer on one rank, bytes each (module docstring: where each term comes from). Each value is divided exactly
     once by the degrees it names (/t, /t with SP, /cp). ``fp8``: an FP8 recipe's linears save their inputs in FP8
-    (``memory.te_fp8``)."""
+    (``memory.te_fp8``). ``expert_tp`` (default t): the routed experts' tensor-parallel split; with 1 under SP
+    (Megatron-Core's MoE parallel folding, ``layout.ParallelLayout.expert_tp``) each TP rank routes its own s/t
+    tokens to whole experts, so the routed rows are /t and the experts' widths whole: the same fc1 and
+    activation bytes, the permuted rows and the unpermute /t."""
     rep = t if sp else 1
     kept: list[tuple[str, int, int]] = []  # (name, bytes before division, divisor)
     core: list[tuple[str, int, int]] = []
@@ -160,12 +163,14 @@ def layer_terms(layer: LayerSpec, *, b: int, s: int, d: int, t: int = 1, sp: boo
                 kept.append(("mlp: hidden dropout mask", rows * d, rep))
         elif isinstance(dims, MoEDims):
             routed = rows * dims.top_k
+            # expert TP 1 under SP (MoE parallel folding): each TP rank routes its own s/t tokens to whole experts
+            shard = t if sp and expert_tp == 1 else 1
             kept += [("pre_mlp_layernorm: input", x * rows * d, rep), ("router: input", x * rows * d, rep),
                      ("router: logits", x * rows * dims.experts, 1),
-                     ("experts: permuted rows (linear_fc1 input)", x * routed * d, 1)]
+                     ("experts: permuted rows (linear_fc1 input)", x * routed * d, shard)]
             kept += _mlp(dims.expert_intermediate, dims.gated, x * routed, t, "experts")
-            kept += [("unpermute: expert output", x * routed * d, 1),
-                     ("unpermute: probabilities (fp32)", 4 * routed, 1)]
+            kept += [("unpermute: expert output", x * routed * d, shard),
+                     ("unpermute: probabilities (fp32)", 4 * routed, shard)]
             if dims.shared_intermediate:
                 kept += _mlp(dims.shared_intermediate, dims.gated, x * rows, t, "shared expert")
             if residual_dropout > 0:
@@ -213,7 +218,7 @@ def activations_megatron(spec: ModelSpec, *, micro_batch: int, seq: int, recompu
                          sp: bool = False, cp: int = 1, layers: Sequence[int] = (), compute_dtype_bytes: int = 2,
                          attention: str = "sdpa", attention_dropout: float = 0.0, residual_dropout: float = 0.0,
                          recompute_saves: Sequence[str] = (), recompute_modules: Sequence[str] = (),
-                         fp8: bool = False) -> SavedActivations:
+                         fp8: bool = False, expert_tp: int | None = None) -> SavedActivations:
     """The ``megatron`` profile on one rank: ``layers`` → ``<layer label> × n`` (as the hf profile names its
     groups, so the timeline puts each on its layer's events) → per saved tensor (``layer_terms``), and under
     recompute the ``recompute transient``: what one layer's backward holds again (full: the whole layer's
@@ -240,7 +245,8 @@ def activations_megatron(spec: ModelSpec, *, micro_batch: int, seq: int, recompu
         if not mine:
             continue
         kept, core = layer_terms(layer, b=b, s=s, d=d, t=tp, sp=sp, cp=cp, x=x, flash=attention != "eager",
-                                 attention_dropout=attention_dropout, residual_dropout=residual_dropout, fp8=fp8)
+                                 attention_dropout=attention_dropout, residual_dropout=residual_dropout, fp8=fp8,
+                                 expert_tp=expert_tp)
         whole = Node.of(layer.label, kept + core, "bytes")
         if largest is None or whole.value > largest.value:
             largest = whole

@@ -286,6 +286,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
               ep=layout.ep, vocab_parallel=layout.vocab_parallel, device=setup.device)
     if setup.precision == "fp8" and setup.profile == "megatron":  # TE saves FP8 linear inputs (memory/te_fp8.py)
         kw["fp8_linear_inputs"] = True
+    if setup.profile == "megatron" and layout.expert_tp != layout.tp:  # MoE parallel folding: expert TP 1
+        kw["expert_tp"] = layout.expert_tp
     if setup.recompute_saves:  # a remat policy's saved names (megatron profile, full recompute)
         kw["recompute_saves"] = tuple(setup.recompute_saves)
     if setup.recompute_modules:  # Megatron-Core's --recompute-modules (megatron profile, selective)
