@@ -88,7 +88,7 @@ nothing saves them for backward — ``log_softmax`` saves its output, the LM hea
 outlives the forward). The HF Trainer's ``compute_loss`` and ``trainmath train`` are ``loss``. Measured: on a
 2-layer Qwen3 (vocabulary 256, 2 × 64 tokens, fp32) the peak of a ``loss`` step is the logits' 131,072 bytes below
 the ``output`` step's (MemTracker)."""
-ZERO_IMPLS = ("deepspeed", "trainmath", "fsdp2")
+ZERO_IMPLS = ("deepspeed", "trainmath", "fsdp2", "megatron")
 """Whose ZeRO buffers the timeline follows (``memory.setup.TrainingSetup.zero_impl``)."""
 
 

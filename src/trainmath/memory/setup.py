@@ -55,7 +55,10 @@ class TrainingSetup:
     """Whose ZeRO-1/2 buffers (``vocabulary.ZERO_IMPLS``): ``deepspeed`` (one reduce bucket of min(5e8, Ψ)
     elements for the whole step) or ``trainmath`` (``trainmath train --impl trainmath``: flat padded buffers
     at the reduce and the all-gather only; ``flat_zero``). ZeRO-3: FSDP2 (``deepspeed``) or ours (the unit
-    that runs gathered, no prefetch; gradients as ZeRO-2's). ZeRO-0 ignores it."""
+    that runs gathered, no prefetch; gradients as ZeRO-2's). ``megatron``: Megatron-Core's DDP and distributed
+    optimizer (``megatron/core/distributed/param_and_grad_buffer.py``): the gradients live in one contiguous
+    buffer that is reduced (ZeRO-0) or reduce-scattered (ZeRO-1/2) in place, so no bucket beside them; ZeRO-3 as
+    ``deepspeed``'s. ZeRO-0 ignores the others."""
     peft: object = None
     """A LoRA / QLoRA fine-tune (``memory.peft.PeftRun``), or None: full training."""
     offload: str = "none"

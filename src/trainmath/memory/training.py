@@ -366,6 +366,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if setup.offload == "params":
         weights = 0  # the shards live on the CPU; FSDP gathers each module to the GPU (zero3_gather_bytes)
     overhead = framework_overhead(pl, layout, prec, sum(grads.values()) if not setup.bucket_view else 0)
+    if setup.zero_impl == "megatron":  # Megatron-Core reduces in its contiguous gradient buffer (memory/setup.py),
+        overhead, persist = 0, True  # allocated once, for the whole step
     flat: dict = {}
     if setup.zero_impl == "trainmath" and layout.zero and layout.zero_degree > 1:
         flat = flat_units(pl, layout, prec, min(layout.zero, 2))
@@ -514,6 +516,8 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
            if setup.zero_impl == "fsdp2" and layout.zero == 2 else
            "; trainmath's flat padded buffers at the reduce and the all-gather only"
            if setup.zero_impl == "trainmath" else
+           "; Megatron-Core's distributed optimizer: gradients reduce-scattered in their contiguous buffer, no bucket"
+           if setup.zero_impl == "megatron" else
            "; DeepSpeed's reduce bucket (min(5e8, params) elements) for the whole step")
         + ("" if layout.zero != 3 else
            "; ZeRO-3 as FSDP2 runs it (memory/fsdp2.py)" if setup.zero_impl != "trainmath" else

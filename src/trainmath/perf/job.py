@@ -74,6 +74,9 @@ class Job:
     """With ``recompute="selective"`` (megatron profile): Megatron-Core's ``--recompute-modules``
     (``memory.megatron_recompute``); empty: ``core_attn``. The step times the core attention's recompute only
     (``perf.step.timed_recompute``)."""
+    zero_impl: str = "deepspeed"
+    """Whose data-parallel buffers the memory model counts (``memory.setup.TrainingSetup.zero_impl``):
+    ``megatron`` for Megatron-Core runs (no bucket beside the contiguous gradient buffer)."""
     cross_entropy_fusion: str = "none"
     """A fused cross-entropy kernel (megatron profile; ``memory.recipe_options.fused_cross_entropy``): ``te``
     (Megatron-Core's ``cross_entropy_fusion_impl="te"``, gradient in place) or ``flash-attn`` (flash-attn's

@@ -150,6 +150,7 @@ def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_b
                           attention=attention_as(job.attention, MEMORY_ATTENTION), micro_batches=micro_batches,
                           offload=job.offload, recompute_saves=tuple(job.recompute_saves),
                           recompute_modules=tuple(job.recompute_modules), cross_entropy_fusion=job.cross_entropy_fusion,
+                          zero_impl=job.zero_impl,
                           offload_layers=job.offload_layers, fp8_param_gather=job.fp8_param_gather)
     return training_memory(spec, setup, layout).peak_bytes
 
