@@ -277,7 +277,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
                  "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
                  if (layout.zero == 3 or (job.fsdp and layout.zero == 2)) and layout.zero_degree > 1 else 0.0,
-                 "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes)}
+                 "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes,
+                                                  moe[0].dims.experts // layout.ep if moe else 0)}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
 
