@@ -53,7 +53,11 @@ per local expert for fprop, dgrad and wgrad, with a per-expert weight cast under
 (NVIDIA/TransformerEngine ``transformer_engine/pytorch/module/grouped_linear.py``@3ea1356: ``num_gemms =
 len(m_splits)``, ``torch.split(inp, m_splits)``, ``general_grouped_gemm(..., m_splits=m_splits)`` three times,
 ``for i in range(num_gemms): module.get_weight_workspace(...)``): launches and small-GEMM tails that grow with
-the experts a rank holds (experts / ep), not with its tokens. Fitted by ``benchmarks/moe_fit.py`` on the MoE
+the experts a rank holds (experts / ep), not with its tokens. Megatron-Core's DeepSeek-V3 GB200 report says the
+same (NVIDIA/Megatron-LM ``docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md``
+@b6bf017: the MXFP8 grouped GEMM is "multi-stream + cuBLAS"; after CUDA Graphs "only the routed experts part still
+has some CPU overhead"; "a large EP can reduce the number of local experts, thereby reducing quantization and
+other overheads"). Fitted by ``benchmarks/moe_fit.py`` on the MoE
 runs of tests/perf/published_runs_more.json (never per run; two sources for each generation). Taken for
 torchtitan's runs too (one ``grouped_mm`` kernel: an assumption the leave-one-source-out error measures)."""
 
