@@ -5,7 +5,7 @@ et al. 2021, §2.2). The busiest stage sets the pace; per micro-batch it spends 
 (``compute``) plus the communication that does not overlap (``comm``: tp, cp, ep, ZeRO-3). Then
 
     step = M · per_mb + bubble + pp fill/drain p2p + exposed gradient sync + exposed ZeRO gathers + optimizer
-           + FSDP overhead (``fsdp``) + MoE dispatcher overhead (``moe``)
+           + FSDP overhead (``fsdp``) + MoE per-expert overhead (``moe``)
     bubble = (pp − 1) / v · per_mb     (v virtual stages: interleaved 1F1B, Narayanan et al. 2021 §2.2.2, Eq. 2)
 
 and the breakdown's entries sum to the step time. Utilisation conventions (stated in every result):
