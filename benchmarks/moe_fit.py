@@ -5,11 +5,9 @@ tests/perf/published_runs_more.json, and report the error before and after.
 
 Model: predicted step = the step-time model without the overhead + e · local experts (experts / ep) · MoE layers
 (busiest stage) · micro-batches · passes. e is chosen on a grid (0–2 ms by 5 µs) to minimise the median |speed − 1|
-over a generation's MoE
-runs (speed = predicted / published throughput); rows flagged ``throughput_suspect`` (their tokens/s and TFLOP/s
-columns disagree) are left out of the fit. Leave-one-source-out: for each source document, e refitted on the
-generation's other sources predicts that one (Hopper's MoE runs all come from Megatron-Bridge's page, so it has
-none).
+over a generation's MoE runs (speed = predicted / published throughput); rows flagged ``throughput_suspect`` (their
+tokens/s and TFLOP/s columns disagree) are left out of the fit. Leave-one-source-out: for each source document, e
+refitted on the generation's other sources predicts that one (each generation's MoE runs come from two sources).
 """
 
 from __future__ import annotations

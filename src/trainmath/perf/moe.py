@@ -57,10 +57,10 @@ the experts a rank holds (experts / ep), not with its tokens. Megatron-Core's De
 same (NVIDIA/Megatron-LM ``docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md``
 @b6bf017: the MXFP8 grouped GEMM is "multi-stream + cuBLAS"; after CUDA Graphs "only the routed experts part still
 has some CPU overhead"; "a large EP can reduce the number of local experts, thereby reducing quantization and
-other overheads"). Fitted by ``benchmarks/moe_fit.py`` on the MoE
-runs of tests/perf/published_runs_more.json (never per run; two sources for each generation), whose ranks hold 2
-to 32 experts: more (ep 1 on a 128-expert model holds 128) is an extrapolation. Taken for torchtitan's runs too
-(one ``grouped_mm`` kernel: an assumption the leave-one-source-out error measures)."""
+other overheads"). Fitted by ``benchmarks/moe_fit.py`` on the MoE runs of tests/perf/published_runs_more.json
+(never per run; two sources for each generation), whose ranks hold 2 to 32 experts: more (ep 1 on a 128-expert
+model holds 128) is an extrapolation. Taken for torchtitan's runs too (one ``grouped_mm`` kernel: an assumption the
+leave-one-source-out error measures)."""
 
 
 def grouped_efficiency(tokens_per_expert: float) -> float:
