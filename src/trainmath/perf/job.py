@@ -84,6 +84,27 @@ class Job:
     """Achieved host DRAM rate of the CPU optimizer step per node (B/s); None: ``perf.offload``'s calibration."""
     peft: object = None
     """A LoRA / QLoRA fine-tune (``memory.peft.PeftRun``): timed by ``perf.peft``; None: full training."""
+    recompute_saves: tuple[str, ...] = ()
+    """With ``recompute="full"`` (megatron profile): the layer's tensors kept beside its checkpointed input, by
+    their ``memory.megatron`` names, as a JAX ``save_only_these_names`` policy keeps them (MaxText's
+    ``remat_policy``); empty: Megatron-Core's full recompute (the input only)."""
+    recompute_modules: tuple[str, ...] = ()
+    """With ``recompute="selective"`` (megatron profile): Megatron-Core's ``--recompute-modules``
+    (``memory.megatron_recompute``); empty: ``core_attn``. The step times the core attention's recompute only
+    (``perf.step.timed_recompute``)."""
+    zero_impl: str = "deepspeed"
+    """Whose data-parallel buffers the memory model counts (``memory.setup.TrainingSetup.zero_impl``):
+    ``megatron`` for Megatron-Core runs (no bucket beside the contiguous gradient buffer)."""
+    cross_entropy_fusion: str = "none"
+    """A fused cross-entropy kernel (megatron profile; ``memory.recipe_options.fused_cross_entropy``): ``te``
+    (Megatron-Core's ``cross_entropy_fusion_impl="te"``, gradient in place) or ``flash-attn`` (flash-attn's
+    ``CrossEntropyLoss``); the loss keeps no fp32 logits. ``none``: the profile's own loss."""
+    offload_layers: int = 0
+    """Megatron-Core's ``--cpu-offloading-num-layers``: the saved activations of the first that many layers of
+    each rank live in host memory between their forward and backward (``memory.recipe_options``); 0: none."""
+    fp8_param_gather: bool = False
+    """With ``precision="fp8"``: Megatron's ``fp8_param_gather``: the linear weights are kept as FP8 tensors (1
+    byte, not a bf16 copy beside an FP8 cache; ``memory.recipe_options.fp8_param_bytes_saved``)."""
 
     @property
     def fp8_gemms(self) -> str:

@@ -5,7 +5,7 @@ et al. 2021, §2.2). The busiest stage sets the pace; per micro-batch it spends 
 (``compute``) plus the communication that does not overlap (``comm``: tp, cp, ep, ZeRO-3). Then
 
     step = M · per_mb + bubble + pp fill/drain p2p + exposed gradient sync + exposed ZeRO gathers + optimizer
-           + FSDP overhead (``fsdp``) + MoE dispatcher overhead (``moe``)
+           + FSDP overhead (``fsdp``) + MoE per-expert overhead (``moe``)
     bubble = (pp − 1) / v · per_mb     (v virtual stages: interleaved 1F1B, Narayanan et al. 2021 §2.2.2, Eq. 2)
 
 and the breakdown's entries sum to the step time. Utilisation conventions (stated in every result):
@@ -116,14 +116,23 @@ def _fp8_conventions(job: Job) -> tuple[str, ...]:
             f"in FP8 at the FP8 peak on the same efficiency curve (1-byte operands in the roofline); {head}; "
             f"casts memory-bound, {FP8_CAST_TRANSPOSE_BYTES} bytes per element (fused cast-transpose with amax: "
             f"read 16-bit, write FP8 and its transpose) per linear input and output gradient each micro-batch, "
-            f"per weight once per step (fp8_cast); memory counted as mixed-bf16 plus the FP8 weight copies "
-            f"(TE's FP8 saved activations not modelled)",)
+            f"per weight once per step (fp8_cast); memory counted as mixed-bf16 plus the FP8 weight copies, "
+            f"and under the megatron profile TE's linear inputs saved in FP8 (memory/te_fp8.py)",)
 
 
 def memory_recompute(job: Job) -> str:
     """The recompute setting the memory model is asked with: the job's own. The attention kernel is passed as
     itself (``flash`` → ``sdpa``: the megatron profile keeps flash's logsumexp, no s² tensor; ``eager``: the
     unfused softmax of Korthikanti et al. 2022 Table 2)."""
+    return job.recompute
+
+
+def timed_recompute(job: Job) -> str:
+    """The recompute the step times: the job's, except Megatron-Core's ``--recompute-modules`` without
+    ``core_attn``, whose recompute (MLA's up-projection GEMMs, the norms', the experts' activation) is not
+    timed: ``none``. The memory model reads the modules (``memory.megatron_recompute``)."""
+    if job.recompute == "selective" and job.recompute_modules and "core_attn" not in job.recompute_modules:
+        return "none"
     return job.recompute
 
 
@@ -140,7 +149,10 @@ def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_b
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
                           optimizer=job.optimizer, recompute=memory_recompute(job), profile=job.profile,
                           attention=attention_as(job.attention, MEMORY_ATTENTION), micro_batches=micro_batches,
-                          offload=job.offload)
+                          offload=job.offload, recompute_saves=tuple(job.recompute_saves),
+                          recompute_modules=tuple(job.recompute_modules), cross_entropy_fusion=job.cross_entropy_fusion,
+                          zero_impl=job.zero_impl,
+                          offload_layers=job.offload_layers, fp8_param_gather=job.fp8_param_gather)
     return training_memory(spec, setup, layout).peak_bytes
 
 
@@ -168,7 +180,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     kernel_eff = kernel_efficiency(eff, job.flash_kernel) if job.attention == "flash" else eff
     per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu,
                                   eff=kernel_eff,
-                                  recompute=job.recompute, dtype=job.gemm_dtype, compute_bytes=c,
+                                  recompute=timed_recompute(job), dtype=job.gemm_dtype, compute_bytes=c,
                                   attention=job.attention, profile=job.profile, fp8=job.fp8_gemms,
                                   moe_imbalance=job.moe_imbalance)
     stages = stage_layers(spec.num_layers, layout.pp, *layout.stage_split)
@@ -193,7 +205,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     act = tokens * spec.hidden_size * c
     items: list[cm.CommItem] = []
     n_tp = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind in _TP_BLOCKS)
-    passes = 2 + (1 if job.recompute == "full" else 0)  # forward, backward, forward again
+    passes = 2 + (1 if timed_recompute(job) == "full" else 0)  # forward, backward, forward again
     if layout.sp and layout.tp > 1:
         items.append(cm.item("tp_comm", "reduce_scatter", "tp", groups.tp, act, M * n_tp * passes, topo))
         items.append(cm.item("tp_comm", "all_gather", "tp", groups.tp, act, M * n_tp * passes, topo))
@@ -269,15 +281,17 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                  "fp8_cast": M * cast + weight_cast_s,
                  **per_mb_comm,
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
-                 "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
+                 "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (timed_recompute(job) == "full"))
                  if (layout.zero == 3 or (job.fsdp and layout.zero == 2)) and layout.zero_degree > 1 else 0.0,
-                 "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes)}
+                 "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes,
+                                                  moe[0].dims.experts // layout.ep if moe else 0)}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
 
     n = layout.ranks
     model_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, "none") * job.global_batch
-    hw_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, job.recompute, job.profile) * job.global_batch
+    hw_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, timed_recompute(job), job.profile) \
+        * job.global_batch
     peak = gpu.peak_flops_per_s(job.dtype)
     if peak_bytes is None and memory:
         peak_bytes = memory_peak_bytes(spec, layout, job, M)
