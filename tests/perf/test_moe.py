@@ -126,10 +126,12 @@ def test_the_overhead_constants_are_the_fit():
         assert fit.fit([r for r in data if r["gen"] == gen]) == pytest.approx(moe.OVERHEAD[gen], abs=1e-12)
 
 
-MOE_MEDIAN = 0.175  # the 32 priced MoE rows, with the combined-1F1B EP overlap and DeepEP (docs/benchmarks.md)
+MOE_MEDIAN = 0.178  # the 32 priced MoE rows, with the combined-1F1B EP overlap and DeepEP (docs/benchmarks.md);
+# 0.175 before the Blackwell plateau was refitted on three documents (0.48 -> 0.49, its MoE overhead 0.0029 -> 0.003)
 
 
-LATER_SOURCES = {"flash-attention-training", "flagperf", "internlm-train-performance", "tinyllama"}
+LATER_SOURCES = {"flash-attention-training", "flagperf", "internlm-train-performance", "tinyllama",
+                 "nemo-perf-blackwell", "mlperf-training"}
 """Sources of published_runs_more.json added after the figures below were recorded (pinned separately)."""
 
 
@@ -157,8 +159,8 @@ def test_published_error_table_does_not_regress():
     assert statistics.median(errs["moe"]) <= MOE_MEDIAN
     # with the sources added after the MoE terms and the ampere refit (docs/benchmarks.md, "four more publishers")
     every = errs["every source"]
-    assert len(every) == 220
-    assert statistics.median(every) <= 0.070
+    assert len(every) == 230  # with the Blackwell rows of the NeMo page and MLPerf (docs/benchmarks.md)
+    assert statistics.median(every) <= 0.0705  # 0.0694 over the 220 runs before them
     assert sum(e <= 0.15 for e in every) / len(every) >= 0.786
 
 

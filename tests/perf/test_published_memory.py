@@ -30,8 +30,8 @@ def test_stated_layouts_judged_to_fit_do_not_regress():
         except TrainmathError:  # the one layout the model refuses (docs/benchmarks.md, "not priced")
             continue
     fit = sum(v["fits"] for v in judged)
-    assert len(judged) == 220
-    assert fit >= 172  # of 220; every one ran, so each "does not fit" is a memory-model miss
+    assert len(judged) == 230
+    assert fit >= 180  # of 230; every one ran, so each "does not fit" is a memory-model miss
     # a layout the model says does not fit is over the fit rule's usable bytes, and one that fits is under them
     for v in judged:
         assert v["fits"] == (v["peak_gib"] <= v["usable_gib"])

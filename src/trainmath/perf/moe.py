@@ -45,7 +45,7 @@ ROUTER_BYTES_PER_LOGIT = 16
 """HBM bytes per router logit (tokens · experts) forward, FP32: write the logits (4), softmax reads them and writes
 the probabilities (4 + 4), top-k reads those (4) — derived; backward twice that."""
 
-OVERHEAD: dict[str, float] = {"hopper": 0.0022, "blackwell": 0.0029}
+OVERHEAD: dict[str, float] = {"hopper": 0.0022, "blackwell": 0.003}
 """Per GPU generation: seconds per MoE layer per micro-batch per pass (forward, backward, recompute) that the
 dispatcher costs besides its kernels — the host synchronisation that reads the per-expert token counts for the
 all-to-all splits (``tokens_per_expert`` moved to the CPU) stalls the launch queue, and the many small kernels
