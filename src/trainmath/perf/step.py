@@ -5,7 +5,7 @@ et al. 2021, §2.2). The busiest stage sets the pace; per micro-batch it spends 
 (``compute``) plus the communication that does not overlap (``comm``: tp, cp, ep, ZeRO-3). Then
 
     step = M · per_mb + bubble + pp fill/drain p2p + exposed gradient sync + exposed ZeRO gathers + optimizer
-           + FSDP overhead (``fsdp``) + MoE dispatcher overhead (``moe``)
+           + FSDP overhead (``fsdp``) + MoE per-expert overhead (``moe``)
     bubble = (pp − 1) / v · per_mb     (v virtual stages: interleaved 1F1B, Narayanan et al. 2021 §2.2.2, Eq. 2)
 
 and the breakdown's entries sum to the step time. Utilisation conventions (stated in every result):
@@ -277,7 +277,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
                  "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
                  if (layout.zero == 3 or (job.fsdp and layout.zero == 2)) and layout.zero_degree > 1 else 0.0,
-                 "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes)}
+                 "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes,
+                                                  moe[0].dims.experts // layout.ep if moe else 0)}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
 
