@@ -157,11 +157,13 @@ def test_the_overhead_constants_are_the_fit():
         assert fit.fit([r for r in data if r["gen"] == gen]) == pytest.approx(moe.OVERHEAD[gen], abs=1e-12)
 
 
-MOE_MEDIAN = 0.105  # the 32 priced MoE rows, with the per-expert overhead (docs/benchmarks.md)
+MOE_MEDIAN = 0.107  # the 32 priced MoE rows, with the per-expert overhead (docs/benchmarks.md); 0.105 before the
+# Blackwell plateau was refitted on three documents (0.48 -> 0.49, its per-expert overhead 0.195 -> 0.205 ms)
 MOE_WITHIN = 0.625  # their share within 15% (20 of 32)
 
 
-LATER_SOURCES = {"flash-attention-training", "flagperf", "internlm-train-performance", "tinyllama"}
+LATER_SOURCES = {"flash-attention-training", "flagperf", "internlm-train-performance", "tinyllama",
+                 "nemo-perf-blackwell", "mlperf-training"}
 """Sources of published_runs_more.json added after the figures below were recorded (pinned separately)."""
 
 
@@ -191,11 +193,12 @@ def test_published_error_table_does_not_regress():
     assert sum(e <= 0.15 for e in errs["moe"]) / len(errs["moe"]) >= MOE_WITHIN
     # with the sources added after the MoE terms and the ampere refit (docs/benchmarks.md, "four more publishers")
     every = errs["every source"]
-    assert len(every) == 220
+    assert len(every) == 230
     # with InternLM's stated gradient buckets, hybrid ZeRO and accumulation (perf.dpsync) and the ampere refit that
-    # follows (docs/benchmarks.md, "InternLM's gradient buckets"): 0.059 and 0.836 (184 of 220)
-    assert statistics.median(every) <= 0.059
-    assert sum(e <= 0.15 for e in every) / len(every) >= 0.836
+    # follows (docs/benchmarks.md, "InternLM's gradient buckets"): 0.059 and 0.836 (184 of 220); with the Blackwell
+    # rows of the NeMo page and MLPerf and the Blackwell refit on three documents: 0.0628 and 0.835 (192 of 230)
+    assert statistics.median(every) <= 0.0628
+    assert sum(e <= 0.15 for e in every) / len(every) >= 192 / 230
 
 
 def test_cli_refuses_an_imbalance_below_one():

@@ -36,9 +36,9 @@ def _judged():
 
 def test_stated_layouts_judged_to_fit_and_every_miss_explained():
     judged = _judged()
-    assert len(judged) == 220
+    assert len(judged) == 230
     fit = sum(v["fits"] for _, v in judged)
-    assert fit == 216  # of 220; every one ran, so each "does not fit" is a memory-model miss
+    assert fit == 225  # of 230; every one ran, so each "does not fit" is a memory-model miss
     for r, v in judged:
         # a layout the model says does not fit is over the fit rule's usable bytes, and one that fits is under them
         assert v["fits"] == (v["peak_gib"] <= v["usable_gib"])
