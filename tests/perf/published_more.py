@@ -124,8 +124,8 @@ MEMORY_MISSES = {
     r"nemo-25.04-gb200-llama3-70b-fp8-fsdp-64gpus":
         "3.0 GiB over (2% of the usable bytes): NeMo 25.04's recipe for this row is not read, so none of the switches "
         "the Megatron-Bridge 26.02 preset of the same model, GPUs and FSDP layout records (fp8_param_gather, 40 "
-        "offloaded layers, Transformer Engine's fused cross entropy) is assumed; the offload (107 GiB) or the fused loss "
-        "(175.5 of 176.4 GiB) alone, recorded, fits the layout; fp8_param_gather alone does not (178.4)",
+        "offloaded layers, Transformer Engine's fused cross entropy) is assumed; the offload (107 GiB) or the fused "
+        "loss (175.5 of 176.4 GiB) alone, recorded, fits the layout; fp8_param_gather alone does not (178.4)",
     r"megatron-bridge-25.11-(h100|b200)-gpt-oss-120b-bf16-64gpus":
         "the row's micro-batch 4 (and ep 8 on B200) is not the stored preset's (micro_batch_size 1 on H100, ep 64 "
         "for B200 V1; the page's commit of gpt_oss_workload_base_configs.py is not stored); at micro-batch 1 both "
