@@ -236,7 +236,8 @@ def adapter_report(spec, job: PeftJob, base_params: int) -> AdapterReport:
                 raise TrainmathError(f"--lora-rank {job.rank} exceeds {m.name}'s smaller dimension "
                                      f"({m.in_features} → {m.out_features}): choose r ≤ {width}")
             notes.append(f"r={job.rank} exceeds {m.name}'s smaller dimension {width}: "
-                         f"{'target_parameters' if m.parameter else 'all-linear'} adapts it anyway, as peft does (a rank beyond {width} adds parameters, not expressiveness)")
+                         f"{'target_parameters' if m.parameter else 'all-linear'} adapts it anyway, as peft does "
+                         f"(a rank beyond {width} adds parameters, not expressiveness)")
         rows.append((m, job.rank * m.rank_mult * (m.in_features + m.out_features) * m.count))
     return AdapterReport(job=job, modules=tuple(rows), base_params=base_params, notes=tuple(notes))
 
