@@ -20,7 +20,7 @@ FLOORS = {
     "model": 1, "hardware": 1,
     "layout": 2, "placement": 2,
     "ops": 3, "families": 4,
-    "params": 5, "sources": 5, "explain": 5, "checkpoint": 5, "usable": 5, "adapters": 5, "qlora": 5,
+    "params": 5, "sources": 5, "explain": 5, "checkpoint": 5, "usable": 5, "adapters": 5, "adapter_params": 5, "qlora": 5,
     "flops": 6, "comm": 6, "memory": 7, "infer": 7, "perf": 8, "plan": 9,
     "runtime": 10, "verify": 11,
     "render": 12, "args": 12, "plot": 12, "report": 13, "serve": 14, "cli": 15, "__main__": 16,

@@ -208,11 +208,11 @@ def micro_batch_compute(spec, job: Job, gpu: GPU, eff, input_grads: bool) -> _Su
 def _zero3(spec, job: Job, layout, topo, group, mb: _Sum, micro_batches: int):
     """FSDP2's gathers of the frozen base and reduce-scatters of the adapters (``perf.peft_fsdp``)."""
     from trainmath.perf.peft_fsdp import layer_adapter_params, zero3_item
-    from trainmath.perf.step import stage_params
+    from trainmath.params import count_params
 
-    dense, expert, layer_p = stage_params(spec, 1, 1, 1, 0)
+    layer_p = [sum(t.numel * t.copies for t in layer.tensors) for layer in spec.layers]
     return zero3_item(group, topo, layer_params=layer_p, adapter_params=layer_adapter_params(spec, job.peft.job),
-                      root_params=dense + expert - sum(layer_p), layer_s=mb.layers,
+                      root_params=count_params(spec).total_params - sum(layer_p), layer_s=mb.layers,
                       head_backward_s=mb.seconds["head_dgrad"], weight_bytes=get_precision(job.precision).weight_bytes,
                       adapter_bytes=ADAPTER_DTYPES[job.peft.job.dtype], micro_batches=micro_batches)
 
