@@ -207,8 +207,8 @@ def micro_batch_compute(spec, job: Job, gpu: GPU, eff, input_grads: bool) -> _Su
 
 def _zero3(spec, job: Job, layout, topo, group, mb: _Sum, micro_batches: int):
     """FSDP2's gathers of the frozen base and reduce-scatters of the adapters (``perf.peft_fsdp``)."""
-    from trainmath.perf.peft_fsdp import layer_adapter_params, zero3_item
     from trainmath.params import count_params
+    from trainmath.perf.peft_fsdp import layer_adapter_params, zero3_item
 
     layer_p = [sum(t.numel * t.copies for t in layer.tensors) for layer in spec.layers]
     return zero3_item(group, topo, layer_params=layer_p, adapter_params=layer_adapter_params(spec, job.peft.job),
