@@ -85,7 +85,7 @@ def check(spec, setup, layout, run: PeftRun) -> None:
     if any(b.kind in ("mamba", "linear_attention", "mla") for ly in spec.layers for b in ly.blocks):
         raise TrainmathError(f"--peft memory is modelled for attention layers with dense or MoE MLPs; {spec.name} "
                              f"has MLA, Mamba or linear-attention blocks")
-    params = [m.name for m in select(spec, job) if m.name.startswith("experts.") or m.name == "gate.weight"]
+    params = [m.name for m in select(spec, job) if m.parameter]
     if params:
         raise TrainmathError(f"--peft memory with routed-expert or router targets ({', '.join(params)}: bare "
                              f"Parameters peft adapts through target_parameters, whose ParamWrapper adds B·A to the "
