@@ -5,6 +5,8 @@ generation's fit runs at once, and the one with the smallest worst-case |log(pre
 (minimax: no run is sacrificed for the average). One set of numbers per generation, never per run. Fit runs:
 
 - hopper ← Dubey et al. 2024 on H100 (tests/perf/published_runs.json);
+- blackwell ← the dense B200/GB200 rows of tests/perf/published_runs_more.json (three documents; the GEMM
+  plateau only);
 - ampere ← Narayanan et al. 2021 and Korthikanti et al. 2022 on A100 (published_runs.json) and the single-node
   A100 rows of tests/perf/published_runs_more.json (FlashAttention's GPT3 table, InternLM-7B on 8 GPUs): one node,
   so no inter-node network enters (InternLM's data-parallel scaling gap across nodes is a separate term, not a
@@ -47,8 +49,9 @@ GEMM plateau from 0.40 (its FP8 runs sit below Hopper's)."""
 # NCCL, not the chip) stay at the values gpus.json sets (32 bytes, 0.7: ampere's before its flash-attention rows).
 FIXED = {"hopper": ("elementwise_bytes_per_token_per_hidden", "link_fraction"),
          "blackwell": ("elementwise_bytes_per_token_per_hidden", "link_fraction", "attention_peak_fraction")}
-# blackwell: only the GEMM plateau is fitted, on the dense Blackwell runs of published_runs_more.json (Megatron-
-# Bridge's B200/GB200 rows, FP8): the rest stays Hopper's, as gpus.json set it before any Blackwell run was priced.
+# blackwell: only the GEMM plateau is fitted, on the dense Blackwell runs of published_runs_more.json (FP8 B200/GB200
+# rows of three documents: Megatron-Bridge's performance summary, the NeMo Framework performance page, MLPerf
+# Training logs): the rest stays Hopper's, as gpus.json set it before any Blackwell run was priced.
 CALIBRATION_BOUND = 0.10
 """No published_runs.json run may move beyond this |predicted / published − 1| (tests/perf/test_published.py)."""
 

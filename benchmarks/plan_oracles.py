@@ -149,15 +149,19 @@ def more() -> None:
 
 def memory() -> None:
     """Every run of published_runs_more.json at its stated layout through the memory model: the predicted peak
-    (the megatron profile), the fit verdict under the one fit rule, and the memory the source reports."""
+    (the job's profile: megatron unless the run says), the fit verdict under the one fit rule, and the memory the
+    source reports (each source's convention: what its figure counts, in which unit). Each layout judged not to
+    fit is listed with what the model lacks (``published_more.MEMORY_MISSES``)."""
     from published_more import RUNS as MORE
-    from published_more import memory_check
+    from published_more import memory_check, memory_miss_reason
 
     from trainmath.errors import TrainmathError
 
     print(f"{'run':64s} {'GPU GiB':>7s} {'usable':>7s} {'peak':>7s} {'fits':>5s} {'published':>9s} {'ratio':>6s}")
     fit = judged = 0
-    ratios = []
+    ratios: dict[str, list[float]] = {}
+    conventions: dict[str, str] = {}
+    misses = []
     for r in MORE:
         try:
             m = memory_check(r)
@@ -166,15 +170,26 @@ def memory() -> None:
             continue
         judged += 1
         fit += bool(m["fits"])
+        if not m["fits"]:
+            misses.append((r["id"], m["peak_gib"] - m["usable_gib"]))
         pub = m["published_gib"]
         tail = f"{pub:9.1f} {m['peak_gib'] / pub:6.2f}" if pub else ""
         if pub:
-            ratios.append(m["peak_gib"] / pub)
+            ratios.setdefault(r["paper"], []).append(m["peak_gib"] / pub)
+            conventions[r["paper"]] = r.get("memory_convention_reads", "not stated")
         print(f"{r['id']:64s} {m['memory_gib']:7.0f} {m['usable_gib']:7.1f} {m['peak_gib']:7.1f} "
               f"{'yes' if m['fits'] else 'NO':>5s} {tail}")
-    print(f"\n{fit} of {judged} stated layouts judged to fit (they all ran); {len(ratios)} runs report memory: "
-          f"predicted peak / published median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-"
-          f"{max(ratios):.2f}")
+    every = [x for v in ratios.values() for x in v]
+    print(f"\n{fit} of {judged} stated layouts judged to fit (they all ran); {len(every)} runs report memory: "
+          f"predicted peak / published median {statistics.median(every):.2f}, range {min(every):.2f}-"
+          f"{max(every):.2f}")
+    print("\npredicted peak (max allocated) / the reported memory, per source, and what the source's figure counts:")
+    for src, xs in ratios.items():
+        print(f"  {src:18s} {len(xs):3d} runs  median {statistics.median(xs):.2f}  range {min(xs):.2f}-{max(xs):.2f}"
+              f"  reads: {conventions[src]}")
+    print("\nlayouts judged not to fit, GiB over the usable bytes, and what the memory model lacks:")
+    for run_id, over in misses:
+        print(f"  {run_id:64s} {over:5.1f}  {memory_miss_reason(run_id) or 'NO REASON ON RECORD'}")
 
 
 def main() -> None:

@@ -15,8 +15,9 @@ What is and is not supported, as peft 0.18+ sees transformers 5's modules:
   GLM-4.5), peft (``utils/transformers_weight_conversion.py``) maps the v4 names to those parameters:
   ``gate`` → ``gate.weight`` (r·(d + E)), ``gate_proj``+``up_proj`` (``w1``+``w3``) → ``gate_up_proj`` at rank 2r,
   ``down_proj`` (``w2``) → ``down_proj``, each expert r·(in + out); ``all-linear`` adds all three. A leaf name so
-  mapped no longer targets the Linear modules of that name (dense MLPs, shared experts), as in peft. Experts of
-  other MoE types (gpt-oss, Llama 4, Qwen1.5-MoE) are reached only by ``target_parameters``: naming them is refused.
+  mapped no longer targets the Linear modules of that name (dense MLPs, shared experts), as in peft. Any MoE
+  type's experts and bare routers are reached by ``target_parameters`` (``--lora-target-parameters``,
+  ``adapter_params``: peft's ``ParamWrapper``); naming them in ``--lora-targets`` is refused with that hint.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ CONVENTIONS = (
     "trainable = adapters only (the base is frozen); total = base + adapters, as peft's "
     "get_nb_trainable_parameters()",
     "all-linear = every Linear/Conv1D but the output layer (peft's rule)",
-    "routed experts: fused 3-d parameters, adapted only where peft converts v4 names (Mixtral, Qwen3-MoE/Next, "
-    "DeepSeek-V2/V3, GLM-4.5: gate_up_proj at rank 2r, r·(in+out) per expert)",
+    "routed experts and routers: bare Parameters, adapted through peft's target_parameters (ParamWrapper: "
+    "r·E·(in+out) per 3-d expert stack, r·(in+out) per 2-d weight), named directly (--lora-target-parameters) or "
+    "by the v4 module names peft converts (Mixtral, Qwen2/3-MoE, Qwen3-Next, DeepSeek-V2/V3, GLM-4.5: gate_up_proj "
+    "at rank 2r where both gate and up are named)",
 )
 
 
@@ -52,6 +55,8 @@ class PeftJob:
     alpha: int | None = None
     targets: tuple[str, ...] | str = ("q_proj", "v_proj")
     dtype: str = "fp32"
+    target_parameters: tuple[str, ...] = ()
+    """peft's ``target_parameters``: bare Parameters (routed experts, routers) by name (``adapter_params``)."""
 
     @property
     def enabled(self) -> bool:
@@ -72,6 +77,8 @@ class TargetModule:
     out_features: int
     count: int  # modules of this name in the model (layers that have it; × experts for a fused parameter)
     rank_mult: int = 1  # peft's rank_pattern: 2 for a fused gate_up_proj that stands for two v4 targets
+    parameter: bool = False  # a bare Parameter peft wraps through target_parameters (ParamWrapper), not a Linear
+    experts: int = 1  # E of a 3-d expert stack (count is layers × E)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,10 +109,12 @@ class AdapterReport:
         return {
             "peft": j.method, "lora_rank": j.rank, "lora_alpha": j.lora_alpha,
             "lora_targets": j.targets if isinstance(j.targets, str) else list(j.targets), "lora_dtype": j.dtype,
+            "lora_target_parameters": list(j.target_parameters),
             "trainable_params": self.trainable_params, "adapter_params": self.adapter_params,
             "total_params": self.total_params, "adapter_bytes": self.adapter_bytes,
             "adapter_modules": [{"module": m.name, "in_features": m.in_features, "out_features": m.out_features,
-                                 "rank": j.rank * m.rank_mult, "modules": m.count, "params": p}
+                                 "rank": j.rank * m.rank_mult, "modules": m.count, "params": p,
+                                 "target": "parameter" if m.parameter else "module"}
                                 for m, p in self.modules],
             "peft_notes": list(self.notes), "peft_conventions": list(CONVENTIONS),
         }
@@ -144,27 +153,10 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
-def _expert_parameters(spec, new: str, fused: bool) -> TargetModule:
-    """The fused expert / router parameter ``new`` (gate.weight, gate_up_proj, down_proj) as peft wraps it."""
-    count = in_f = out_f = 0
-    for layer, idx in spec.layer_groups():
-        ts = [t for t in layer.tensors if t.kind == "linear" and t.name.endswith(".weight")]
-        if new == "gate.weight":
-            ts = [t for t in ts if t.component == "router" and t.name.endswith("gate.weight")]
-        else:
-            ts = [t for t in ts if t.experts and (t.shard == "column") == (new == "gate_up_proj")]
-        if not ts:
-            continue
-        out_f, in_f = ts[0].shape
-        if new == "gate_up_proj":
-            out_f = sum(t.shape[0] for t in ts)
-        count += len(idx) * (ts[0].experts or 1)
-    return TargetModule(name=f"experts.{new}" if new != "gate.weight" else new, in_features=in_f,
-                        out_features=out_f, count=count, rank_mult=2 if fused and new == "gate_up_proj" else 1)
-
-
-def _convert_moe(spec, targets) -> tuple[list[str], list[TargetModule]]:
-    """peft's conversion: v4 expert/router names become fused parameters; the rest stay module targets."""
+def _convert_moe(spec, targets) -> tuple[list[str], list[str], bool]:
+    """peft's conversion (``utils/transformers_weight_conversion._convert_peft_config_moe``): v4 expert/router
+    names become ``target_parameters`` (gate_up_proj, down_proj, gate.weight); the rest stay module targets.
+    Returns (module targets, parameter targets, whether the fused pair was named: gate_up_proj then at 2r)."""
     mapping, pair = spec.family.lora_moe_conversion
     if targets == ALL_LINEAR:
         targets = sorted({n.rsplit(".", 1)[-1] for n in linear_modules(spec)} | set(mapping))
@@ -179,18 +171,33 @@ def _convert_moe(spec, targets) -> tuple[list[str], list[TargetModule]]:
     if len(olds & set(pair)) == 1:
         raise TrainmathError(f"--lora-targets: {' and '.join(pair)} are fused into the experts' gate_up_proj in "
                              f"transformers 5; target both or neither (peft refuses one alone)")
-    fused = set(pair) <= olds
-    return modules, [_expert_parameters(spec, new, fused) for new in params]
+    return modules, list(params), set(pair) <= olds
+
+
+def _parameters(spec, names: list[str], fused: bool) -> list[TargetModule]:
+    """The ``target_parameters`` as adapters: r·E·(in + out) each (peft's ``ParamWrapper``), gate_up_proj at 2r
+    where the fused v4 pair was named (peft's rank_pattern)."""
+    from trainmath.adapter_params import parameter_targets
+
+    return [TargetModule(name=p.name, in_features=p.in_features, out_features=p.out_features,
+                         count=len(p.layers) * p.experts, parameter=True, experts=p.experts,
+                         rank_mult=2 if fused and p.name.endswith(".gate_up_proj") else 1)
+            for p in parameter_targets(spec, tuple(dict.fromkeys(names)))]
 
 
 def select(spec, job: PeftJob) -> list[TargetModule]:
-    """The modules ``job`` targets, or a one-line error naming what the model has."""
+    """The modules and parameters ``job`` targets, or a one-line error naming what the model has."""
+    from trainmath.adapter_params import NONE
+
     mods = linear_modules(spec)
-    targets, extra = job.targets, []
+    targets, params, fused = job.targets, list(job.target_parameters), False
+    if targets == NONE:
+        targets = ()
     if spec.family.lora_moe_conversion:
-        targets, extra = _convert_moe(spec, targets)
+        targets, converted, fused = _convert_moe(spec, targets)
+        params = converted + params
     elif targets == ALL_LINEAR:
-        return list(mods.values())
+        return list(mods.values()) + _parameters(spec, params, False)
     chosen: dict[str, TargetModule] = {}
     for target in targets:
         hits = [m for n, m in mods.items() if _matches(n, target)]
@@ -199,13 +206,14 @@ def select(spec, job: PeftJob) -> list[TargetModule]:
             if experts:
                 raise TrainmathError(
                     f"--lora-targets {target}: {', '.join(experts)} is a routed-expert/router weight stored as a "
-                    f"bare Parameter, not a Linear; peft reaches it only via target_parameters, not modelled here")
+                    f"bare Parameter, not a Linear; peft reaches it through target_parameters: pass "
+                    f"--lora-target-parameters (e.g. experts.gate_up_proj,experts.down_proj)")
             names = sorted({n.rsplit(".", 1)[-1] for n in mods})
             raise TrainmathError(f"--lora-targets {target}: no such Linear module in {spec.name}; it has "
                                  f"{', '.join(names)} (or {ALL_LINEAR})")
         for m in hits:
             chosen[m.name] = m
-    return list(chosen.values()) + [m for m in extra if m.count]
+    return list(chosen.values()) + [m for m in _parameters(spec, params, fused) if m.count]
 
 
 def adapter_report(spec, job: PeftJob, base_params: int) -> AdapterReport:
@@ -224,11 +232,12 @@ def adapter_report(spec, job: PeftJob, base_params: int) -> AdapterReport:
     for m in chosen:
         width = min(m.in_features, m.out_features)
         if job.rank > width:
-            if job.targets != ALL_LINEAR:
+            if job.targets != ALL_LINEAR and not m.parameter:
                 raise TrainmathError(f"--lora-rank {job.rank} exceeds {m.name}'s smaller dimension "
                                      f"({m.in_features} → {m.out_features}): choose r ≤ {width}")
-            notes.append(f"r={job.rank} exceeds {m.name}'s smaller dimension {width}: all-linear adapts it anyway, "
-                         f"as peft does (a rank beyond {width} adds parameters, not expressiveness)")
+            notes.append(f"r={job.rank} exceeds {m.name}'s smaller dimension {width}: "
+                         f"{'target_parameters' if m.parameter else 'all-linear'} adapts it anyway, as peft does "
+                         f"(a rank beyond {width} adds parameters, not expressiveness)")
         rows.append((m, job.rank * m.rank_mult * (m.in_features + m.out_features) * m.count))
     return AdapterReport(job=job, modules=tuple(rows), base_params=base_params, notes=tuple(notes))
 
@@ -243,6 +252,10 @@ def add_peft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-targets", default=None, metavar="NAMES",
                    help="comma-separated module names matched as peft does (suffix of the module's name), or "
                         "all-linear (every Linear but the output layer); default q_proj,v_proj")
+    g.add_argument("--lora-target-parameters", default=None, metavar="NAMES",
+                   help="comma-separated Parameter names, peft's target_parameters (matched as a suffix of "
+                        "<module>.<parameter>): routed experts (experts.gate_up_proj, experts.down_proj) and bare "
+                        "routers (gate.weight); added to --lora-targets (pass --lora-targets none for these alone)")
     g.add_argument("--lora-dtype", choices=tuple(ADAPTER_DTYPES), default=None,
                    help="adapter dtype (default fp32: where peft's autocast_adapter_dtype=True leaves adapters of "
                         "a bf16/fp16 model)")
@@ -250,7 +263,8 @@ def add_peft_args(p: argparse.ArgumentParser) -> None:
 
 def peft_from_args(args: argparse.Namespace) -> PeftJob:
     """The job from the flags; ``--lora-*`` without ``--peft lora|qlora`` is an error."""
-    given = [f for f in ("lora_rank", "lora_alpha", "lora_targets", "lora_dtype") if getattr(args, f) is not None]
+    given = [f for f in ("lora_rank", "lora_alpha", "lora_targets", "lora_dtype", "lora_target_parameters")
+             if getattr(args, f, None) is not None]
     method = args.peft or "none"
     if method == "none":
         if given:
@@ -260,11 +274,20 @@ def peft_from_args(args: argparse.Namespace) -> PeftJob:
     rank = 8 if args.lora_rank is None else args.lora_rank
     if rank < 1:
         raise TrainmathError(f"--lora-rank {rank}: the rank must be a positive integer")
+    from trainmath.adapter_params import NONE
+
     raw = args.lora_targets or "q_proj,v_proj"
-    if raw.strip().lower() == ALL_LINEAR:
-        targets: tuple[str, ...] | str = ALL_LINEAR
+    raw_params = getattr(args, "lora_target_parameters", None)
+    params = tuple(t.strip() for t in (raw_params or "").split(",") if t.strip())
+    if raw_params is not None and not params:
+        raise TrainmathError(f"--lora-target-parameters {raw_params!r}: name at least one parameter")
+    if raw.strip().lower() in (ALL_LINEAR, NONE):
+        targets: tuple[str, ...] | str = raw.strip().lower()
+        if targets == NONE and not params:
+            raise TrainmathError("--lora-targets none adapts nothing without --lora-target-parameters")
     else:
         targets = tuple(t.strip() for t in raw.split(",") if t.strip())
         if not targets:
             raise TrainmathError(f"--lora-targets {raw!r}: name at least one module, or {ALL_LINEAR}")
-    return PeftJob(method=method, rank=rank, alpha=args.lora_alpha, targets=targets, dtype=args.lora_dtype or "fp32")
+    return PeftJob(method=method, rank=rank, alpha=args.lora_alpha, targets=targets, dtype=args.lora_dtype or "fp32",
+                   target_parameters=params)

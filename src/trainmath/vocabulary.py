@@ -88,7 +88,7 @@ nothing saves them for backward — ``log_softmax`` saves its output, the LM hea
 outlives the forward). The HF Trainer's ``compute_loss`` and ``trainmath train`` are ``loss``. Measured: on a
 2-layer Qwen3 (vocabulary 256, 2 × 64 tokens, fp32) the peak of a ``loss`` step is the logits' 131,072 bytes below
 the ``output`` step's (MemTracker)."""
-ZERO_IMPLS = ("deepspeed", "trainmath", "fsdp2")
+ZERO_IMPLS = ("deepspeed", "trainmath", "fsdp2", "megatron")
 """Whose ZeRO buffers the timeline follows (``memory.setup.TrainingSetup.zero_impl``)."""
 
 
@@ -140,8 +140,9 @@ RECIPES: dict[str, Precision] = {p.name: p for p in (
     Precision(name="fp8", weight_bytes=2, grad_bytes=2, master_bytes=4, state_bytes=4, compute_bytes=2,
               weight_copy_bytes=2,
               description="mixed-bf16 plus Transformer Engine fp8 GEMMs: an fp8 copy of each linear weight and "
-                          "its fp8 transpose are cached during the step; activations counted in bf16 (TE's fp8 "
-                          "saved inputs of linears are not modelled)"),
+                          "its fp8 transpose are cached during the step; under the megatron profile TE's linears "
+                          "save their inputs in fp8 (1 byte, memory/te_fp8.py), the hf profile counts them in "
+                          "bf16"),
 )}
 
 

@@ -80,7 +80,7 @@ def test_bad_zero_impl_one_line():
     from trainmath.errors import TrainmathError
 
     with pytest.raises(TrainmathError, match="zero_impl must be one of deepspeed, trainmath"):
-        training_memory(_spec(), TrainingSetup(micro_batch=1, seq=16, zero_impl="megatron"))
+        training_memory(_spec(), TrainingSetup(micro_batch=1, seq=16, zero_impl="colossalai"))
 
 
 def test_collective_volume():

@@ -1,6 +1,7 @@
 """Host RAM of offloaded jobs (``memory.host``) against DeepSpeed's own estimators and the DeepSpeed #4867 report.
 
-DeepSpeed's estimators (``deepspeed_estimators.py``) count 16 bytes per parameter on the host for ZeRO-Offload
+DeepSpeed's own estimators (imported from deepspeed, a pinned test dependency that installs CPU-only) count
+16 bytes per parameter on the host for ZeRO-Offload
 (fp32 master 4 + fp32 gradients 4 + Adam's two states 8), 18 with ZeRO-3 parameter offload (+ the bf16
 parameters), times ``additional_buffer_factor`` (1.5) for everything else. Ours counts the same 16/18 bytes exactly
 (the tests below pin that they agree to the byte once the factor is divided out) and, instead of the factor, the
@@ -13,7 +14,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from deepspeed_estimators import zero2_mem_needs, zero3_mem_needs
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from trainmath.cli import main
 from trainmath.layout import ParallelLayout
@@ -44,7 +46,7 @@ def test_zero2_offload_equals_deepspeed_estimator_without_its_factor(llama, gpus
     total = count_params(llama).total_params
     h = _host(llama, zero=2, dp=gpus)
     ours = h.ranks_per_node * sum(h.per_rank.child(t).value for t in SHARED)
-    cpu_mem, _ = zero2_mem_needs(total, num_gpus_per_node=gpus, cpu_offload=True)
+    cpu_mem, _ = estimate_zero2_model_states_mem_needs(total, num_gpus_per_node=gpus, cpu_offload=True)
     assert ours * 3 // 2 == cpu_mem
     assert ours == 16 * total  # Llama-3.1-8B's dims divide by 4: no shard padding
 
@@ -57,7 +59,7 @@ def test_zero3_offload_equals_deepspeed_estimator_without_its_factor(llama, offl
     total = count_params(llama).total_params
     h = _host(llama, zero=3, dp=8, offload=offload)
     ours = h.ranks_per_node * sum(h.per_rank.child(t).value for t in SHARED + extra)
-    cpu_mem, _ = zero3_mem_needs(total, 0, num_gpus_per_node=8, cpu_offload=True,
+    cpu_mem, *_ = estimate_zero3_model_states_mem_needs(total, 0, num_gpus_per_node=8, cpu_offload=True,
                                  cpu_offload_params=offload == "params", zero_init=True)
     assert ours * 3 // 2 == cpu_mem
     assert h.per_rank.child("bit16_gradients_bytes").value == 2 * total // 8
@@ -120,7 +122,7 @@ def starcoder_params():
 def test_issue_4867_reproduced(starcoder_params):
     """DeepSpeed's ZeRO-3 estimate for offload_optimizer only, 8 GPUs, zero.Init: the thread's "346GB"
     (printed as cpu_mem / 2**30)."""
-    cpu_mem, _ = zero3_mem_needs(starcoder_params, 0, num_gpus_per_node=8, cpu_offload=True,
+    cpu_mem, *_ = estimate_zero3_model_states_mem_needs(starcoder_params, 0, num_gpus_per_node=8, cpu_offload=True,
                                  cpu_offload_params=False, zero_init=True)
     assert f"{cpu_mem / 2**30:.2f}".startswith("346.")
 
@@ -135,21 +137,9 @@ def test_issue_4867_our_figure(starcoder_params):
     assert node == 8 * 18 * s
     assert 259 * 2**30 < node < 261 * 2**30
     assert not hm.HostFit(host_bytes=node, host_memory_bytes=256 * 2**30).fits
-    cpu_mem, _ = zero3_mem_needs(starcoder_params, 0, num_gpus_per_node=8, cpu_offload_params=False)
+    cpu_mem, *_ = estimate_zero3_model_states_mem_needs(starcoder_params, 0, num_gpus_per_node=8,
+                                                        cpu_offload_params=False)
     assert 1.33 < cpu_mem / node < 1.34  # 24 / 18: their factor of 1.5 less our bf16 gradient buffer
-
-
-def test_transcription_equals_installed_deepspeed():
-    """The transcribed estimators against deepspeed's, where deepspeed is importable (not on CI)."""
-    z2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
-    z3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
-    for p, gpus, nodes in ((15_517_456_384, 8, 1), (8_030_261_248, 4, 2), (1_000_003, 1, 1)):
-        for off in (True, False):
-            assert z2.estimate_zero2_model_states_mem_needs(p, gpus, nodes, off) == zero2_mem_needs(p, gpus, nodes, off)
-            for params in (True, False):
-                for init in (True, False):
-                    got = z3.estimate_zero3_model_states_mem_needs(p, 1_000, gpus, nodes, off, params, init)
-                    assert got[:2] == zero3_mem_needs(p, 1_000, gpus, nodes, off, params, init)
 
 
 # ---- the CLI ----

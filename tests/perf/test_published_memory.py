@@ -1,13 +1,14 @@
 """The published runs' stated layouts through the memory model: the fit verdict (they all ran) and the predicted
-peak against the memory the sources report (torchtitan's Memory(GiB), FlagPerf's mem column).
+peak against the memory the sources report (torchtitan's Memory(GiB): torch.cuda max reserved; FlagPerf's mem
+column: device memory used), ``python benchmarks/plan_oracles.py --memory``, docs/benchmarks.md.
 
-Both are pins of what the model does today (``python benchmarks/plan_oracles.py --memory``, docs/benchmarks.md),
-not the targets: the target is every layout judged to fit, which the memory model does not meet yet."""
+The fit count is a floor of what the model reaches today, not the target (every layout judged to fit): each
+layout still judged not to fit must have its reason on record (``published_more.MEMORY_MISSES``)."""
 
 import math
 import statistics
 
-from published_more import RUNS, memory_check
+from published_more import RUNS, memory_check, memory_miss_reason
 
 from trainmath.errors import TrainmathError
 
@@ -20,26 +21,44 @@ def test_runs_that_report_memory_say_what_it_counts():
     for r in REPORTED:
         assert 0 < r["published_memory_gib"] <= r.get("gpu_memory_gib", 80), r["id"]
         assert "GiB" in r["memory_convention"]
+        assert "GiB" in r["memory_convention_reads"] and "reserve" in r["memory_convention_reads"], r["id"]
 
 
-def test_stated_layouts_judged_to_fit_do_not_regress():
-    judged = []
+def _judged():
+    out = []
     for r in RUNS:
         try:
-            judged.append(memory_check(r))
+            out.append((r, memory_check(r)))
         except TrainmathError:  # the one layout the model refuses (docs/benchmarks.md, "not priced")
             continue
-    fit = sum(v["fits"] for v in judged)
-    assert len(judged) == 220
-    assert fit >= 172  # of 220; every one ran, so each "does not fit" is a memory-model miss
-    # a layout the model says does not fit is over the fit rule's usable bytes, and one that fits is under them
-    for v in judged:
+    return out
+
+
+def test_stated_layouts_judged_to_fit_and_every_miss_explained():
+    judged = _judged()
+    assert len(judged) == 230
+    fit = sum(v["fits"] for _, v in judged)
+    assert fit == 225  # of 230; every one ran, so each "does not fit" is a memory-model miss
+    for r, v in judged:
+        # a layout the model says does not fit is over the fit rule's usable bytes, and one that fits is under them
         assert v["fits"] == (v["peak_gib"] <= v["usable_gib"])
+        if not v["fits"]:
+            assert memory_miss_reason(r["id"]), r["id"]  # what the model lacks, on record
+    # the sources with no miss left: MaxText (save_qkv_proj), torchtitan (hf profile), the Megatron dense rows
+    fitting = {r["paper"] for r, v in judged} - {r["paper"] for r, v in judged if not v["fits"]}
+    assert {"maxtext-dgxc", "torchtitan-perf", "flagperf", "internlm-train-performance", "llm-foundry-benchmarks",
+            "dgxc-benchmarking", "nemo-perf-24.07", "megatron-moe-modelzoo"} <= fitting
 
 
-def test_predicted_peak_against_the_reported_memory_does_not_regress():
-    logs = [abs(math.log(memory_check(r)["peak_gib"] / r["published_memory_gib"])) for r in REPORTED]
-    assert statistics.median(logs) <= 0.30
-    flagperf_70b = [memory_check(r)["peak_gib"] / r["published_memory_gib"] for r in REPORTED
-                    if r["id"].startswith("flagperf-h800")]
+def test_predicted_peak_is_under_the_reported_memory():
+    """Both sources report more than the allocator's allocated peak (torchtitan: max reserved; FlagPerf: device
+    memory used, CUDA context included), so the predicted max-allocated peak must not exceed them; the 8B and 70B
+    rows are within 0.69-0.98 of it, the 405B pipeline rows far under (0.28-0.52: not modelled, docs)."""
+    ratios = {r["id"]: memory_check(r)["peak_gib"] / r["published_memory_gib"] for r in REPORTED}
+    assert all(x <= 1.0 for x in ratios.values()), ratios
+    logs = [abs(math.log(x)) for x in ratios.values()]
+    assert statistics.median(logs) <= 0.20
+    dense = [x for k, x in ratios.items() if "405b" not in k]
+    assert all(0.65 <= x <= 1.0 for x in dense), dense
+    flagperf_70b = [x for k, x in ratios.items() if k.startswith("flagperf-h800")]
     assert all(0.9 <= x <= 1.0 for x in flagperf_70b)  # Megatron TP/PP rows: within 10% under what the GPU showed

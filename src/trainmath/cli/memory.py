@@ -81,8 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--zero-impl", choices=ZERO_IMPLS, default="deepspeed",
                    help="whose ZeRO: deepspeed (ZeRO-1/2 with a reduce bucket of min(5e8, params) elements for "
                         "the whole step; ZeRO-3 as FSDP2), trainmath (trainmath train --impl trainmath: flat "
-                        "padded buffers at the reduce and the all-gather only; ZeRO-3 without prefetch) or fsdp2 "
-                        "(torch's FSDP2 also for ZeRO-2: reshard_after_forward=False)")
+                        "padded buffers at the reduce and the all-gather only; ZeRO-3 without prefetch), fsdp2 "
+                        "(torch's FSDP2 also for ZeRO-2: reshard_after_forward=False) or megatron (Megatron-Core's "
+                        "DDP and distributed optimizer: gradients reduced in their contiguous buffer, no bucket)")
     p.add_argument("--dp", type=integer, default=None,
                    help="data-parallel degree (default: --world-size / (tp·pp·cp), else 1)")
     p.add_argument("--tp", type=integer, default=1,

@@ -154,8 +154,7 @@ def _check_model(cfg, world_size: int, local_ranks: int, backend: str) -> None:
     if cfg.peft.enabled:  # the targets, the rank against each layer's width, a base already quantized: one line
         from trainmath.adapters import adapter_report
 
-        chosen = [m.name for m, _ in adapter_report(spec, cfg.peft, 0).modules]
-        fused = [n for n in chosen if n.startswith("experts.") or n == "gate.weight"]
+        fused = [m.name for m, _ in adapter_report(spec, cfg.peft, 0).modules if m.parameter]
         if fused:
             raise TrainmathError(f"--lora-targets: {', '.join(fused)} are routed-expert/router parameters, which "
                                  f"peft adapts through target_parameters; trainmath train adapts Linear modules "

@@ -11,6 +11,9 @@ With the base frozen, autograd computes only the gradients something needs (``gr
 - the attention core's two products keep the gradient of each operand that needs one: Q·Kᵀ gives Q's and K's, P·V
   gives P's (when Q or K needs grad) and V's, as eager attention's ``bmm``s run them;
 - the LM head's backward is its input's gradient; the embedding has no GEMM;
+- ``target_parameters`` (routed experts, routers; peft's ``ParamWrapper``): the expert GEMMs read W + B·A, which
+  requires grad, so their backward adds the weight's gradient (full training's wgrad GEMM, per routed token), and
+  the wrapper adds one ``baddbmm`` per layer per forward, 2·E·a·b·r, with a backward twice that (``delta_gemm``);
 - ``recompute="full"`` runs every layer's forward again, adapters included (Megatron's convention, the whole
   layer);
 - QLoRA: ``bnb.matmul_4bit`` dequantises each 4-bit weight to bf16 before every product that uses it (forward, the
@@ -54,6 +57,8 @@ class Row:
     backward_flops: int
     dequant_numel: int = 0
     """Elements of the frozen weight dequantised per use (0: not a quantisable Linear, or an adapter)."""
+    wgrad_flops: int = 0
+    """Of ``backward_flops``, the weight-gradient GEMM of a weight peft's ``ParamWrapper`` adapts (else 0)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,22 +72,32 @@ class LayerRows:
     """Elements dequantised again by a full recompute of one layer (its quantised Linears)."""
 
 
-def _layer(spec, layer, index: int, job: PeftJob, targets: frozenset, *, batch: int, seq: int, causal: str,
+def _layer(spec, layer, index: int, job: PeftJob, targets, *, batch: int, seq: int, causal: str,
            input_grads: bool) -> list[Row]:
-    """The rows of one layer: each frozen GEMM, its adapters and the attention core's products."""
+    """The rows of one layer: each frozen GEMM, its adapters and the attention core's products; a GEMM whose
+    weight peft's ``ParamWrapper`` adapts also takes its weight's gradient, and the wrapper's ``baddbmm`` (the
+    adapted weight W + B·A, once per forward) is its own row."""
+    modules, wrapped = targets
     ops = layer_ops(spec, layer, batch=batch, seq=seq)
     if any(op.kind in ("scan", "conv") for op in ops):
         raise TrainmathError(f"--peft FLOPs are modelled for attention layers; {spec.name} has scan/conv layers")
-    run = LoraRun(targets=targets, rank=job.rank, input_grad=index > 0 or input_grads)
+    run = LoraRun(targets=modules, rank=job.rank, input_grad=index > 0 or input_grads, wrapped=frozenset(wrapped))
     flow = grad_flow(ops, run)
     linears = op_flops.linear_gemms_from_ops(ops, top_k=layer_top_k(layer))
     out: list[Row] = []
     it = iter(linears)
+    done: set[str] = set()
     for op, rg, target in flow:
         if op.kind == "linear" and op.weight is not None:
             g = next(it)
-            out.append(Row(gemm=g, forward_flops=g.flops, backward_flops=g.flops if rg[0] else 0,
-                           dequant_numel=0 if op.weight.experts else op.weight.numel))
+            wgrad = g.flops if op.weight.name in wrapped else 0
+            out.append(Row(gemm=g, forward_flops=g.flops, backward_flops=(g.flops if rg[0] else 0) + wgrad,
+                           dequant_numel=0 if op.weight.experts else op.weight.numel, wgrad_flops=wgrad))
+            p = wrapped.get(op.weight.name)
+            if p is not None and p[0].name not in done:
+                done.add(p[0].name)
+                d = delta_gemm(*p)
+                out.append(Row(gemm=d, forward_flops=delta_evaluations(p[0]) * d.flops, backward_flops=2 * d.flops))
             if target:
                 a = Gemm(name=f"{module_of(op)}.lora_A", component=LORA, m=g.m, k=g.k, n=job.rank)
                 b = Gemm(name=f"{module_of(op)}.lora_B", component=LORA, m=g.m, k=job.rank, n=g.n)
@@ -96,13 +111,36 @@ def _layer(spec, layer, index: int, job: PeftJob, targets: frozenset, *, batch: 
     return out
 
 
-def targets_of(spec, job: PeftJob) -> frozenset:
-    """The adapted modules' names; routed-expert and router targets are refused (not modelled)."""
+def targets_of(spec, job: PeftJob) -> tuple[frozenset, dict]:
+    """(the adapted Linear modules' names, ledger weight name → (the ``target_parameters`` parameter it is part
+    of, its rank) for the parameters peft's ``ParamWrapper`` adapts)."""
+    from trainmath.adapter_params import hf_parameters
+
     chosen = select(spec, job)
-    if any(m.name.startswith("experts.") or m.name == "gate.weight" for m in chosen):
-        raise TrainmathError("--peft FLOPs with routed-expert or router targets are not modelled; target the "
-                             "attention and dense Linear modules")
-    return frozenset(m.name for m in chosen)
+    have = hf_parameters(spec)
+    wrapped = {}
+    for m in chosen:
+        if m.parameter:
+            p = have[m.name]
+            wrapped.update({t: (p, job.rank * m.rank_mult) for t in p.ledger})
+    return frozenset(m.name for m in chosen if not m.parameter), wrapped
+
+
+def delta_evaluations(p) -> int:
+    """How many times one forward computes the ``ParamWrapper``'s product: a 3-d stack's ``_LoraFactorsProxy``
+    runs its ``baddbmm`` twice (torch's ``register_parametrization``, unsafe=False, evaluates a new
+    parametrization once to check its shape and dtype, and the cached forward again; the backward runs through
+    the second); a 2-d weight's B·A is computed once before registering (``_LoraParameterProxy`` only adds it)."""
+    return 2 if p.experts > 1 else 1
+
+
+def delta_gemm(p, rank: int) -> Gemm:
+    """The ``ParamWrapper``'s product of one layer: ``baddbmm`` of (E, a, r) × (E, r, b) for a 3-d expert stack
+    (``_LoraFactorsProxy``), or B·A (b × r × a) for a 2-d weight (``Linear.get_delta_weight``): 2·E·a·b·r FLOPs,
+    per forward, not per token; the backward is both factors' gradients, twice that (derived from peft 0.21's
+    ``tuners/lora/layer.py``)."""
+    return Gemm(name=f"{p.name}.lora_delta", component=LORA, m=p.in_features, k=rank, n=p.out_features,
+                count=p.experts, weighted=False)
 
 
 def peft_rows(spec, job: PeftJob, *, batch: int, seq: int, causal: str = "executed",
@@ -170,7 +208,11 @@ def peft_flops(spec, job: PeftJob, *, batch: int, seq: int, causal: str = "execu
                       "computes no gradient before its first adapted Linear (frozen embedding)"),
         "attention: each product's operand gradients only where the operand needs one (eager bmm)",
         f"recompute={recompute}" + (": every layer's forward again, adapters included" if recompute == "full" else ""),
-    ) + (("QLoRA dequantisation is not a GEMM: dequant_elements counts the 4-bit weight elements dequantised to "
+    ) + ((f"target_parameters ({', '.join(sorted({p.name for p, _ in targets_of(spec, job)[1].values()}))}): "
+          "peft's ParamWrapper adapts W + B·A per layer per forward (baddbmm 2·E·a·b·r, evaluated twice for a 3-d "
+          "stack: register_parametrization checks it; backward 4·E·a·b·r), and the expert GEMMs take their weight "
+          "gradient",) if targets_of(spec, job)[1] else ()) + (
+        ("QLoRA dequantisation is not a GEMM: dequant_elements counts the 4-bit weight elements dequantised to "
           "bf16 per step (each use: forward, input gradient, recompute)",) if job.method == "qlora" else ())
     report = FlopsReport(model=spec.name, batch=batch, seq=seq, causal=causal, recompute=recompute, forward=forward,
                          backward=backward, recomputed=recomputed, training=training, layer_types=base.layer_types,

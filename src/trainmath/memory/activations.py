@@ -90,7 +90,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
                      param_dtype_bytes: int = 4, experts_hit: int | None = None,
                      norm_topk_prob: bool | None = None, router: Router | None = None,
                      family: Family | None = None, experts: str = "eager", ep: int = 1,
-                     vocab_parallel: bool = False, device: str = "cuda", attention: str = "sdpa") -> SavedActivations:
+                     vocab_parallel: bool = False, device: str = "cuda", attention: str = "sdpa",
+                     recompute_saves: tuple[str, ...] = (), recompute_modules: tuple[str, ...] = (),
+                     fp8_linear_inputs: bool = False, expert_tp: int | None = None) -> SavedActivations:
     """Bytes saved for backward by one micro-batch on one rank (``saved.SavedActivations``): per layer type (its
     layers, one layer's saved tensors), plus ``embedding`` (what the embedding saves) and ``rotary`` (cos/sin,
     computed once, shared by all layers). The final norm and the LM head/loss path are in ``logits_bytes``.
@@ -145,12 +147,20 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq: int, profile: st
         raise TrainmathError(f"param_dtype_bytes ({param_dtype_bytes}) below compute_dtype_bytes "
                              f"({compute_dtype_bytes}) is not a transformers training setup")
     indices = _rank_layers(spec, layers, pp)
+    if recompute_saves and (profile != "megatron" or recompute != "full"):
+        raise TrainmathError("recompute_saves names what a full-recompute layer keeps: megatron profile, "
+                             f"recompute full only (got {profile}, {recompute})")
+    if recompute_modules and (profile != "megatron" or recompute != "selective"):
+        raise TrainmathError("recompute_modules are Megatron-Core's --recompute-modules: megatron profile, recompute "
+                             f"selective only (got {profile}, {recompute})")
     if profile == "megatron":
         fam = family or Family.from_config(spec.options, spec.family.config_defaults)
         return activations_megatron(spec, micro_batch=micro_batch, seq=seq, recompute=recompute, tp=tp, sp=sp,
                                     cp=cp, layers=indices, compute_dtype_bytes=compute_dtype_bytes,
                                     attention=attention, attention_dropout=fam.attention_dropout,
-                                    residual_dropout=fam.residual_dropout)
+                                    residual_dropout=fam.residual_dropout, recompute_saves=recompute_saves,
+                                    recompute_modules=recompute_modules, fp8=fp8_linear_inputs,
+                                    expert_tp=expert_tp)
     deg = _degrees(spec, seq, tp=tp, sp=sp, cp=cp, ep=ep, vocab_parallel=vocab_parallel)
     if profile == "eager" and cp > 1:
         raise TrainmathError(f"--attention eager with --cp {cp} is not modelled: context parallelism (torch's "

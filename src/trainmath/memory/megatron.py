@@ -51,7 +51,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainmath.errors import TrainmathError
+from trainmath.memory.megatron_recompute import check_modules, drops
 from trainmath.memory.saved import LayerGroup, SavedActivations
+from trainmath.memory.te_fp8 import fp8_terms
 from trainmath.model.spec import (
     AttentionDims,
     LayerSpec,
@@ -109,11 +111,15 @@ def megatron_layer_terms(*, s: int, b: int, h: int, a: int, t: int = 1, sp: bool
 
 
 def layer_terms(layer: LayerSpec, *, b: int, s: int, d: int, t: int = 1, sp: bool = False, cp: int = 1,
-                x: int = 2, flash: bool = True, attention_dropout: float = 0.0, residual_dropout: float = 0.0
-                ) -> tuple[list[Node], list[Node]]:
+                x: int = 2, flash: bool = True, attention_dropout: float = 0.0, residual_dropout: float = 0.0,
+                fp8: bool = False, expert_tp: int | None = None) -> tuple[list[Node], list[Node]]:
     """(tensors kept through the step, core-attention tensors that selective recompute drops) of one Megatron-Core
     layer on one rank, bytes each (module docstring: where each term comes from). Each value is divided exactly
-    once by the degrees it names (/t, /t with SP, /cp)."""
+    once by the degrees it names (/t, /t with SP, /cp). ``fp8``: an FP8 recipe's linears save their inputs in FP8
+    (``memory.te_fp8``). ``expert_tp`` (default t): the routed experts' tensor-parallel split; with 1 under SP
+    (Megatron-Core's MoE parallel folding, ``layout.ParallelLayout.expert_tp``) each TP rank routes its own s/t
+    tokens to whole experts, so the routed rows are /t and the experts' widths whole: the same fc1 and
+    activation bytes, the permuted rows and the unpermute /t."""
     rep = t if sp else 1
     kept: list[tuple[str, int, int]] = []  # (name, bytes before division, divisor)
     core: list[tuple[str, int, int]] = []
@@ -157,12 +163,14 @@ def layer_terms(layer: LayerSpec, *, b: int, s: int, d: int, t: int = 1, sp: boo
                 kept.append(("mlp: hidden dropout mask", rows * d, rep))
         elif isinstance(dims, MoEDims):
             routed = rows * dims.top_k
+            # expert TP 1 under SP (MoE parallel folding): each TP rank routes its own s/t tokens to whole experts
+            shard = t if sp and expert_tp == 1 else 1
             kept += [("pre_mlp_layernorm: input", x * rows * d, rep), ("router: input", x * rows * d, rep),
                      ("router: logits", x * rows * dims.experts, 1),
-                     ("experts: permuted rows (linear_fc1 input)", x * routed * d, 1)]
+                     ("experts: permuted rows (linear_fc1 input)", x * routed * d, shard)]
             kept += _mlp(dims.expert_intermediate, dims.gated, x * routed, t, "experts")
-            kept += [("unpermute: expert output", x * routed * d, 1),
-                     ("unpermute: probabilities (fp32)", 4 * routed, 1)]
+            kept += [("unpermute: expert output", x * routed * d, shard),
+                     ("unpermute: probabilities (fp32)", 4 * routed, shard)]
             if dims.shared_intermediate:
                 kept += _mlp(dims.shared_intermediate, dims.gated, x * rows, t, "shared expert")
             if residual_dropout > 0:
@@ -171,6 +179,8 @@ def layer_terms(layer: LayerSpec, *, b: int, s: int, d: int, t: int = 1, sp: boo
     def leaves(terms):
         return [_leaf(n, v // (div * cp), f"/{div * cp}" if div * cp > 1 else "") for n, v, div in terms]
 
+    if fp8:  # Transformer Engine's FP8 linears save their inputs in FP8 (memory/te_fp8.py)
+        kept = fp8_terms(kept, x)
     return leaves(kept), leaves(core)
 
 
@@ -206,41 +216,58 @@ def _mlp(width: int, gated: bool, xrows: int, t: int, name: str) -> list[tuple[s
 
 def activations_megatron(spec: ModelSpec, *, micro_batch: int, seq: int, recompute: str = "none", tp: int = 1,
                          sp: bool = False, cp: int = 1, layers: Sequence[int] = (), compute_dtype_bytes: int = 2,
-                         attention: str = "sdpa", attention_dropout: float = 0.0, residual_dropout: float = 0.0
-                         ) -> SavedActivations:
+                         attention: str = "sdpa", attention_dropout: float = 0.0, residual_dropout: float = 0.0,
+                         recompute_saves: Sequence[str] = (), recompute_modules: Sequence[str] = (),
+                         fp8: bool = False, expert_tp: int | None = None) -> SavedActivations:
     """The ``megatron`` profile on one rank: ``layers`` → ``<layer label> × n`` (as the hf profile names its
     groups, so the timeline puts each on its layer's events) → per saved tensor (``layer_terms``), and under
     recompute the ``recompute transient``: what one layer's backward holds again (full: the whole layer's
     tensors; selective: its core attention's). ``attention``: ``sdpa`` is flash attention, ``eager`` Megatron's
     unfused core attention (the paper's, s² softmax saved). Embedding, final norm and logits are not in Table 2:
-    the head is ``logits_bytes``."""
+    the head is ``logits_bytes``. ``recompute_saves`` (with ``full``): tensors of ``layer_terms`` kept beside the
+    checkpointed input, by name, as a JAX remat policy ``save_only_these_names`` keeps them (MaxText's
+    ``remat_policy``, e.g. ``save_qkv_proj``: the q, k and v projections; every other tensor recomputed);
+    a name no layer has is refused. ``recompute_modules`` (with ``selective``): Megatron-Core's
+    ``--recompute-modules`` (``memory.megatron_recompute``; empty: ``core_attn``, its default). ``fp8``: under an
+    FP8 recipe Transformer Engine's linears save their inputs in FP8 (``memory.te_fp8``)."""
     if tp < 1 or cp < 1:
         raise TrainmathError(f"tp ({tp}) and cp ({cp}) must be at least 1")
     if sp and tp == 1:
         raise TrainmathError("sp=True needs tp > 1 (sequence parallelism splits along the tensor-parallel group)")
     if seq % (tp if sp else 1) or seq % cp:
         raise TrainmathError(f"seq ({seq}) must be divisible by tp ({tp}) with sp and by cp ({cp})")
+    check_modules(recompute_modules)
     b, s, d, x = micro_batch, seq, spec.hidden_size, compute_dtype_bytes
     groups, largest, core_largest = [], None, None
+    found: set[str] = set()
     for layer, idx in spec.layer_groups():
         mine = [i for i in idx if i in set(layers)]
         if not mine:
             continue
         kept, core = layer_terms(layer, b=b, s=s, d=d, t=tp, sp=sp, cp=cp, x=x, flash=attention != "eager",
-                                 attention_dropout=attention_dropout, residual_dropout=residual_dropout)
+                                 attention_dropout=attention_dropout, residual_dropout=residual_dropout, fp8=fp8,
+                                 expert_tp=expert_tp)
         whole = Node.of(layer.label, kept + core, "bytes")
         if largest is None or whole.value > largest.value:
             largest = whole
-        if core and (core_largest is None or sum(n.value for n in core) > core_largest.value):
-            core_largest = Node.of(layer.label, core, "bytes")
         if recompute == "full":
-            one = Node.of(layer.label, [_leaf("layer input (checkpoint)", x * s * b * d // ((tp if sp else 1) * cp))],
-                          "bytes")
+            keep = [n for n in kept + core if n.name in set(recompute_saves)]
+            one = Node.of(layer.label, [_leaf("layer input (checkpoint)", x * s * b * d // ((tp if sp else 1) * cp)),
+                                        *keep], "bytes")
+            found.update(n.name for n in keep)
         elif recompute == "selective":
-            one = Node.of(layer.label, kept, "bytes")
+            mods = tuple(recompute_modules) or ("core_attn",)
+            mla = any(isinstance(blk.dims, MLADims) for blk in layer.blocks)
+            gone = [n for n in kept if drops(n.name, mods, mla=mla)] + (core if "core_attn" in mods else [])
+            one = Node.of(layer.label, [n for n in kept + core if n not in gone], "bytes")
+            if gone and (core_largest is None or sum(n.value for n in gone) > core_largest.value):
+                core_largest = Node.of(layer.label, gone, "bytes")
         else:
             one = whole
         groups.append(LayerGroup(label=layer.label, layers=tuple(mine), one=one))
+    if recompute == "full" and set(recompute_saves) - found:
+        raise TrainmathError(f"recompute saves {sorted(set(recompute_saves) - found)} name no tensor the megatron "
+                             f"profile saves in {spec.name}'s layers (memory.megatron.layer_terms names)")
     transient = largest if recompute == "full" else core_largest if recompute == "selective" else None
     if transient is not None:
         transient = Node(name="recompute transient", value=transient.value, unit="bytes",

@@ -31,7 +31,7 @@ from trainmath import families
 from trainmath.adapters import ADAPTER_DTYPES, PeftJob, adapter_report, select
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
-from trainmath.memory import peft_fsdp2
+from trainmath.memory import peft_backward, peft_fsdp2
 from trainmath.memory import states as st
 from trainmath.memory.optimizers import state_tensors, step_temporary_bytes
 from trainmath.memory.step import Persistent
@@ -85,7 +85,7 @@ def check(spec, setup, layout, run: PeftRun) -> None:
     if any(b.kind in ("mamba", "linear_attention", "mla") for ly in spec.layers for b in ly.blocks):
         raise TrainmathError(f"--peft memory is modelled for attention layers with dense or MoE MLPs; {spec.name} "
                              f"has MLA, Mamba or linear-attention blocks")
-    params = [m.name for m in select(spec, job) if m.name.startswith("experts.") or m.name == "gate.weight"]
+    params = [m.name for m in select(spec, job) if m.parameter]
     if params:
         raise TrainmathError(f"--peft memory with routed-expert or router targets ({', '.join(params)}: bare "
                              f"Parameters peft adapts through target_parameters, whose ParamWrapper adds B·A to the "
@@ -242,7 +242,8 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
     run: PeftRun = setup.peft
     check(spec, setup, layout, run)
     layers = list(inp.layers)
-    folded = layer_saved(spec, setup, prec, run, layers)
+    by_layer = layer_ops(spec, setup, prec, run, layers)
+    folded = {i: (_bytes(full), _bytes(mine)) for i, (full, mine, _) in by_layer.items()}
     saved, recomputed = dict(inp.saved), dict(inp.recomputed)
     for i, (full, mine) in folded.items():
         if setup.recompute == "full":
@@ -272,7 +273,7 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
     if setup.recompute == "full":
         from trainmath.memory.peft_recompute import recompute_peak
 
-        for i, (_, mine, _) in layer_ops(spec, setup, prec, run, layers).items():
+        for i, (_, mine, _) in by_layer.items():
             r = recompute_peak(mine, granularity=gran)
             peaks[i] = (r.not_yet, r.transient, r.grads)
     head = head_saved_delta(spec, setup, prec) if inp.last else 0
@@ -283,7 +284,8 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
         persistent=Persistent(weights_bytes=weights, master_weights_bytes=ad["master"],
                               optimizer_states_bytes=ad["states"], framework_overhead_bytes=ad["overhead"]),
         optimizer_temporaries=ad["temps"], fp32_grad_copies=0, weight_copies=copies + transient,
-        ffn_transient={i: 0 for i in inp.ffn_transient}, recompute_peaks=peaks)
+        ffn_transient=peft_backward.ffn_transients(spec, setup, layout, prec, gran, by_layer),
+        recompute_peaks=peaks)
 
 
 def peft_summary(spec, setup, layout, pl, prec, gran: int) -> dict:

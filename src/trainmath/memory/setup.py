@@ -55,10 +55,29 @@ class TrainingSetup:
     """Whose ZeRO-1/2 buffers (``vocabulary.ZERO_IMPLS``): ``deepspeed`` (one reduce bucket of min(5e8, Ψ)
     elements for the whole step) or ``trainmath`` (``trainmath train --impl trainmath``: flat padded buffers
     at the reduce and the all-gather only; ``flat_zero``). ZeRO-3: FSDP2 (``deepspeed``) or ours (the unit
-    that runs gathered, no prefetch; gradients as ZeRO-2's). ZeRO-0 ignores it."""
+    that runs gathered, no prefetch; gradients as ZeRO-2's). ``megatron``: Megatron-Core's DDP and distributed
+    optimizer (``megatron/core/distributed/param_and_grad_buffer.py``): the gradients live in one contiguous
+    buffer that is reduced (ZeRO-0) or reduce-scattered (ZeRO-1/2) in place, so no bucket beside them; ZeRO-3 as
+    ``deepspeed``'s. ZeRO-0 ignores the others."""
     peft: object = None
     """A LoRA / QLoRA fine-tune (``memory.peft.PeftRun``), or None: full training."""
     offload: str = "none"
     """ZeRO-Offload (Ren et al. 2021): ``optimizer`` keeps optimizer states, master weights and the optimizer
     step on the CPU; ``params`` (ZeRO-3 only) also keeps the parameter shards there, gathered to the GPU per
     module."""
+    recompute_saves: tuple[str, ...] = ()
+    """With ``recompute="full"`` under the megatron profile: the layer's tensors (``memory.megatron`` names) kept
+    beside its checkpointed input, as a JAX ``save_only_these_names`` remat policy keeps them."""
+    recompute_modules: tuple[str, ...] = ()
+    """With ``recompute="selective"`` under the megatron profile: Megatron-Core's ``--recompute-modules``
+    (``memory.megatron_recompute``); empty: ``core_attn`` (Megatron-Core's default)."""
+    cross_entropy_fusion: str = "none"
+    """A fused cross-entropy kernel (megatron profile): ``te`` (Transformer Engine's, the gradient in place) or
+    ``flash-attn`` (flash-attn's, a 16-bit gradient): no fp32 logits (``memory.recipe_options.fused_cross_entropy``);
+    ``none``: the profile's own loss."""
+    offload_layers: int = 0
+    """Megatron-Core's ``--cpu-offloading-num-layers`` (megatron profile): the first that many layers of the rank
+    keep their saved activations in host memory; each is reloaded for its backward (``memory.recipe_options``)."""
+    fp8_param_gather: bool = False
+    """``fp8_param_gather`` (``precision="fp8"``): the linear weights are FP8 tensors, not bf16 beside an FP8
+    cache (``memory.recipe_options.fp8_param_bytes_saved``)."""

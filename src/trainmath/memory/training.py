@@ -24,6 +24,7 @@ from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, validate_layout
 from trainmath.memory import activations, fsdp2
 from trainmath.memory import flat_zero as fz
+from trainmath.memory import recipe_options as ro
 from trainmath.memory import states as st
 from trainmath.memory import timeline as tl
 from trainmath.memory.optimizers import check_optimizer, step_temporary_bytes
@@ -145,6 +146,15 @@ def check_setup(setup: TrainingSetup) -> list[str]:
                            ("experts", EXPERTS)):
         if getattr(setup, field) not in allowed:
             bad.append(f"{field} must be one of {', '.join(allowed)}, got {getattr(setup, field)!r}")
+    if setup.cross_entropy_fusion not in ro.CROSS_ENTROPY_FUSIONS:
+        bad.append(f"cross entropy fusion must be one of {', '.join(ro.CROSS_ENTROPY_FUSIONS)}, got "
+                   f"{setup.cross_entropy_fusion!r}")
+    elif setup.cross_entropy_fusion != "none" and setup.profile != "megatron":
+        bad.append(f"cross entropy fusion {setup.cross_entropy_fusion} is modelled under the megatron profile, got "
+                   f"--profile {setup.profile}")
+    bad += ro.offload_problems(setup.offload_layers, setup.recompute_saves, setup.profile, setup.recompute)
+    if setup.fp8_param_gather and setup.precision != "fp8":
+        bad.append(f"fp8 param gather keeps the linear weights in FP8: needs --precision fp8, got {setup.precision}")
     if setup.backward_in_autocast and (setup.precision != "amp-bf16" or (setup.micro_batches or 1) > 1):
         bad.append("--backward-in-autocast is modelled with --precision amp-bf16 and one micro-batch (the cache of "
                    "autocast's weight casts)")
@@ -274,6 +284,14 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
               compute_dtype_bytes=prec.compute_bytes, param_dtype_bytes=prec.weight_bytes, tp=layout.tp,
               sp=layout.sp, cp=layout.cp, pp=1, layers=list(pl.layers), experts=experts_path(spec, setup),
               ep=layout.ep, vocab_parallel=layout.vocab_parallel, device=setup.device)
+    if setup.precision == "fp8" and setup.profile == "megatron":  # TE saves FP8 linear inputs (memory/te_fp8.py)
+        kw["fp8_linear_inputs"] = True
+    if setup.profile == "megatron" and layout.expert_tp != layout.tp:  # MoE parallel folding: expert TP 1
+        kw["expert_tp"] = layout.expert_tp
+    if setup.recompute_saves:  # a remat policy's saved names (megatron profile, full recompute)
+        kw["recompute_saves"] = tuple(setup.recompute_saves)
+    if setup.recompute_modules:  # Megatron-Core's --recompute-modules (megatron profile, selective)
+        kw["recompute_modules"] = tuple(setup.recompute_modules)
     act = am.activation_bytes(spec, recompute=setup.recompute, **kw)
     saved, resident = act.per_layer(), list(act.resident)
     if setup.recompute in ("full", "selective") and setup.profile == "hf" and spec.family.checkpoint_position_ids:
@@ -282,7 +300,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                                     unit="bytes")]
     recomputed = {i: 0 for i in pl.layers}
     if setup.recompute == "full":
-        none = am.activation_bytes(spec, recompute="none", **kw)
+        plain = {k: v for k, v in kw.items() if k not in ("recompute_saves", "recompute_modules")}
+        none = am.activation_bytes(spec, recompute="none", **plain)
         full = none.per_layer()
         # An fp32 residual stream: the recomputed norm's fp32 input is the checkpointed layer input itself.
         dup = saved if prec.weight_bytes == 4 and none.keeps_layer_input else {}
@@ -291,7 +310,11 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         # what the recompute saves again in the layer's backward (hf: beside the cache and the layer input;
         # megatron: the core attention's own tensors; activations.activation_bytes)
         recomputed = {i: act.recompute_transient_bytes for i in pl.layers}
+    if setup.offload_layers:  # Megatron-Core's CPU activation offloading (memory/recipe_options.py)
+        saved, recomputed = ro.apply_offload(saved, recomputed, ro.offloaded_layers(pl.layers, setup.offload_layers))
     copies = weight_copies_bytes(pl, prec, in_flight)
+    if copies and prec.name == "fp8" and layout.zero >= 3 and layout.zero_degree > 1:
+        copies = ro.fsdp_weight_copies_bytes(pl, layout, prec.weight_copy_bytes)  # the shard's FP8 copies only
     if copies and prec.name == "amp-bf16" and act.weight_casts:  # (the LM head's cast is in logits)
         copies = 0  # the activation model already counts autocast's weight casts as saved tensors
     head_saved = logits = up = ce = loss_freed = 0
@@ -307,6 +330,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
             up = 0  # logits.float() of fp32 logits is the same tensor
         extra = loss_parallel_bytes(spec, setup, layout)  # loss_parallel()'s third fp32 buffer, both directions
         up, ce = up + extra, ce + extra
+        if setup.cross_entropy_fusion != "none":  # a fused cross entropy: no fp32 logits (memory/recipe_options.py)
+            head_saved, logits, up, ce = ro.fused_cross_entropy(head, head_saved, setup.cross_entropy_fusion)
     tokens = setup.micro_batch * ceil_div(setup.seq, layout.cp)
     residual = prec.compute_bytes if setup.profile == "megatron" else prec.weight_bytes
     grads, gathered, full_grads = tl.unit_bytes(pl, layout, prec, granularity=gran)
@@ -341,6 +366,8 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
     if setup.offload == "params":
         weights = 0  # the shards live on the CPU; FSDP gathers each module to the GPU (zero3_gather_bytes)
     overhead = framework_overhead(pl, layout, prec, sum(grads.values()) if not setup.bucket_view else 0)
+    if setup.zero_impl == "megatron":  # Megatron-Core reduces in its contiguous gradient buffer (memory/setup.py),
+        overhead, persist = 0, True  # allocated once, for the whole step
     flat: dict = {}
     if setup.zero_impl == "trainmath" and layout.zero and layout.zero_degree > 1:
         flat = flat_units(pl, layout, prec, min(layout.zero, 2))
@@ -366,6 +393,10 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
                                       granularity=gran, device=setup.device).weights_bytes \
                 + _fp32_router_states(spec, pl, replace(layout, zero=3), prec, setup, gran)[0]
     mixer, norms = _fsdp2_mixer(spec, setup, layout, pl, prec, gran) if fsdp else ({}, {})
+    if setup.fp8_param_gather:  # FP8 linear weights: no bf16 copy beside TE's FP8 one (memory/recipe_options.py)
+        w_saved, c_saved = ro.fp8_param_bytes_saved(pl, layout)
+        copies = max(0, copies - c_saved)
+        weights = weights if fsdp else weights - w_saved  # (FSDP's weights between units are its fp32 shards)
     persistent = Persistent(weights_bytes=weights, master_weights_bytes=master, optimizer_states_bytes=states,
                             framework_overhead_bytes=overhead)
     if setup.backward_in_autocast and (layout.pp > 1 or fsdp or flat):
@@ -485,6 +516,8 @@ def training_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayou
            if setup.zero_impl == "fsdp2" and layout.zero == 2 else
            "; trainmath's flat padded buffers at the reduce and the all-gather only"
            if setup.zero_impl == "trainmath" else
+           "; Megatron-Core's distributed optimizer: gradients reduce-scattered in their contiguous buffer, no bucket"
+           if setup.zero_impl == "megatron" else
            "; DeepSpeed's reduce bucket (min(5e8, params) elements) for the whole step")
         + ("" if layout.zero != 3 else
            "; ZeRO-3 as FSDP2 runs it (memory/fsdp2.py)" if setup.zero_impl != "trainmath" else

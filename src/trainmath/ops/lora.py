@@ -45,6 +45,9 @@ class LoraRun:
     ``enable_input_require_grads``)."""
     device: str = "cuda"
     """Dropout keeps a bool mask on CUDA, its noise in the input's dtype on the CPU (as ``kernels.dropout``)."""
+    wrapped: frozenset = field(default_factory=frozenset)
+    """Ledger weight names (routed experts, routers) peft's ``ParamWrapper`` adapts (``target_parameters``): the
+    weight the op reads is ``W + B·A``, which requires grad, so the op's output does."""
 
 
 def module_of(op: Op) -> str:
@@ -120,12 +123,13 @@ def grad_flow(ops: list[Op], run: LoraRun) -> list[tuple[Op, list[bool], bool]]:
         target = op.kind == "linear" and op.weight is not None and module_of(op) in run.targets
         out.append((op, rg, target))
         # a rotary op maps q → q_rot and k → k_rot: each output needs grad as its own input does
-        flags = rg if op.kind == "rotary" and len(rg) == len(op.outputs) else [any(rg) or target] * len(op.outputs)
+        weight_grad = target or (op.weight is not None and op.weight.name in run.wrapped)
+        flags = rg if op.kind == "rotary" and len(rg) == len(op.outputs) else [any(rg) or weight_grad] * len(op.outputs)
         for t, g in zip(op.outputs, flags):
             produced.add(id(t))
             if g:
                 grad.add(id(t))
-        any_grad = any_grad or any(rg) or target
+        any_grad = any_grad or any(rg) or weight_grad
     return out
 
 

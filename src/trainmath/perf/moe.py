@@ -1,5 +1,5 @@
 """Mixture-of-experts terms of the step: the grouped expert GEMMs at their per-expert token counts, the token
-permutation and router, the load imbalance, and the dispatcher's fixed cost per MoE layer.
+permutation and router, the load imbalance, and the fixed cost per local expert of each MoE layer.
 
 Megatron-Core's all-to-all token dispatcher (``megatron/core/transformer/moe/token_dispatcher.py``,
 ``MoEAlltoAllTokenDispatcher``) runs, per MoE layer and micro-batch, forward:
@@ -10,7 +10,7 @@ Megatron-Core's all-to-all token dispatcher (``megatron/core/transformer/moe/tok
 
 and the same in reverse in backward. Each term here is one small function; ``trainmath.perf.compute`` calls
 :func:`expert_gemm_time_s` for the routed experts and :func:`dispatch_memory_s` for the permutations and router,
-``trainmath.perf.step`` scales the EP all-to-all by the imbalance and adds :func:`overhead_s`.
+``trainmath.perf.step`` scales the EP all-to-all by the imbalance and adds :func:`overhead_s` (per local expert).
 
 Conventions (printed with every estimate, :func:`moe_text`):
 
@@ -45,12 +45,22 @@ ROUTER_BYTES_PER_LOGIT = 16
 """HBM bytes per router logit (tokens · experts) forward, FP32: write the logits (4), softmax reads them and writes
 the probabilities (4 + 4), top-k reads those (4) — derived; backward twice that."""
 
-OVERHEAD: dict[str, float] = {"hopper": 0.0022, "blackwell": 0.0029}
-"""Per GPU generation: seconds per MoE layer per micro-batch per pass (forward, backward, recompute) that the
-dispatcher costs besides its kernels — the host synchronisation that reads the per-expert token counts for the
-all-to-all splits (``tokens_per_expert`` moved to the CPU) stalls the launch queue, and the many small kernels
-of routing and permutation launch one by one. Fitted by ``benchmarks/moe_fit.py`` on the MoE runs of
-tests/perf/published_runs_more.json (never per run; two sources for each)."""
+OVERHEAD: dict[str, float] = {"hopper": 0.000335, "blackwell": 0.000205}
+"""Per GPU generation: seconds per *local expert* per MoE layer per micro-batch per pass (forward, backward,
+recompute) that the expert computation costs besides its FLOPs and bytes. Transformer Engine's ``GroupedLinear``
+(Megatron-Core's ``TEGroupedMLP``) splits its input by a host list of per-expert token counts and runs one GEMM
+per local expert for fprop, dgrad and wgrad, with a per-expert weight cast under FP8
+(NVIDIA/TransformerEngine ``transformer_engine/pytorch/module/grouped_linear.py``@3ea1356: ``num_gemms =
+len(m_splits)``, ``torch.split(inp, m_splits)``, ``general_grouped_gemm(..., m_splits=m_splits)`` three times,
+``for i in range(num_gemms): module.get_weight_workspace(...)``): launches and small-GEMM tails that grow with
+the experts a rank holds (experts / ep), not with its tokens. Megatron-Core's DeepSeek-V3 GB200 report says the
+same (NVIDIA/Megatron-LM ``docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md``
+@b6bf017: the MXFP8 grouped GEMM is "multi-stream + cuBLAS"; after CUDA Graphs "only the routed experts part still
+has some CPU overhead"; "a large EP can reduce the number of local experts, thereby reducing quantization and
+other overheads"). Fitted by ``benchmarks/moe_fit.py`` on the MoE runs of tests/perf/published_runs_more.json
+(never per run; two sources for each generation), whose ranks hold 2 to 32 experts: more (ep 1 on a 128-expert
+model holds 128) is an extrapolation. Taken for torchtitan's runs too (one ``grouped_mm`` kernel: an assumption the
+leave-one-source-out error measures)."""
 
 
 def grouped_efficiency(tokens_per_expert: float) -> float:
@@ -95,9 +105,10 @@ def dispatch_memory_s(nbytes: float, gpu: GPU, eff: Efficiency) -> float:
     return nbytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
 
 
-def overhead_s(generation: str, moe_layers: int, micro_batches: int, passes: int) -> float:
-    """The fitted dispatcher overhead of a step (``OVERHEAD``): e · MoE layers · micro-batches · passes."""
-    return OVERHEAD.get(generation, 0.0) * moe_layers * micro_batches * passes
+def overhead_s(generation: str, moe_layers: int, micro_batches: int, passes: int, local_experts: int) -> float:
+    """The fitted per-expert overhead of a step (``OVERHEAD``): e · local experts · MoE layers · micro-batches ·
+    passes."""
+    return OVERHEAD.get(generation, 0.0) * local_experts * moe_layers * micro_batches * passes
 
 
 LINKS = {"none": "no link (ep 1: every expert on every rank, no all-to-all)", "intra": "NVLink (inside one node)",
@@ -110,12 +121,12 @@ def moe_text(generation: str, imbalance: float, link: str, ep: int, per_node: in
     """The MoE conventions line of an estimate; ``link`` is ``comm.link_of`` of the placed EP group."""
     ep_link = LINKS["none"] if link == "none" else f"{LINKS.get(link, link)}: ep {ep}, {per_node} per node"
     e = OVERHEAD.get(generation, 0.0)
-    over = (f"{1e3 * e:.2f} ms per MoE layer per micro-batch per pass ({generation}, fitted on published MoE runs)"
-            if e else f"none ({generation}: no MoE runs fitted)")
+    over = (f"{1e3 * e:.3f} ms per local expert per MoE layer per micro-batch per pass ({generation}, fitted on "
+            f"published MoE runs)" if e else f"none ({generation}: no MoE runs fitted)")
     return (f"MoE: load imbalance {imbalance:g} (busiest EP rank's routed tokens / the mean; 1 = balanced) on the "
             f"expert GEMMs, received-token permutations and all-to-all; grouped GEMM efficiency m/(m + "
             f"{GROUPED_GEMM_HALF_TOKENS}) in tokens per expert (DeepGEMM's table); EP all-to-all dispatch and "
-            f"combine, forward and backward, on {ep_link}; permutation + router memory-bound; dispatcher overhead "
+            f"combine, forward and backward, on {ep_link}; permutation + router memory-bound; per-expert overhead "
             f"{over}")
 
 

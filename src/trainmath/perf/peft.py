@@ -25,8 +25,15 @@ MFU counts the fine-tune's executed FLOPs (``flops --peft``: no weight gradients
 GEMMs, attention as ``mfu_causal``), not full training's 6N: the same job's MFU is lower than a pretraining MFU
 of the same GPU speed would suggest, because a third of the work is never done.
 
-Layouts: one device, DDP and ZeRO-1/2 (the memory model's, ``memory.peft``); tensor, pipeline, context and expert
-parallelism and ZeRO-3 / FSDP2 are refused in one line.
+Layouts: one device, DDP, ZeRO-1/2 and ZeRO-3 / FSDP2 (the memory model's, ``memory.peft``). Under FSDP2 every
+unit's parameters, frozen or not, are all-gathered before its forward and again before its backward, and only
+the adapters' gradients are reduce-scattered (``perf.peft_fsdp``), plus full training's fitted FSDP overhead per
+unit pass (``perf.fsdp.overhead_s``). Tensor, pipeline, context and expert parallelism are refused in one line.
+
+Routed-expert and router targets (peft's ``target_parameters``): the experts' GEMMs take their weight gradient
+(``base_wgrad``, priced as the forward GEMM of the same shape), and the ``ParamWrapper``'s product (W + B·A, a
+batched GEMM of E × a × r × b, twice per forward for a 3-d stack: ``flops.peft.delta_evaluations``) is an adapter
+GEMM.
 """
 
 from __future__ import annotations
@@ -40,15 +47,19 @@ from trainmath.hardware import GPU, Hardware, presets
 from trainmath.perf import comm as cm
 from trainmath.perf import moe as moe_terms
 from trainmath.perf.compute import EAGER_SCORE_BYTES, FLASH_BACKWARD_FACTOR, gemm_time_s, memo
+from trainmath.perf.fsdp import fsdp_text, overhead_s
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.qlora import nf4_storage
 from trainmath.usable import rule_text, usable_bytes
-from trainmath.vocabulary import MEMORY_ATTENTION, attention_as
+from trainmath.vocabulary import MEMORY_ATTENTION, attention_as, get_precision
 
-CLASSES = ("base_fprop", "base_dgrad", "adapter_forward", "adapter_backward", "attention_forward",
+CLASSES = ("base_fprop", "base_dgrad", "base_wgrad", "adapter_forward", "adapter_backward", "attention_forward",
            "attention_backward", "head_fprop", "head_dgrad", "recompute")
 """The op classes of the compute decomposition (``Estimate.peft["compute"]``): each has FLOPs and seconds."""
+FORWARD = ("base_fprop", "adapter_forward", "attention_forward", "elementwise_forward")
+BACKWARD = ("base_dgrad", "base_wgrad", "adapter_backward", "attention_backward", "elementwise_backward")
+"""A layer's forward and backward classes (the head's are added once per micro-batch)."""
 MEMORY_CLASSES = ("elementwise_forward", "elementwise_backward", "elementwise_recompute", "qlora_dequant")
 """Memory-bound classes (no FLOPs): norms, activations and residuals (backward twice the forward's bytes, as
 full training's), and QLoRA's dequantisation."""
@@ -64,9 +75,8 @@ def layout_problems(layout) -> list[str]:
     """Why the step-time model cannot time a fine-tune on ``layout``; empty when it can."""
     bad = []
     if layout.tp > 1 or layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
-        bad.append("--peft step time is modelled on one device, DDP and ZeRO-1/2: not with tp/pp/cp/ep > 1")
-    if layout.zero >= 3:
-        bad.append("--peft step time with ZeRO-3/FSDP2 (gathering frozen parameters) is not modelled: use zero 0-2")
+        bad.append("--peft step time is modelled on one device, DDP, ZeRO-1/2 and ZeRO-3/FSDP2: not with "
+                   "tp/pp/cp/ep > 1")
     return bad
 
 
@@ -92,7 +102,11 @@ def job_peft_problems(job: Job) -> list[str]:
 
 def peft_problems(layout, job: Job) -> list[str]:
     """Every reason the step-time model cannot time this fine-tune; empty when it can."""
-    return layout_problems(layout) + job_peft_problems(job)
+    bad = layout_problems(layout) + job_peft_problems(job)
+    if layout.zero >= 3 and layout.zero_degree > 1 and job.peft.job.method == "qlora":
+        bad.append("--peft qlora with ZeRO-3/FSDP2 is not modelled: bitsandbytes' Params4bit is not a tensor "
+                   "fully_shard can shard; use --zero 0-2")
+    return bad
 
 
 @dataclass
@@ -102,6 +116,8 @@ class _Sum:
     flops: dict
     seconds: dict
     dequant_elements: int = 0
+    layers: list = None
+    """Per layer, in order: (forward, backward, recompute) seconds of its compute (``perf.peft_fsdp``'s chain)."""
 
     def add(self, cls: str, flops: float, seconds: float, times: int = 1) -> None:
         self.flops[cls] = self.flops.get(cls, 0) + int(flops) * times
@@ -128,8 +144,10 @@ def micro_batch_compute(spec, job: Job, gpu: GPU, eff, input_grads: bool) -> _Su
     qlora = pj.method == "qlora"
     out = _Sum(flops={c: 0 for c in CLASSES}, seconds={c: 0.0 for c in CLASSES + MEMORY_CLASSES})
     full = job.recompute == "full"
+    out.layers = []
     for lr in groups:
         n = lr.count
+        before = dict(out.seconds)
         block = next((b for b in lr.layer.blocks if b.kind == "moe"), None)
         experts = block.dims.experts if block else 0
         moe_s = 0.0  # permutations and router, forward and again backward (as full training's)
@@ -161,8 +179,10 @@ def micro_batch_compute(spec, job: Job, gpu: GPU, eff, input_grads: bool) -> _Su
                 tb = t * row.backward_flops / row.forward_flops  # dgrad (and wgrad) GEMMs of the forward's shape
                 cls = "adapter" if g.component == LORA else "base"
             if cls == "base":
+                dgrad = row.backward_flops - row.wgrad_flops
                 out.add("base_fprop", row.forward_flops, t, n)
-                out.add("base_dgrad", row.backward_flops, tb, n)
+                out.add("base_dgrad", dgrad, t * dgrad / row.forward_flops, n)
+                out.add("base_wgrad", row.wgrad_flops, t * row.wgrad_flops / row.forward_flops, n)
             else:
                 out.add(f"{cls}_forward", row.forward_flops, t, n)
                 out.add(f"{cls}_backward", row.backward_flops, tb, n)
@@ -173,6 +193,9 @@ def micro_batch_compute(spec, job: Job, gpu: GPU, eff, input_grads: bool) -> _Su
         if qlora and full:
             dq += lr.recompute_dequant
         out.dequant_elements += dq * n
+        d = {c: (out.seconds[c] - before[c]) / n for c in out.seconds}
+        out.layers += [(sum(d[c] for c in FORWARD), sum(d[c] for c in BACKWARD), d["recompute"]
+                        + d["elementwise_recompute"])] * n
     for g in head:
         t = gemm_time_s(g.m, g.k, g.n, g.count, g.flops, gpu, eff)
         out.add("head_fprop", g.flops, t)
@@ -180,6 +203,18 @@ def micro_batch_compute(spec, job: Job, gpu: GPU, eff, input_grads: bool) -> _Su
     if qlora:
         out.seconds["qlora_dequant"] = dequant_bytes(spec, groups, full) / hbm
     return out
+
+
+def _zero3(spec, job: Job, layout, topo, group, mb: _Sum, micro_batches: int):
+    """FSDP2's gathers of the frozen base and reduce-scatters of the adapters (``perf.peft_fsdp``)."""
+    from trainmath.params import count_params
+    from trainmath.perf.peft_fsdp import layer_adapter_params, zero3_item
+
+    layer_p = [sum(t.numel * t.copies for t in layer.tensors) for layer in spec.layers]
+    return zero3_item(group, topo, layer_params=layer_p, adapter_params=layer_adapter_params(spec, job.peft.job),
+                      root_params=count_params(spec).total_params - sum(layer_p), layer_s=mb.layers,
+                      head_backward_s=mb.seconds["head_dgrad"], weight_bytes=get_precision(job.precision).weight_bytes,
+                      adapter_bytes=ADAPTER_DTYPES[job.peft.job.dtype], micro_batches=micro_batches)
 
 
 def dequant_bytes(spec, groups, recompute_full: bool) -> int:
@@ -234,9 +269,8 @@ def peft_estimate(spec, layout, job: Job, gpu: GPU, *, hardware: Hardware | None
     M = job.micro_batches(layout.dp)
     mb = micro_batch_compute(spec, job, gpu, eff, ig)
     s = mb.seconds
-    f = s["base_fprop"] + s["adapter_forward"] + s["attention_forward"] + s["head_fprop"] + s["elementwise_forward"]
-    b = (s["base_dgrad"] + s["adapter_backward"] + s["attention_backward"] + s["head_dgrad"]
-         + s["elementwise_backward"])
+    f = sum(s[c] for c in FORWARD) + s["head_fprop"]
+    b = sum(s[c] for c in BACKWARD) + s["head_dgrad"]
     r = s["recompute"] + s["elementwise_recompute"]
     trainable = adapter_report(spec, pj, 0).trainable_params
     ab = ADAPTER_DTYPES[pj.dtype]
@@ -247,7 +281,10 @@ def peft_estimate(spec, layout, job: Job, gpu: GPU, *, hardware: Hardware | None
     items: list[cm.CommItem] = []
     g = groups.dp
     size = trainable * ab
-    if g.size > 1:
+    zero3 = layout.zero >= 3 and g.size > 1
+    if zero3:
+        items.append(_zero3(spec, job, layout, topo, g, mb, M))
+    elif g.size > 1:
         if layout.zero == 0:
             items.append(cm.item("dp_grad_sync", "all_reduce", "dp", g, size, 1, topo, hidden_behind_s=b + r,
                                  floor_s=cm.bucket_floor_s("all_reduce", size, g, topo)))
@@ -264,7 +301,10 @@ def peft_estimate(spec, layout, job: Job, gpu: GPU, *, hardware: Hardware | None
     per_param = ab + 2 * master + 2 * states * state + ab
     shard = trainable / (layout.zero_degree if layout.zero else 1)
     optimizer_s = shard * per_param / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
-    once = {k: sum(it.exposed_s for it in items if it.name == k) for k in ("dp_grad_sync", "zero_param_gather")}
+    once = {k: sum(it.exposed_s for it in items if it.name == k)
+            for k in ("dp_grad_sync", "zero_param_gather", "zero3_comm")}
+    if zero3:
+        once["fsdp_overhead"] = overhead_s(gpu.generation, spec.num_layers + 1, M, 2 + (job.recompute == "full"))
     breakdown = {k: 0.0 for k in BREAKDOWN}
     breakdown.update(forward=M * f, backward=M * b, recompute=M * r, qlora_dequant=M * s["qlora_dequant"],
                      optimizer_step=optimizer_s, **once)
@@ -294,8 +334,12 @@ def peft_estimate(spec, layout, job: Job, gpu: GPU, *, hardware: Hardware | None
         *(("QLoRA dequantisation memory-bound: per use of each 4-bit weight (forward, input gradient, recompute) "
            f"its NF4 storage read + its bf16 copy written, at {eff.hbm_fraction:.0%} of HBM bandwidth",)
           if pj.method == "qlora" else ()),
-        f"gradient sync over the {trainable:,} trainable parameters ({ab} bytes each), overlapped with the last "
-        f"backward except one bucket; optimizer step over them: {per_param} bytes per parameter",
+        (f"FSDP2: per micro-batch every unit's parameters (frozen base at {get_precision(job.precision).weight_bytes}"
+         f" bytes, adapters at {ab}) all-gathered before its forward and again before its backward, only the "
+         f"{trainable:,} adapter parameters reduce-scattered; one unit of prefetch; fitted FSDP overhead "
+         f"{fsdp_text(gpu.generation)}" if zero3 else
+         f"gradient sync over the {trainable:,} trainable parameters ({ab} bytes each), overlapped with the last "
+         f"backward except one bucket") + f"; optimizer step over them: {per_param} bytes per parameter",
         f"memory: trainmath memory --peft (hf activation profile, recompute={job.recompute}); "
         + rule_text(gpu.memory_bytes, job.mem_util_percent),
     )

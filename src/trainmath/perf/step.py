@@ -5,7 +5,7 @@ et al. 2021, §2.2). The busiest stage sets the pace; per micro-batch it spends 
 (``compute``) plus the communication that does not overlap (``comm``: tp, cp, ep, ZeRO-3). Then
 
     step = M · per_mb + bubble + pp fill/drain p2p + exposed gradient sync + exposed ZeRO gathers + optimizer
-           + FSDP overhead (``fsdp``) + MoE dispatcher overhead (``moe``)
+           + FSDP overhead (``fsdp``) + MoE per-expert overhead (``moe``)
     bubble = (pp − 1) / v · per_mb     (v virtual stages: interleaved 1F1B, Narayanan et al. 2021 §2.2.2, Eq. 2)
 
 and the breakdown's entries sum to the step time. Utilisation conventions (stated in every result):
@@ -27,6 +27,7 @@ from trainmath.hardware import GPU, Hardware, presets
 from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
+from trainmath.perf import dpsync
 from trainmath.perf import moe as moe_terms
 from trainmath.perf.attention import kernel_efficiency, kernel_text
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, FP8_CAST_TRANSPOSE_BYTES, layer_times, memo
@@ -115,14 +116,23 @@ def _fp8_conventions(job: Job) -> tuple[str, ...]:
             f"in FP8 at the FP8 peak on the same efficiency curve (1-byte operands in the roofline); {head}; "
             f"casts memory-bound, {FP8_CAST_TRANSPOSE_BYTES} bytes per element (fused cast-transpose with amax: "
             f"read 16-bit, write FP8 and its transpose) per linear input and output gradient each micro-batch, "
-            f"per weight once per step (fp8_cast); memory counted as mixed-bf16 plus the FP8 weight copies "
-            f"(TE's FP8 saved activations not modelled)",)
+            f"per weight once per step (fp8_cast); memory counted as mixed-bf16 plus the FP8 weight copies, "
+            f"and under the megatron profile TE's linear inputs saved in FP8 (memory/te_fp8.py)",)
 
 
 def memory_recompute(job: Job) -> str:
     """The recompute setting the memory model is asked with: the job's own. The attention kernel is passed as
     itself (``flash`` → ``sdpa``: the megatron profile keeps flash's logsumexp, no s² tensor; ``eager``: the
     unfused softmax of Korthikanti et al. 2022 Table 2)."""
+    return job.recompute
+
+
+def timed_recompute(job: Job) -> str:
+    """The recompute the step times: the job's, except Megatron-Core's ``--recompute-modules`` without
+    ``core_attn``, whose recompute (MLA's up-projection GEMMs, the norms', the experts' activation) is not
+    timed: ``none``. The memory model reads the modules (``memory.megatron_recompute``)."""
+    if job.recompute == "selective" and job.recompute_modules and "core_attn" not in job.recompute_modules:
+        return "none"
     return job.recompute
 
 
@@ -139,7 +149,10 @@ def memory_peak_bytes(spec: ModelSpec, layout: ParallelLayout, job: Job, micro_b
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
                           optimizer=job.optimizer, recompute=memory_recompute(job), profile=job.profile,
                           attention=attention_as(job.attention, MEMORY_ATTENTION), micro_batches=micro_batches,
-                          offload=job.offload)
+                          offload=job.offload, recompute_saves=tuple(job.recompute_saves),
+                          recompute_modules=tuple(job.recompute_modules), cross_entropy_fusion=job.cross_entropy_fusion,
+                          zero_impl=job.zero_impl,
+                          offload_layers=job.offload_layers, fp8_param_gather=job.fp8_param_gather)
     return training_memory(spec, setup, layout).peak_bytes
 
 
@@ -167,7 +180,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     kernel_eff = kernel_efficiency(eff, job.flash_kernel) if job.attention == "flash" else eff
     per_layer, head = layer_times(spec, micro_batch=job.micro_batch, seq=job.seq, layout=layout, gpu=gpu,
                                   eff=kernel_eff,
-                                  recompute=job.recompute, dtype=job.gemm_dtype, compute_bytes=c,
+                                  recompute=timed_recompute(job), dtype=job.gemm_dtype, compute_bytes=c,
                                   attention=job.attention, profile=job.profile, fp8=job.fp8_gemms,
                                   moe_imbalance=job.moe_imbalance)
     stages = stage_layers(spec.num_layers, layout.pp, *layout.stage_split)
@@ -192,7 +205,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     act = tokens * spec.hidden_size * c
     items: list[cm.CommItem] = []
     n_tp = sum(1 for i in layers for blk in spec.layers[i].blocks if blk.kind in _TP_BLOCKS)
-    passes = 2 + (1 if job.recompute == "full" else 0)  # forward, backward, forward again
+    passes = 2 + (1 if timed_recompute(job) == "full" else 0)  # forward, backward, forward again
     if layout.sp and layout.tp > 1:
         items.append(cm.item("tp_comm", "reduce_scatter", "tp", groups.tp, act, M * n_tp * passes, topo))
         items.append(cm.item("tp_comm", "all_gather", "tp", groups.tp, act, M * n_tp * passes, topo))
@@ -238,21 +251,11 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                                        ("expert", expert_p, groups.expert_dp, "expert_dp")):
         if not params or group.size == 1:
             continue
-        last_bwd = b + r
-        if layout.zero == 0:
-            items.append(cm.item("dp_grad_sync", "all_reduce", gname, group, params * g, 1, topo,
-                                 hidden_behind_s=last_bwd,
-                                 floor_s=cm.bucket_floor_s("all_reduce", params * g, group, topo)))
-        elif layout.zero in (1, 2):
-            # ZeRO-2 keeps only its gradient shard, so every micro-batch's backward reduce-scatters (DeepSpeed
-            # stage 2 with accumulation); ZeRO-1 accumulates whole gradients and reduce-scatters once.
-            k = M if layout.zero == 2 else 1
-            items.append(cm.item("dp_grad_sync", "reduce_scatter", gname, group, params * g, k, topo,
-                                 hidden_behind_s=k * last_bwd,
-                                 floor_s=cm.bucket_floor_s("reduce_scatter", params * g, group, topo)))
-            items.append(cm.item("zero_param_gather", "all_gather", gname, group, params * w, 1, topo,
-                                 hidden_behind_s=f,
-                                 floor_s=cm.bucket_floor_s("all_gather", params * w, group, topo)))
+        if layout.zero in (0, 1, 2):
+            items += dpsync.sync_items(spec, layout, job, kind=kind, params=params, group=group, gname=gname,
+                                       topo=topo, stage=busiest, layers=layers, per_layer=per_layer,
+                                       head=head if busiest == layout.pp - 1 else None, grad_bytes=g,
+                                       weight_bytes=w, micro_batches=M, forward_s=f, last_backward_s=b + r)
         else:
             items.append(zero3_item(gname, group, topo, params / max(1, dense_p + expert_p), layers, layer_p,
                                     dense_p + expert_p, per_layer, head if busiest == layout.pp - 1 else None,
@@ -261,8 +264,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     # ---- optimizer step (memory-bound) ------------------------------------------------------------------
     states = _OPTIMIZER_STATES.get(job.optimizer, 2)
     per_param = g + 2 * prec.master_bytes + 2 * states * prec.state_bytes + w
-    opt_params = (dense_p / (layout.zero_degree if layout.zero else 1)
-                  + expert_p / (layout.expert_zero_degree if layout.zero else 1))
+    opt_params = (dense_p / dpsync.optimizer_shard(layout, job, "dense")
+                  + expert_p / dpsync.optimizer_shard(layout, job, "expert"))
     optimizer_s = opt_params * per_param / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
 
     # ---- assemble -----------------------------------------------------------------------------------------
@@ -272,18 +275,23 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         (per_mb_comm if it.name in per_mb_comm else once)[it.name] += it.exposed_s
     per_mb = f + b + r + cast + sum(per_mb_comm.values()) / M
     bubble = (layout.pp - 1) / job.virtual_stages * per_mb
-    breakdown = {"forward": M * f, "backward": M * b, "recompute": M * r, "fp8_cast": M * cast + weight_cast_s,
+    accumulate_s = dpsync.accumulation_s(job, layout, dense_p + expert_p, g, gpu.hbm_bytes_per_s * eff.hbm_fraction,
+                                         M)
+    breakdown = {"forward": M * f, "backward": M * b + accumulate_s, "recompute": M * r,
+                 "fp8_cast": M * cast + weight_cast_s,
                  **per_mb_comm,
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
-                 "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (job.recompute == "full"))
+                 "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (timed_recompute(job) == "full"))
                  if (layout.zero == 3 or (job.fsdp and layout.zero == 2)) and layout.zero_degree > 1 else 0.0,
-                 "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes)}
+                 "moe_overhead": moe_terms.overhead_s(gpu.generation, len(moe), M, passes,
+                                                  moe[0].dims.experts // layout.ep if moe else 0)}
     breakdown = {k: breakdown[k] for k in BREAKDOWN}
     step = sum(breakdown.values())
 
     n = layout.ranks
     model_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, "none") * job.global_batch
-    hw_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, job.recompute, job.profile) * job.global_batch
+    hw_flops = _flops_per_sequence(spec, job.seq, job.mfu_causal, timed_recompute(job), job.profile) \
+        * job.global_batch
     peak = gpu.peak_flops_per_s(job.dtype)
     if peak_bytes is None and memory:
         peak_bytes = memory_peak_bytes(spec, layout, job, M)
@@ -300,7 +308,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"stage; layers per stage {_split_text(stages, layout)}",
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",
-        "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
+        "TP/EP collectives exposed; "
+        + (dpsync.dpsync_text(job) or "DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB "
+                                      "bucket"),
         f"ZeRO-3/FSDP: per-unit (each layer, plus the root) all-gather before forward and backward and "
         f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
         *((moe_terms.moe_text(gpu.generation, job.moe_imbalance, cm.link_of(groups.ep), layout.ep,

@@ -2,7 +2,7 @@
 
 The full-training planner's bounds (model states, saved GEMM inputs, compute) are full training's, so a fine-tune
 is searched on its own: every layout of the GPUs is enumerated as ``plan.search`` does; one the fine-tune's step
-model refuses (``perf.peft.layout_problems``: tp/pp/cp/ep > 1, ZeRO-3) or that ``job_problems`` refuses is
+model refuses (``perf.peft.layout_problems``: tp/pp/cp/ep > 1) or that ``job_problems`` refuses is
 rejected with its reason in one line; every option of the rest (micro-batch, recompute none or full) is timed
 (``perf.peft``, cheap), and the memory model (``trainmath memory --peft``) is asked in order of step time until
 the top K fit. A layout the memory model refuses is rejected with its message.
@@ -24,7 +24,8 @@ from trainmath.usable import usable_bytes
 RECOMPUTES = ("none", "full")
 """The recompute settings a fine-tune is searched with (the memory model's: selective is not modelled)."""
 SEARCH_TEXT = ("every layout of the GPUs enumerated, those the fine-tune's step model covers (one device, DDP, "
-               "ZeRO-1/2) timed with micro-batch 1/2/4/8 and recompute none/full; memory of trainmath memory --peft")
+               "ZeRO-1/2, ZeRO-3/FSDP2) timed with micro-batch 1/2/4/8 and recompute none/full; memory of trainmath "
+               "memory --peft")
 
 
 def plan_peft(spec, *, gpus: int, gpu, job, gpus_per_node: int | None = None, top: int = 5, hardware=None,
