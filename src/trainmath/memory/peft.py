@@ -269,6 +269,13 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
         weights, ad = sh["weights"], {**ad, "master": 0, "states": sh["states"], "temps": sh["temps"], "overhead": 0}
     transient = largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora" else 0
     units = {u: ad["grads"].get(u, 0) for u in inp.unit_grads}
+    peaks = {}
+    if setup.recompute == "full":
+        from trainmath.memory.peft_recompute import recompute_peak
+
+        for i, (_, mine, _) in by_layer.items():
+            r = recompute_peak(mine, granularity=gran)
+            peaks[i] = (r.not_yet, r.transient, r.grads)
     head = head_saved_delta(spec, setup, prec) if inp.last else 0
     return replace(
         inp, saved=saved, recomputed=recomputed, resident=resident,
@@ -277,7 +284,8 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
         persistent=Persistent(weights_bytes=weights, master_weights_bytes=ad["master"],
                               optimizer_states_bytes=ad["states"], framework_overhead_bytes=ad["overhead"]),
         optimizer_temporaries=ad["temps"], fp32_grad_copies=0, weight_copies=copies + transient,
-        ffn_transient=peft_backward.ffn_transients(spec, setup, layout, prec, gran, by_layer))
+        ffn_transient=peft_backward.ffn_transients(spec, setup, layout, prec, gran, by_layer),
+        recompute_peaks=peaks)
 
 
 def peft_summary(spec, setup, layout, pl, prec, gran: int) -> dict:

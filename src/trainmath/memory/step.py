@@ -22,6 +22,7 @@ class Kind(enum.Enum):
     BACKWARD_LOSS = "backward: loss"
     BACKWARD_HEAD = "backward: head"
     BACKWARD_ALL_GATHER = "backward layer {i} all-gather"
+    BACKWARD_RECOMPUTE = "backward layer {i} recompute"
     BACKWARD_LAYER = "backward layer {i}"
     BACKWARD_ATTENTION = "backward layer {i} attention"
     BACKWARD_INPUT_NORM = "backward layer {i} input norm"
@@ -199,6 +200,10 @@ class StepInputs:
     recomputing layer's (its recompute transient holds the same storage)."""
     casts_saved: bool = True
     """The forward's saved tensors hold the layers' casts (no recompute) until each layer's backward."""
+    recompute_peaks: dict = field(default_factory=dict)
+    """layer index → (bytes of its saved storages not yet recomputed, forward intermediates, gradients made
+    before the recompute) at its recompute's peak, a moment before ``backward layer {i}`` with the same buffers
+    (``memory.peft_recompute``; empty: not modelled, as in full training)."""
 
 
 def acts_at(inp: StepInputs, kept: list[int], live_layer: int | None = None, less: int = 0) -> Node:

@@ -98,9 +98,10 @@ def step_timeline(inp: StepInputs, zero: ZeroImpl | None = None) -> tuple[Event,
                                 hidden=inp.hidden_grad, copies=copies + casts()))
     for pos in range(len(inp.layers) - 1, -1, -1):
         i = inp.layers[pos]
-        events += w.backward(pos, Moment(kind=Kind.BACKWARD_LAYER, layer=i, acts=acts_at(inp, kept, live_layer=i),
-                                         logits=held, hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0),
-                                         copies=copies + casts(pos)))
+        back = w.backward(pos, Moment(kind=Kind.BACKWARD_LAYER, layer=i, acts=acts_at(inp, kept, live_layer=i),
+                                      logits=held, hidden=inp.hidden_grad + inp.ffn_transient.get(i, 0),
+                                      copies=copies + casts(pos)))
+        events += _with_recompute(inp, kept, i, back)
         kept.pop()
         events += w.backward_done(pos, Moment(kind=Kind.BACKWARD_LAYER_DONE, layer=i, acts=acts_at(inp, kept),
                                               logits=held, hidden=inp.hidden_grad,
@@ -111,6 +112,23 @@ def step_timeline(inp: StepInputs, zero: ZeroImpl | None = None) -> tuple[Event,
                                      hidden=inp.hidden_grad, copies=head_cast + sum(layer_casts)), loop)
     events += w.end(Moment(kind=Kind.OPTIMIZER_STEP, acts=loop, logits=held))
     return tuple(events)
+
+
+def _with_recompute(inp: StepInputs, kept: list[int], i: int, back: list[Event]) -> list[Event]:
+    """``back`` with the recompute's peak of layer ``i`` (``StepInputs.recompute_peaks``) before its
+    ``backward layer i`` event: the same buffers, the activations as the recompute holds them."""
+    if i not in inp.recompute_peaks:
+        return back
+    not_yet, transient, grads = inp.recompute_peaks[i]
+    k = next(j for j, e in enumerate(back) if e.kind is Kind.BACKWARD_LAYER)
+    acts = acts_at(inp, kept, live_layer=i, less=not_yet)
+    acts = Node.of("activations_bytes", [*acts.children, Node(
+        name=f"layer {i} recompute intermediates", value=transient, unit="bytes",
+        note="the recomputed forward's frame and LoRA sums, not saved")], "bytes")
+    ev = back[k]
+    peak = replace(ev, kind=Kind.BACKWARD_RECOMPUTE, live=replace(
+        ev.live, activations_bytes=acts, activation_grads_bytes=inp.hidden_grad + grads))
+    return [*back[:k], peak, *back[k:]]
 
 
 class ZeroImpl:
