@@ -192,8 +192,10 @@ def test_published_error_table_does_not_regress():
     # with the sources added after the MoE terms and the ampere refit (docs/benchmarks.md, "four more publishers")
     every = errs["every source"]
     assert len(every) == 220
-    assert statistics.median(every) <= 0.064
-    assert sum(e <= 0.15 for e in every) / len(every) >= 0.80  # MaxText's stated recompute (above)
+    # with InternLM's stated gradient buckets, hybrid ZeRO and accumulation (perf.dpsync) and the ampere refit that
+    # follows (docs/benchmarks.md, "InternLM's gradient buckets"): 0.059 and 0.836 (184 of 220)
+    assert statistics.median(every) <= 0.059
+    assert sum(e <= 0.15 for e in every) / len(every) >= 0.836
 
 
 def test_cli_refuses_an_imbalance_below_one():

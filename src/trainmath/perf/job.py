@@ -54,6 +54,24 @@ class Job:
     ep_dispatcher: str = "alltoall"
     """EP token dispatcher (``trainmath.perf.moe.DISPATCHERS``): ``alltoall`` (one copy per routed expert) or
     ``deepep`` (DeepEP: one RDMA copy per destination node, forwarded over NVLink)."""
+    zero_group: int = 0
+    """Ranks the ZeRO-1/2 optimizer states are sharded over, when fewer than the data-parallel group (InternLM's
+    hybrid ZeRO, ``zero1=N``); 0: all of it. The gradients are then all-reduced over the whole group, the optimizer
+    steps 1/N of the parameters and the updates are broadcast inside the group (``trainmath.perf.dpsync``)."""
+    grad_bucket_elements: int = 0
+    """Gradient elements per reduce bucket, when the job states them (InternLM's ``reduce_bucket_size``): the sync
+    is timed bucket by bucket in backward order (``trainmath.perf.dpsync``); 0: the default scheme (hidden behind
+    the last backward except one 25 MiB bucket)."""
+    blocking_buckets: bool = False
+    """With ``grad_bucket_elements``: the host waits for each bucket before launching the next, stalling the
+    backward (InternLM's ``torch.cuda.synchronize()`` before each bucket)."""
+    param_sync_overlap: bool = True
+    """The ZeRO parameter all-gather (or broadcast) after the optimizer step overlaps the next forward (Megatron's
+    ``--overlap-param-gather``); False: the step waits for it (InternLM's ``broadcast_params(overlap=False)``)."""
+    autograd_grad_accumulation: bool = False
+    """Micro-batches after the first add their gradients into ``.grad`` through PyTorch's AccumulateGrad (read
+    both, write one, at HBM bandwidth: InternLM's hooks skip the reduce and let autograd accumulate); False: fused
+    into the weight-gradient GEMM (Megatron's ``gradient_accumulation_fusion``) or sharded away (ZeRO-2/3)."""
     mem_util_percent: int = MEM_UTIL_PERCENT
     """The fit rule's usable share (``trainmath.usable``: peak_bytes + the CUDA context under this share of the
     GPU's memory)."""
@@ -208,6 +226,13 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
         bad.append(f"ep dispatcher must be one of {', '.join(DISPATCHERS)}, got {job.ep_dispatcher!r}")
     if not isinstance(job.ep_overlap, bool):
         bad.append(f"ep overlap must be true or false, got {job.ep_overlap!r}")
+    for name in ("blocking_buckets", "param_sync_overlap", "autograd_grad_accumulation"):
+        if not isinstance(getattr(job, name), bool):
+            bad.append(f"{name.replace('_', ' ')} must be true or false, got {getattr(job, name)!r}")
+    for name in ("zero_group", "grad_bucket_elements"):
+        v = getattr(job, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            bad.append(f"{name.replace('_', ' ')} must be a non-negative integer (0: the default), got {v!r}")
     if job.mfu_causal not in ("executed", "half"):
         bad.append(f"mfu causal convention must be executed or half, got {job.mfu_causal!r}")
     if bad:
@@ -231,6 +256,9 @@ def job_problems(spec: ModelSpec, layout: ParallelLayout, job: Job, gpus: int | 
         elif not bad and job.micro_batches(layout.dp) % layout.pp:
             bad.append(f"interleaved 1F1B needs the micro-batches ({job.micro_batches(layout.dp)}) to be a multiple "
                        f"of pp ({layout.pp})")
+    if job.zero_group and (layout.zero not in (1, 2) or layout.zero_degree % job.zero_group):
+        bad.append(f"zero group ({job.zero_group}) needs ZeRO 1 or 2 and must divide dp·cp ({layout.zero_degree}); "
+                   f"got zero {layout.zero}")
     if job.seq % layout.cp:
         bad.append(f"cp ({layout.cp}) must divide the sequence length ({job.seq})")
     if job.offload != "none":

@@ -27,6 +27,7 @@ from trainmath.hardware import GPU, Hardware, presets
 from trainmath.layout import ParallelLayout
 from trainmath.model.spec import ModelSpec
 from trainmath.perf import comm as cm
+from trainmath.perf import dpsync
 from trainmath.perf import moe as moe_terms
 from trainmath.perf.attention import kernel_efficiency, kernel_text
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, FP8_CAST_TRANSPOSE_BYTES, layer_times, memo
@@ -250,21 +251,11 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                                        ("expert", expert_p, groups.expert_dp, "expert_dp")):
         if not params or group.size == 1:
             continue
-        last_bwd = b + r
-        if layout.zero == 0:
-            items.append(cm.item("dp_grad_sync", "all_reduce", gname, group, params * g, 1, topo,
-                                 hidden_behind_s=last_bwd,
-                                 floor_s=cm.bucket_floor_s("all_reduce", params * g, group, topo)))
-        elif layout.zero in (1, 2):
-            # ZeRO-2 keeps only its gradient shard, so every micro-batch's backward reduce-scatters (DeepSpeed
-            # stage 2 with accumulation); ZeRO-1 accumulates whole gradients and reduce-scatters once.
-            k = M if layout.zero == 2 else 1
-            items.append(cm.item("dp_grad_sync", "reduce_scatter", gname, group, params * g, k, topo,
-                                 hidden_behind_s=k * last_bwd,
-                                 floor_s=cm.bucket_floor_s("reduce_scatter", params * g, group, topo)))
-            items.append(cm.item("zero_param_gather", "all_gather", gname, group, params * w, 1, topo,
-                                 hidden_behind_s=f,
-                                 floor_s=cm.bucket_floor_s("all_gather", params * w, group, topo)))
+        if layout.zero in (0, 1, 2):
+            items += dpsync.sync_items(spec, layout, job, kind=kind, params=params, group=group, gname=gname,
+                                       topo=topo, stage=busiest, layers=layers, per_layer=per_layer,
+                                       head=head if busiest == layout.pp - 1 else None, grad_bytes=g,
+                                       weight_bytes=w, micro_batches=M, forward_s=f, last_backward_s=b + r)
         else:
             items.append(zero3_item(gname, group, topo, params / max(1, dense_p + expert_p), layers, layer_p,
                                     dense_p + expert_p, per_layer, head if busiest == layout.pp - 1 else None,
@@ -273,8 +264,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     # ---- optimizer step (memory-bound) ------------------------------------------------------------------
     states = _OPTIMIZER_STATES.get(job.optimizer, 2)
     per_param = g + 2 * prec.master_bytes + 2 * states * prec.state_bytes + w
-    opt_params = (dense_p / (layout.zero_degree if layout.zero else 1)
-                  + expert_p / (layout.expert_zero_degree if layout.zero else 1))
+    opt_params = (dense_p / dpsync.optimizer_shard(layout, job, "dense")
+                  + expert_p / dpsync.optimizer_shard(layout, job, "expert"))
     optimizer_s = opt_params * per_param / (gpu.hbm_bytes_per_s * eff.hbm_fraction)
 
     # ---- assemble -----------------------------------------------------------------------------------------
@@ -284,7 +275,10 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         (per_mb_comm if it.name in per_mb_comm else once)[it.name] += it.exposed_s
     per_mb = f + b + r + cast + sum(per_mb_comm.values()) / M
     bubble = (layout.pp - 1) / job.virtual_stages * per_mb
-    breakdown = {"forward": M * f, "backward": M * b, "recompute": M * r, "fp8_cast": M * cast + weight_cast_s,
+    accumulate_s = dpsync.accumulation_s(job, layout, dense_p + expert_p, g, gpu.hbm_bytes_per_s * eff.hbm_fraction,
+                                         M)
+    breakdown = {"forward": M * f, "backward": M * b + accumulate_s, "recompute": M * r,
+                 "fp8_cast": M * cast + weight_cast_s,
                  **per_mb_comm,
                  "pipeline_bubble": bubble, **once, "optimizer_step": optimizer_s,
                  "fsdp_overhead": overhead_s(gpu.generation, len(layers) + 1, M, 2 + (timed_recompute(job) == "full"))
@@ -314,7 +308,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"stage; layers per stage {_split_text(stages, layout)}",
         f"groups placed tp-cp-ep-dp-pp on nodes of {gpu.gpus_per_node} GPUs; links at {eff.link_fraction:.0%} of "
         f"datasheet bandwidth",
-        "TP/EP collectives exposed; DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB bucket",
+        "TP/EP collectives exposed; "
+        + (dpsync.dpsync_text(job) or "DP/ZeRO gradient sync overlapped with the last backward except one 25 MiB "
+                                      "bucket"),
         f"ZeRO-3/FSDP: per-unit (each layer, plus the root) all-gather before forward and backward and "
         f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
         *((moe_terms.moe_text(gpu.generation, job.moe_imbalance, cm.link_of(groups.ep), layout.ep,
