@@ -9,14 +9,13 @@ import pytest
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 
-from tests.flops.oracle import FlopCounterMode, build_model, tiny_config  # noqa: E402
+from tests.flops.oracle import tiny_config  # noqa: E402
 from tests.flops.test_oracle import MOE, QWEN_MOE  # noqa: E402
+from tests.flops.test_peft_flops import assert_counter_exact  # noqa: E402
 from trainmath.adapter_params import hf_parameters  # noqa: E402
 from trainmath.adapters import PeftJob  # noqa: E402
-from trainmath.families import spec_from_config  # noqa: E402
 from trainmath.flops.peft import LORA, peft_flops  # noqa: E402
 
-B, S = 2, 16
 EXPERTS = ("experts.gate_up_proj", "experts.down_proj")
 CASES = [
     ("Qwen/Qwen3-30B-A3B", dict(QWEN_MOE, head_dim=16), (), EXPERTS, False),  # layer 0: no input gradient
@@ -32,22 +31,9 @@ CASES = [
 @pytest.mark.parametrize("repo,overrides,modules,params,input_grads", CASES,
                          ids=[f"{c[0].split('/')[1]}-{'+'.join(c[2] + c[3])}" for c in CASES])
 def test_flop_counter_exact(repo, overrides, modules, params, input_grads):
-    data = tiny_config(repo, **overrides)
     lora = peft.LoraConfig(r=4, target_modules=list(modules), target_parameters=list(params))
-    model = peft.get_peft_model(build_model(dict(data)), lora)
-    if input_grads:
-        model.enable_input_require_grads()
-    ids = torch.randint(0, data["vocab_size"], (B, S), generator=torch.Generator().manual_seed(1))
-    with FlopCounterMode(display=False) as fc:
-        model(input_ids=ids)
-    fwd = fc.get_total_flops()
-    with FlopCounterMode(display=False) as fc:
-        model(input_ids=ids).logits.sum().backward()
-    spec = spec_from_config({k: v for k, v in data.items() if not k.startswith("_")}, name="tiny", source="test")
     job = PeftJob(method="lora", rank=4, targets=modules or "none", target_parameters=params)
-    r = peft_flops(spec, job, batch=B, seq=S, input_grads=input_grads).report
-    assert r.forward.value == fwd
-    assert r.training.value == fc.get_total_flops()
+    assert_counter_exact(tiny_config(repo, **overrides), lora, job, input_grads)
 
 
 def test_delta_product_is_per_layer_not_per_token():

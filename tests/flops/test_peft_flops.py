@@ -29,7 +29,14 @@ CASES = [
 @pytest.mark.parametrize("repo,targets,input_grads", CASES, ids=[f"{c[0].split('/')[1]}-{c[1]}-{c[2]}" for c in CASES])
 def test_flop_counter_exact(repo, targets, input_grads):
     data = tiny_config(repo)
-    model = peft.get_peft_model(build_model(dict(data)), peft.LoraConfig(r=4, target_modules=targets))
+    job = PeftJob(method="lora", rank=4, targets=targets if isinstance(targets, str) else tuple(targets))
+    assert_counter_exact(data, peft.LoraConfig(r=4, target_modules=targets), job, input_grads)
+
+
+def assert_counter_exact(data, lora, job, input_grads):
+    """``peft_flops`` of ``job`` equals FlopCounterMode's forward and forward + backward of the tiny real model
+    ``data`` wrapped by peft with ``lora``."""
+    model = peft.get_peft_model(build_model(dict(data)), lora)
     if input_grads:
         model.enable_input_require_grads()
     ids = torch.randint(0, data["vocab_size"], (B, S), generator=torch.Generator().manual_seed(1))
@@ -39,7 +46,6 @@ def test_flop_counter_exact(repo, targets, input_grads):
     with FlopCounterMode(display=False) as fc:
         model(input_ids=ids).logits.sum().backward()
     spec = spec_from_config({k: v for k, v in data.items() if not k.startswith("_")}, name="tiny", source="test")
-    job = PeftJob(method="lora", rank=4, targets=targets if isinstance(targets, str) else tuple(targets))
     r = peft_flops(spec, job, batch=B, seq=S, input_grads=input_grads).report
     assert r.forward.value == fwd
     assert r.training.value == fc.get_total_flops()
