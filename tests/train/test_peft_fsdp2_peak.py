@@ -31,6 +31,17 @@ residual), an op-level transient the timeline does not make an event; it is the 
 down projection is adapted (all-linear)."""
 
 
+def _isolated(fn, *args, **kwargs):
+    """``fn`` in a fresh spawned process: a fake process group and its device mesh leave torch.distributed state
+    behind in the process that made them (the gloo ranks this suite later forks inherit it, and DCP's global plan
+    then sees one rank's chunks), so the simulation runs where that state dies with it."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args, **kwargs).result()
+
+
 def _both(targets, recompute):
     job = PeftJob(method="lora", rank=4, targets=targets if isinstance(targets, str) else tuple(targets))
     cfg = config(measure=True, strategy="zero3", peft=job, recompute=recompute)
@@ -40,8 +51,8 @@ def _both(targets, recompute):
     predicted = training_memory(spec, setup, ParallelLayout(dp=2, zero=cfg.zero))
     keys = {k: v for k, v in conf.items() if k not in ("architectures", "model_type", "transformers_version")}
     hf = transformers.AutoConfig.for_model(conf["model_type"], **keys)
-    measured = peft_fsdp_step_peak(hf, world=2, micro_batch=cfg.micro_batch_for(2), seq=cfg.seq, precision="fp32",
-                                   targets=targets, rank=4, recompute=recompute)
+    measured = _isolated(peft_fsdp_step_peak, hf, world=2, micro_batch=cfg.micro_batch_for(2), seq=cfg.seq,
+                         precision="fp32", targets=targets, rank=4, recompute=recompute)
     return predicted, measured
 
 
