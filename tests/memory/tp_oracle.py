@@ -223,6 +223,9 @@ def process_group(backend: str, world: int):
         yield init_device_mesh("cpu", (world,))
     finally:
         dist.destroy_process_group()
+        from trainmath.runtime import dtensor_state
+
+        dtensor_state.forget()  # its meshes were rank 0's (runtime.dtensor_state)
 
 
 def _free_port() -> int:

@@ -42,6 +42,7 @@ try:
 except ImportError:  # the calculator installs without torch; every runtime command comes through here
     raise TrainmathError('this command needs torch: pip install "trainmath[runtime]"') from None
 
+from trainmath.runtime import dtensor_state  # noqa: E402
 from trainmath.runtime.job import BACKENDS, JobSpec  # noqa: E402, F401  (the launcher's vocabulary, re-exported)
 from trainmath.runtime.liveness import (  # noqa: E402 - after the torch check
     FORWARDED,
@@ -157,6 +158,7 @@ def _worker_main(env: dict[str, str], fn: Callable[..., Any], args: tuple, conn,
                 )
             torch.cuda.set_device(ctx.local_rank)
             kwargs["device_id"] = ctx.device
+        dtensor_state.forget()  # a cache forked from a parent's fake process group names another rank
         dist.init_process_group(ctx.backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
                                 timeout=timeout, **kwargs)
         result = fn(ctx, *args)

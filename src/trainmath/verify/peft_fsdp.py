@@ -37,6 +37,7 @@ def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precisio
     except ImportError as e:
         raise TrainmathError(f"the peft FSDP2 simulation needs torch, transformers and peft ({e.name} is missing)") \
             from None
+    from trainmath.runtime import dtensor_state
     from trainmath.runtime.fsdp import shard_model
     from trainmath.runtime.train.model import decoder_layers
     from trainmath.verify.peft_sim import _no_swap, release, tracked_steps, unpacked
@@ -81,4 +82,5 @@ def peft_fsdp_step_peak(cfg, *, world: int, micro_batch: int, seq: int, precisio
     finally:
         restore()
         dist.destroy_process_group()
+        dtensor_state.forget()  # its meshes were rank 0's (runtime.dtensor_state)
     return result

@@ -318,6 +318,9 @@ def simulate(config: dict, setup: TrainingSetup, layout: ParallelLayout = Parall
             prop.detect_fake_mode = detect
         if fsdp or tp:
             dist.destroy_process_group()
+            from trainmath.runtime import dtensor_state
+
+            dtensor_state.forget()  # its meshes were rank 0's (runtime.dtensor_state)
     snap = next(iter(peak.values()))
     kinds = {str(getattr(k, "value", k)): v for k, v in snap.items() if str(getattr(k, "value", k)) != "Total"}
     at = max(segments.peaks, key=lambda k: segments.peaks[k][0])
