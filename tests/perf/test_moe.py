@@ -157,9 +157,10 @@ def test_the_overhead_constants_are_the_fit():
         assert fit.fit([r for r in data if r["gen"] == gen]) == pytest.approx(moe.OVERHEAD[gen], abs=1e-12)
 
 
-MOE_MEDIAN = 0.107  # the 32 priced MoE rows, with the per-expert overhead (docs/benchmarks.md); 0.105 before the
+MOE_MEDIAN = 0.1063  # the 32 priced MoE rows, with the per-expert overhead (docs/benchmarks.md); 0.105 before the
 # Blackwell plateau was refitted on three documents (0.48 -> 0.49, its per-expert overhead 0.195 -> 0.205 ms)
-MOE_WITHIN = 0.625  # their share within 15% (20 of 32)
+MOE_WITHIN = 22 / 32  # their share within 15%: 20 of 32 before the combined-1F1B overlap ran in its three phases
+# (perf.step._overlapped_ep) and the Hopper per-expert overhead was refitted (0.335 -> 0.200 ms), 22 after
 
 
 LATER_SOURCES = {"flash-attention-training", "flagperf", "internlm-train-performance", "tinyllama",
@@ -188,7 +189,7 @@ def test_published_error_table_does_not_regress():
     # with the flash kernels (perf.attention), FSDP at ZeRO-2, the Blackwell GEMM plateau
     # 0.045 and 0.836 (154 of 184): the MaxText rows recompute as their recipe states (save_qkv_proj): 3 leave 15%
     assert statistics.median(errs["all"]) <= 0.045
-    assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 0.836
+    assert sum(e <= 0.15 for e in errs["all"]) / len(errs["all"]) >= 156 / 184  # 154 before the 1F1B phases
     assert statistics.median(errs["moe"]) <= MOE_MEDIAN
     assert sum(e <= 0.15 for e in errs["moe"]) / len(errs["moe"]) >= MOE_WITHIN
     # with the sources added after the MoE terms and the ampere refit (docs/benchmarks.md, "four more publishers")
@@ -196,9 +197,10 @@ def test_published_error_table_does_not_regress():
     assert len(every) == 230
     # with InternLM's stated gradient buckets, hybrid ZeRO and accumulation (perf.dpsync) and the ampere refit that
     # follows (docs/benchmarks.md, "InternLM's gradient buckets"): 0.059 and 0.836 (184 of 220); with the Blackwell
-    # rows of the NeMo page and MLPerf and the Blackwell refit on three documents: 0.0628 and 0.835 (192 of 230)
-    assert statistics.median(every) <= 0.0628
-    assert sum(e <= 0.15 for e in every) / len(every) >= 192 / 230
+    # rows of the NeMo page and MLPerf and the Blackwell refit on three documents: 0.0628 and 0.835 (192 of 230);
+    # with the three-phase combined-1F1B overlap and the Hopper refit: 0.0598 and 0.843 (194 of 230)
+    assert statistics.median(every) <= 0.0598
+    assert sum(e <= 0.15 for e in every) / len(every) >= 194 / 230
 
 
 def test_cli_refuses_an_imbalance_below_one():

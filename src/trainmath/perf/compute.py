@@ -98,6 +98,11 @@ class LayerTime:
     """HBM bytes of casting this layer's linear weights to FP8 once per step (``FP8_WEIGHT_CAST_BYTES``)."""
     fp8_gemm_s: float = 0.0
     """Forward seconds of the GEMMs run in FP8 (their share of ``forward_s``)."""
+    moe_forward_s: float = 0.0
+    """An MoE layer's expert part of ``forward_s``: the routed experts' grouped GEMMs and the token permutations
+    (the ``mlp`` node of Megatron-Core's combined 1F1B schedule, ``perf.step``); 0 for other layers."""
+    moe_backward_s: float = 0.0
+    """The same part of ``backward_s`` (dgrad and wgrad of the expert GEMMs, the permutations again)."""
 
 
 _CACHES: dict[int, tuple[ModelSpec, dict]] = {}
@@ -234,8 +239,10 @@ def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, com
             routed_tokens = tokens / (layout.tp // layout.expert_tp)  # expert TP 1: this rank's 1/tp
             elem = moe_terms.dispatch_memory_s(moe_terms.dispatch_bytes(
                 routed_tokens, block.dims.top_k, spec.hidden_size, experts, compute_bytes, imbalance), gpu, eff)
+            routed = _gemm_parts([g for g in lt.gemms if g.component == "experts"], layout, experts, gpu, eff,
+                                 dtype, compute_bytes, attention, lin8, imbalance).dense
         else:
-            elem = 0.0
+            elem = routed = 0.0
         fwd = dense + attn + elem_fwd + elem
         bwd = 2 * dense + (FLASH_BACKWARD_FACTOR if attention == "flash" else 2) * attn + 2 * elem_fwd + elem
         rec = {"none": 0.0, "selective": attn, "full": fwd}[recompute]
@@ -252,7 +259,8 @@ def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, com
         cast = p.cast_forward_bytes + p.cast_backward_bytes + rec_cast
         t = LayerTime(forward_s=fwd, backward_s=bwd, recompute_s=rec, attention_forward_s=attn,
                       fp8_cast_bytes=cast, fp8_cast_s=_cast_s(cast, gpu, eff),
-                      fp8_weight_cast_bytes=p.weight_cast_bytes, fp8_gemm_s=p.fp8_s)
+                      fp8_weight_cast_bytes=p.weight_cast_bytes, fp8_gemm_s=p.fp8_s,
+                      moe_forward_s=routed + elem, moe_backward_s=2 * routed + elem)
         for i in lt.layers:
             per_layer[i] = t
     h = _gemm_parts(ledger.head, layout, 0, gpu, eff, dtype, compute_bytes, fp8=fp8 == "linears+head")

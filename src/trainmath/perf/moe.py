@@ -45,7 +45,7 @@ ROUTER_BYTES_PER_LOGIT = 16
 """HBM bytes per router logit (tokens · experts) forward, FP32: write the logits (4), softmax reads them and writes
 the probabilities (4 + 4), top-k reads those (4) — derived; backward twice that."""
 
-OVERHEAD: dict[str, float] = {"hopper": 0.000335, "blackwell": 0.000205}
+OVERHEAD: dict[str, float] = {"hopper": 0.000200, "blackwell": 0.000205}
 """Per GPU generation: seconds per *local expert* per MoE layer per micro-batch per pass (forward, backward,
 recompute) that the expert computation costs besides its FLOPs and bytes. Transformer Engine's ``GroupedLinear``
 (Megatron-Core's ``TEGroupedMLP``) splits its input by a host list of per-expert token counts and runs one GEMM

@@ -89,13 +89,26 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int,
     return memo(spec, ("params", tp, pp, ep, stage, split, folded), make)
 
 
-def _overlapped_ep(it: cm.CommItem, micro_batches: int, compute_s: float) -> cm.CommItem:
-    """The EP all-to-all under Megatron-Core's combined 1F1B (``Job.ep_overlap``): in each of the M − 1 steady
-    pairs, one micro-batch's dispatch and combine run on the communication stream while the other micro-batch's
-    forward and backward (``compute_s`` per micro-batch) run on the compute stream; the first forward and the last
-    backward have no partner, so one micro-batch's all-to-all is always exposed."""
+def _overlapped_ep(it: cm.CommItem, micro_batches: int, parts: list[tuple[float, float, float, float]],
+                   passes: int) -> cm.CommItem:
+    """The EP all-to-all under Megatron-Core's combined 1F1B (``Job.ep_overlap``). Each MoE layer runs one
+    micro-batch's forward beside the previous one's backward in three phases
+    (NVIDIA/Megatron-LM ``megatron/core/models/common/model_chunk_schedule_plan.py``@01cf4fb,
+    ``TransformerLayerSchedulePlan.run``):
+
+        comm stream:    combine_bwd | dispatch_fwd → dispatch_bwd  | combine_fwd
+        compute stream: attn_fwd    | mlp_bwd → mlp_bwd_dw → mlp_fwd | attn_bwd
+
+    so with one all-to-all taking a, a layer pair exposes max(0, a − attn_fwd) + max(0, 2a − mlp_bwd − mlp_fwd)
+    + max(0, a − attn_bwd). ``parts`` holds (attn_fwd, mlp_fwd, attn_bwd, mlp_bwd) per MoE layer of the stage
+    (the ``mlp`` node: the expert GEMMs and permutations, ``LayerTime.moe_forward_s``; ``attn``: the rest of the
+    layer). The M − 1 steady pairs expose that; the first forward and the last backward have no partner, so one
+    micro-batch's all-to-all is exposed whole; a recompute's forward all-to-all (``passes`` 3) is not paired."""
     total = it.time_s
-    exposed = min(total, max(total / micro_batches, total - (micro_batches - 1) * compute_s))
+    a = total / it.count if it.count else 0.0
+    pair = sum(max(0.0, a - af) + max(0.0, 2 * a - mb - mf) + max(0.0, a - ab) for af, mf, ab, mb in parts)
+    pair += (passes - 2) * 2 * a * len(parts)
+    exposed = min(total, total / micro_batches + (micro_batches - 1) * pair)
     return cm.CommItem(**{**it.__dict__, "exposed_s": exposed})
 
 
@@ -237,7 +250,10 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
             size *= moe_terms.deepep_node_share(moe[0].dims.experts, moe[0].dims.top_k, groups.ep.nodes)
         items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, topo))
         if job.ep_overlap and M > 1:
-            items[-1] = _overlapped_ep(items[-1], M, f + b + r)
+            moe_layers = [per_layer[i] for i in layers if any(blk.kind == "moe" for blk in spec.layers[i].blocks)]
+            parts = [(t.forward_s - t.moe_forward_s, t.moe_forward_s,
+                      t.backward_s + t.recompute_s - t.moe_backward_s, t.moe_backward_s) for t in moe_layers]
+            items[-1] = _overlapped_ep(items[-1], M, parts, passes)
     if layout.pp > 1:
         size = act / layout.tp
         items.append(cm.item("pp_p2p", "send_recv", "pp", groups.pp, size, 2 * M * job.virtual_stages, topo,
@@ -320,8 +336,10 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
            f"(experts spread evenly, top-k uniform)",) if moe and job.ep_dispatcher == "deepep" and layout.ep > 1
           else ()),
         *(("EP all-to-all overlapped with the other micro-batch's forward and backward (Megatron-Core combined "
-           "1F1B, --overlap-moe-expert-parallel-comm): exposed = max(one micro-batch's, all − (M − 1) micro-batch "
-           "computes)",) if moe and job.ep_overlap and layout.ep > 1 else ()),
+           "1F1B, --overlap-moe-expert-parallel-comm), per layer in three phases: combine_bwd beside attn_fwd, "
+           "dispatch_fwd + dispatch_bwd beside mlp_bwd + mlp_fwd, combine_fwd beside attn_bwd; each phase exposes "
+           "what its compute cannot cover, and one micro-batch's all-to-all has no partner",)
+          if moe and job.ep_overlap and layout.ep > 1 else ()),
         f"optimizer step memory-bound over the rank's shard: {per_param} bytes per parameter (grad read, master "
         f"read+write, {states} state(s) read+write, weight write) at {eff.hbm_fraction:.0%} of HBM bandwidth",
         f"memory: the {job.profile} activation profile ({_profile_text(job.profile)}) with recompute={job.recompute}, "
