@@ -7,7 +7,12 @@ dominate (small vocabulary, long sequence).
   moment the timeline was 4·b·h·s² and more under.
 - With a sliding window at most s, transformers builds an explicit bool (1, 1, s, s) mask
   (``masking_utils._ignore_causal_mask_sdpa``) that the checkpoints hold to the end of backward
-  (``ops.selective.mask_arguments``); without it the timeline was s² bytes under."""
+  (``ops.selective.mask_arguments``); without it the timeline was s² bytes under.
+- On one device without input gradients, the dropout on the frozen embedding's output keeps no noise
+  (``memory.peft.frozen_embedding``); counting it put the timeline one (T, d) tensor over.
+- In a layer's recompute, a LoRA Linear's input stays in its frame until the branch's sum returns
+  (``memory.peft_recompute``): at c_proj's LoRA sum the GELU output (T, f) is alive; without it the timeline
+  was under."""
 
 from __future__ import annotations
 
@@ -48,3 +53,16 @@ def test_fsdp2_attention_backward_peak(window):
     assert r.stages[0].phase == "backward layer 1 attention"
     assert measured - r.peak_bytes == 4  # the loss's gradient (ones_like), which no event counts
 
+
+
+VOCAB = {"none": 4096, "full": 128}
+"""A vocabulary large enough that the loss is the step's peak without recompute, small enough that the recompute
+is with it."""
+
+
+@pytest.mark.parametrize("recompute,phase", [("none", "backward: loss"), ("full", "backward layer 0 recompute")])
+def test_one_device_embedding_dropout_and_lora_frame(recompute, phase):
+    measured, r = _both(128, 1, recompute, hidden_size=256, intermediate_size=1024, vocab_size=VOCAB[recompute])
+    assert r.stages[0].phase == phase
+    # at the recompute the loss's 4-byte gradient (ones_like) is the one storage no event counts
+    assert measured - r.peak_bytes == (4 if recompute == "full" else 0)

@@ -209,6 +209,14 @@ def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int,
     return {i: (_bytes(full), _bytes(mine)) for i, (full, mine, _) in layer_ops(spec, setup, prec, run, layers).items()}
 
 
+def frozen_embedding(node: Node) -> Node:
+    """The embedding's saved tensors (``ops.model.embedding_ops``) when its output needs no gradient (no
+    ``enable_input_require_grads``): a dropout on it (``embedding.dropout``) keeps no noise; the ids stay (the loop
+    holds the batch)."""
+    kept = [c for c in node.children if not c.name.startswith("embedding.dropout.")]
+    return Node.of(node.name, kept, node.unit, note=node.note)
+
+
 def head_saved_delta(spec, setup, prec) -> int:
     """Bytes the frozen final norm and LM head do not save (their inputs, kept in full training for the
     weights' gradients)."""
@@ -267,6 +275,8 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
     # AccumulateGrad node holds it to the end of backward. Under full recompute that storage is layer 0's
     # checkpointed input, already counted among the checkpoints.
     resident = list(inp.resident)
+    if inp.first and not run.input_grad(setup.recompute):
+        resident = [frozen_embedding(n) if n.name == "embedding" else n for n in resident]
     if inp.first and run.input_grad(setup.recompute) and setup.recompute == "none":
         tokens = setup.micro_batch * setup.seq
         resident.append(Node(name="embedding output (leaf requiring grad)", unit="bytes",
