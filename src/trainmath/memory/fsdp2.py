@@ -89,9 +89,11 @@ class MixerBackward:
     """The math kernel's backward buffers: 2 × 4·b·h·s·h_d + 4·b·h·s²."""
 
 
-def mixer_backward(ops, tensors, *, param_bytes: int, granularity: int) -> MixerBackward | None:
+def mixer_backward(ops, tensors, *, param_bytes: int, granularity: int, grads_after=None) -> MixerBackward | None:
     """``MixerBackward`` of one layer's op list ``ops`` (None without a math-SDPA attention); ``tensors``: the
-    placement's tensors of the layer (module-relative names), their gradients in ``param_bytes``."""
+    placement's tensors of the layer (module-relative names), their gradients in ``param_bytes``.
+    ``grads_after``: the names of the ops after the attention → bytes of their parameters' gradients (default:
+    ``tensors``'; a fine-tune's are its adapters', ``memory.peft.fsdp_terms``)."""
     from trainmath.ops.fold import saved_storages
 
     k = next((j for j, op in enumerate(ops) if op.kind == "attention" and op.kernel == "sdpa_math"), None)
@@ -100,11 +102,14 @@ def mixer_backward(ops, tensors, *, param_bytes: int, granularity: int) -> Mixer
     before = {id(s) for _, s in saved_storages(ops[:k + 1])}
     saved_after = sum(s.nbytes() for _, s in saved_storages(ops) if id(s) not in before)
     modules = {op.name for op in ops[k + 1:]}
-    grads_after = sum(st.alloc_bytes(numel(runtime_shape(t)) * param_bytes, granularity) for t in tensors
-                      if t.spec.name.rsplit(".", 1)[0] in modules)
+    if grads_after is None:
+        grads = sum(st.alloc_bytes(numel(runtime_shape(t)) * param_bytes, granularity) for t in tensors
+                    if t.spec.name.rsplit(".", 1)[0] in modules)
+    else:
+        grads = grads_after(modules)
     by_name = {t.name.removeprefix("sdpa_math."): t.nbytes() for t in ops[k].saved}
     transient = 2 * by_name["query_scaled"] + by_name["softmax_fp32"]
-    return MixerBackward(saved_after=saved_after, grads_after=grads_after, transient=transient)
+    return MixerBackward(saved_after=saved_after, grads_after=grads, transient=transient)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -109,19 +109,26 @@ def fsdp_stage(setup, layout) -> bool:
 
 
 def fsdp_terms(spec, setup, layout, pl, prec, gran: int) -> tuple[dict, dict, dict]:
-    """(FSDP2's units, layer index → ``fsdp2.MixerBackward``: none, layer index → ``fsdp2.NormBackward``) of the
-    fine-tune (``memory.peft_fsdp2``); the input norm's backward runs only where the layer's input needs a
-    gradient."""
-    from trainmath.memory.fsdp2 import norm_backward
+    """(FSDP2's units, layer index → ``fsdp2.MixerBackward``, layer index → ``fsdp2.NormBackward``) of the
+    fine-tune (``memory.peft_fsdp2``), read from each layer's peft op list: a math-SDPA attention's backward
+    holds the adapters' gradients of the modules after it (full size under FSDP2; the frozen weights make
+    none); the input norm's backward runs only where the layer's input needs a gradient."""
+    from trainmath.memory.fsdp2 import mixer_backward, norm_backward
 
     run: PeftRun = setup.peft
-    norms = {}
+    ab = ADAPTER_DTYPES[run.job.dtype]
+    adapters = adapter_modules(spec, run.job)
+    mixers, norms = {}, {}
     for i, (_, ops, input_grad) in layer_ops(spec, setup, prec, run, pl.layers).items():
+        mine = adapters.get(f"layer.{i}", {})
+        mix = mixer_backward(ops, [], param_bytes=ab, granularity=gran, grads_after=lambda modules, mine=mine: sum(
+            st.alloc_bytes(a * b * ab, gran) for m, v in mine.items() if m in modules for a, b in v))
+        if mix:
+            mixers[i] = mix
         norm = norm_backward(ops) if input_grad else None
         if norm:
             norms[i] = norm
-    return peft_fsdp2.units(layout, pl, prec, adapter_shapes(spec, run.job), ADAPTER_DTYPES[run.job.dtype],
-                            granularity=gran), {}, norms
+    return peft_fsdp2.units(layout, pl, prec, adapter_shapes(spec, run.job), ab, granularity=gran), mixers, norms
 
 
 def quantised(spec, t) -> bool:
@@ -145,17 +152,22 @@ def base_weight_bytes(spec, pl, prec, method: str, gran: int) -> int:
     return total
 
 
-def adapter_shapes(spec, job: PeftJob) -> dict[str, list[tuple[int, int]]]:
-    """unit ``layer.<i>`` → the adapters' (lora_A, lora_B) weight shapes in that layer."""
-    out: dict[str, list] = {}
+def adapter_modules(spec, job: PeftJob) -> dict[str, dict[str, list[tuple[int, int]]]]:
+    """unit ``layer.<i>`` → adapted module (layer-relative name) → its (lora_A, lora_B) weight shapes."""
+    out: dict[str, dict] = {}
     mods = {m.name for m in select(spec, job)}
     for i, layer in enumerate(spec.layers):
         for t in layer.tensors:
             name = t.name.removesuffix(".weight")
             if t.kind == "linear" and name in mods and not t.experts:
                 o, n = reversed(t.shape) if t.transposed else t.shape
-                out.setdefault(f"layer.{i}", []).extend([(job.rank, n), (o, job.rank)])
+                out.setdefault(f"layer.{i}", {})[name] = [(job.rank, n), (o, job.rank)]
     return out
+
+
+def adapter_shapes(spec, job: PeftJob) -> dict[str, list[tuple[int, int]]]:
+    """unit ``layer.<i>`` → the adapters' (lora_A, lora_B) weight shapes in that layer."""
+    return {u: [s for v in mods.values() for s in v] for u, mods in adapter_modules(spec, job).items()}
 
 
 def largest_dequant(spec, pl, prec, gran: int) -> int:
@@ -195,6 +207,14 @@ def layer_ops(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[list, 
 def layer_saved(spec, setup, prec, run: PeftRun, layers) -> dict[int, tuple[int, int]]:
     """layer index → (saved bytes in full training, saved bytes under peft), folded from its op list."""
     return {i: (_bytes(full), _bytes(mine)) for i, (full, mine, _) in layer_ops(spec, setup, prec, run, layers).items()}
+
+
+def frozen_embedding(node: Node) -> Node:
+    """The embedding's saved tensors (``ops.model.embedding_ops``) when its output needs no gradient (no
+    ``enable_input_require_grads``): a dropout on it (``embedding.dropout``) keeps no noise; the ids stay (the loop
+    holds the batch)."""
+    kept = [c for c in node.children if not c.name.startswith("embedding.dropout.")]
+    return Node.of(node.name, kept, node.unit, note=node.note)
 
 
 def head_saved_delta(spec, setup, prec) -> int:
@@ -255,6 +275,8 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
     # AccumulateGrad node holds it to the end of backward. Under full recompute that storage is layer 0's
     # checkpointed input, already counted among the checkpoints.
     resident = list(inp.resident)
+    if inp.first and not run.input_grad(setup.recompute):
+        resident = [frozen_embedding(n) if n.name == "embedding" else n for n in resident]
     if inp.first and run.input_grad(setup.recompute) and setup.recompute == "none":
         tokens = setup.micro_batch * setup.seq
         resident.append(Node(name="embedding output (leaf requiring grad)", unit="bytes",

@@ -5,7 +5,7 @@ The layer's first backward node that unpacks a saved tensor reruns its forward, 
 and, like any forward, holds its intermediates while it runs: the Python frame's references (the attention's
 residual sum, the MLP input that ``up_proj`` still needs, ``up_proj``'s base output waiting for the gate's
 product) and, inside each LoRA Linear (peft's ``result + lora_B(lora_A(x)) * scaling``), lora_B's output beside
-its scaled copy; a module's input (``mlp.input``) lives until the module returns. Meanwhile the
+its scaled copy; a module's input (``mlp.input``, a LoRA Linear's input) lives until the module returns. Meanwhile the
 gradients the backward made before the unpack stay alive: when the layer's last
 saving op is a LoRA branch, the scaled gradient of that branch (adapter or compute dtype) and, if the branch
 summed in another dtype than the base's output, the base output's gradient cast back. Recomputation stops at
@@ -98,6 +98,12 @@ def recompute_peak(ops: list[Op], *, granularity: int = 1) -> Recompute:
             end = max(j for j, p in enumerate(order) if p.name.startswith(prefix))
             r = id(root(op.outputs[0]))
             last[r] = max(last[r], end)
+    for k, op in enumerate(order):  # a LoRA Linear's input stays in its frame until the branch's sum returns
+        if op.name.endswith(".lora_B"):
+            base = next((p for p in order if p.kind == "linear" and module_of(p) == op.name[:-len(".lora_B")]), None)
+            if base is not None and base.inputs:
+                r = id(root(base.inputs[0]))
+                last[r] = max(last.get(r, k), k)
     everything = set().union(*saved) if saved else set()
     layer_input = id(root(order[0].inputs[0])) if order and order[0].inputs else None
     # a tensor no listed op makes (a residual sum) lives in the frame to the layer's end

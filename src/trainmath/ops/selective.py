@@ -128,7 +128,9 @@ def mask_arguments(ctx, spec, style, layers: Sequence[int]) -> list[Tensor]:
     """The attention masks the rank's checkpointed ``layers`` receive as arguments: distinct storages the
     checkpoints hold until each layer's backward (one per attention kind, shared by the layers of that kind;
     ``Style.layer_mask``). transformers builds them once per forward (``create_causal_mask`` and its sliding and
-    chunked variants, a mapping per layer type); without checkpointing none is saved."""
+    chunked variants, a mapping per layer type); under SDPA a sliding window at most s is a bool (1, 1, s, s)
+    mask (``masking_utils._ignore_causal_mask_sdpa`` skips to ``is_causal`` only while s is below the window);
+    without checkpointing none is saved."""
     from trainmath.model.spec import AttentionDims
 
     windows = [bl.dims.sliding_window for i in layers for bl in spec.layers[i].blocks
@@ -141,8 +143,13 @@ def mask_arguments(ctx, spec, style, layers: Sequence[int]) -> list[Tensor]:
     if style.layer_mask == "bool" and windows:
         return [tensor("attention_mask", (Axis(1), *axes[1:]), 1,
                        "bool (1, 1, s, s) expanded over the batch, one for all layers")]
-    if style.layer_mask == "bool_chunked" and any(w is not None and w <= ctx.s for w in windows):
+    reached = any(w is not None and w <= ctx.s for w in windows)
+    if style.layer_mask == "bool_chunked" and reached:
         return [tensor("attention_mask.chunked", axes, 1, "bool (b, 1, s, s) of the chunked layers")]
+    if reached:  # masking_utils._ignore_causal_mask_sdpa: no is_causal skip once kv_length >= the window
+        return [tensor("attention_mask.sliding", (Axis(1), *axes[1:]), 1,
+                       "bool (1, 1, s, s) sliding-window mask expanded over the batch, built once s reaches the "
+                       "window")]
     return []
 
 

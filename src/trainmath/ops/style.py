@@ -54,7 +54,8 @@ class Style:
     layer_mask: str = "eager"
     """The attention mask each decoder layer receives as an argument (a checkpoint holds it for the recompute).
     Under eager attention, every family: a (b, 1, s, s) mask in the parameters' dtype per attention kind (sliding,
-    full). Under SDPA: ``eager`` none (the causal path), ``bool`` a bool (1, 1, s, s) mask expanded to b (Falcon),
+    full). Under SDPA: ``eager`` none (the causal path) until a sliding window is at most s, then a bool (1, 1, s, s)
+    sliding-window mask, ``bool`` a bool (1, 1, s, s) mask expanded to b (Falcon),
     ``bool_chunked`` a bool (b, 1, s, s) mask when a chunked layer's chunk is at most s (Llama 4)."""
     fused_projections: tuple[str, ...] = ()
     """Modules that fuse several projections in one weight (q/k/v, gate/up). ``parallelize_module``'s
