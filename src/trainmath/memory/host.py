@@ -134,6 +134,13 @@ def host_memory(placements, layout: ParallelLayout, prec, optimizer: str, *, imp
         raise TrainmathError(f"host memory is modelled for --offload optimizer|params, got {offload!r}")
     ranks = [rank_host_memory(pl, layout, prec, optimizer, impl=impl, offload=offload, micro_batches=micro_batches)
              for pl in placements]
+    return node_host_memory(ranks, layout, optimizer, offload=offload, gpus_per_node=gpus_per_node)
+
+
+def node_host_memory(ranks: list[Node], layout: ParallelLayout, optimizer: str, *, offload: str,
+                     gpus_per_node: int | None = None, conventions: tuple[str, ...] = ()) -> HostMemory:
+    """``HostMemory`` of a node whose ranks hold ``ranks`` (one ``host_bytes_per_rank`` tree per pipeline stage):
+    ``ranks_per_node`` times the busiest."""
     top = max(ranks, key=lambda n: n.value)
     n = ranks_per_node(layout, gpus_per_node)
     how = ("DeepSpeedCPUAdam: updates in place, no temporaries" if optimizer in CPU_ADAM else
@@ -147,7 +154,7 @@ def host_memory(placements, layout: ParallelLayout, prec, optimizer: str, *, imp
         f"CPU optimizer: {how}",
         "host_bytes is the training step's steady state: the model-loading peak before ZeRO partitions the model, "
         "the OS, data loaders and NCCL/CUDA host buffers are not counted",
-    )
+    ) + conventions
     return HostMemory(host_bytes=n * top.value, ranks_per_node=n, per_rank=top, conventions=conventions)
 
 
@@ -160,6 +167,10 @@ def job_host_memory(spec, setup, layout: ParallelLayout, *, gpus_per_node: int |
     from trainmath.placement import place
     from trainmath.vocabulary import get_precision
 
+    if setup.peft is not None:  # the adapters alone (memory/peft.py)
+        from trainmath.memory.peft import job_host_memory as peft_host
+
+        return peft_host(spec, setup, layout, gpus_per_node=gpus_per_node)
     vocab = vocab_sharded(setup, layout)
     placements = [place(spec, layout, s, vocab_parallel=vocab) for s in range(layout.pp)]
     return host_memory(placements, layout, get_precision(setup.precision), setup.optimizer,
