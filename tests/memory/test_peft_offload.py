@@ -159,3 +159,55 @@ def test_host_terms_equal_torch_optim_on_a_peft_model(optimizer, torch_name):
     assert h["grad_staging_bytes"] == max(p.nbytes for p in trainable)
     gpu = training_memory(spec, setup, ParallelLayout()).breakdown.flat()
     assert gpu["optimizer_states_bytes"] == gpu["master_weights_bytes"] == 0
+
+
+# ---- estimate: the offloaded fine-tune's step ----
+
+def _estimate(capsys, *argv):
+    code = main(["estimate", LLAMA, "--gpu", "h100", "--gpus", "1", "--micro-batch", "1", "--seq", "4096",
+                 "--global-batch", "8", "--precision", "bf16", "--peft", "lora", "--lora-rank", "16",
+                 "--lora-targets", "all-linear", "--zero", "2", "--json", *argv])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+def test_estimate_times_the_adapters_offload(capsys, llama):
+    """The CPU step and the PCIe copies run over the trainable parameters only (fp32 adapters: 4 bytes each, 8
+    micro-batches each copying its gradients under ZeRO-2); the GPU optimizer step is gone; the host RAM is
+    the memory command's for the same 8 micro-batches (their accumulated gradients included)."""
+    on, off = _estimate(capsys), _estimate(capsys, "--offload", "optimizer")
+    assert on["breakdown"]["optimizer_step"] > 0 and "offload" not in on
+    o = off["offload"]
+    assert off["breakdown"]["optimizer_step"] == 0 and off["breakdown"]["cpu_optimizer_step"] > 0
+    assert o["shard_params"] == TRAINABLE
+    assert o["grad_d2h_bytes"] == 4 * TRAINABLE * 8 and o["update_h2d_bytes"] == 4 * TRAINABLE
+    assert o["host_bytes"] == hm.job_host_memory(llama, _setup(micro_batches=8), ParallelLayout(zero=2)).host_bytes
+    assert o["host_bytes"] == TRAINABLE * (16 + 4 + 4) + 4 * 16 * 14336  # + bit16 copy + accumulation + staging
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("--offload", "params", "--zero", "3", "--gpus", "8"), "ZeRO-Infinity"),
+    (("--offload", "optimizer", "--zero", "3", "--gpus", "8"), "CPUOffloadPolicy"),
+])
+def test_estimate_bad_input_one_line(capsys, argv, needle):
+    code = main(["estimate", LLAMA, "--gpu", "h100", "--micro-batch", "1", "--seq", "4096", "--global-batch", "8",
+                 "--peft", "lora", "--precision", "bf16", *argv])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == ""
+    assert out.err.count("\n") == 1 and needle in out.err
+
+
+def test_plan_with_offload_prices_the_host(capsys, llama):
+    """plan --peft lora --offload optimizer: ZeRO-3 layouts rejected with the reason; each layout found carries
+    the host RAM of its adapters' partition (8 ranks per node, the adapters over dp = 8)."""
+    assert main(["plan", LLAMA, "--gpus", "8", "--gpu", "h100", "--seq", "2048", "--global-batch", "16", "--peft",
+                 "lora", "--lora-rank", "16", "--lora-targets", "all-linear", "--offload", "optimizer", "--json",
+                 "--top", "2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert any("CPUOffloadPolicy" in r for r in doc["rejected"])
+    for d in doc["layouts"]:
+        assert d["zero"] in (1, 2) and d["dp"] == 8
+        setup = _setup(micro_batches=16 // (8 * d["micro_batch"]))
+        assert d["offload"]["host_bytes"] == hm.job_host_memory(llama, setup, ParallelLayout(dp=8, zero=d["zero"])
+                                                                ).host_bytes
