@@ -211,3 +211,10 @@ def test_plan_with_offload_prices_the_host(capsys, llama):
         setup = _setup(micro_batches=16 // (8 * d["micro_batch"]))
         assert d["offload"]["host_bytes"] == hm.job_host_memory(llama, setup, ParallelLayout(dp=8, zero=d["zero"])
                                                                 ).host_bytes
+
+
+def test_selective_recompute_refused_with_its_reason(capsys):
+    code = main(["memory", LLAMA, "--micro-batch", "1", "--seq", "512", "--peft", "lora", "--recompute",
+                 "selective"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "every second aten.mm" in err

@@ -19,7 +19,7 @@ Modelled: one device and DDP (ZeRO-0), ZeRO-1/2 (DeepSpeed: the adapters' states
 trainable parameters), and FSDP2 (``--zero 3``, or ``--zero 2 --zero-impl fsdp2``: ``memory.peft_fsdp2``, every
 parameter sharded and gathered, the adapters alone reduced; LoRA only, bitsandbytes' 4-bit weights are not
 shardable). ``--offload optimizer`` over ZeRO-0/1/2 is DeepSpeed ZeRO-Offload: the adapters' master weights,
-optimizer states and step leave the GPU, and ``job_host_memory`` sizes the host buffers over the trainable
+optimizer states and step leave the GPU, and ``memory.host.peft_host_memory`` sizes the host buffers over the trainable
 parameters alone (``memory.host``'s terms); parameter offload and offload under FSDP2 are refused. Dense and
 MoE MLPs (the routed experts and router frozen; targeting them, peft's ``target_parameters``, is refused).
 Tensor parallelism is refused with peft's reason (``check``); pipeline, context and expert parallelism in one
@@ -34,7 +34,7 @@ from trainmath import families
 from trainmath.adapters import ADAPTER_DTYPES, PeftJob, adapter_report, select
 from trainmath.arith import ceil_div
 from trainmath.errors import TrainmathError
-from trainmath.memory import host, peft_backward, peft_fsdp2
+from trainmath.memory import peft_backward, peft_fsdp2
 from trainmath.memory import states as st
 from trainmath.memory.optimizers import state_tensors, step_temporary_bytes
 from trainmath.memory.step import Persistent
@@ -78,8 +78,12 @@ def check(spec, setup, layout, run: PeftRun) -> None:
     if fsdp_stage(setup, layout) and run.job.method == "qlora":
         raise TrainmathError("--peft qlora with FSDP2 (--zero 3, or --zero 2 --zero-impl fsdp2) is not modelled: "
                              "bitsandbytes' Params4bit is not a tensor fully_shard can shard; use --zero 0-2")
-    if setup.profile != "hf" or setup.recompute == "selective":
+    if setup.profile != "hf":
         raise TrainmathError("--peft is modelled with the hf activation profile and --recompute none|full")
+    if setup.recompute == "selective":  # trainmath.runtime.checkpointing.op_sac_policy
+        raise TrainmathError("--peft with --recompute selective is not modelled: torchtitan's op-level policy "
+                             "caches every second aten.mm of a layer, and each LoRA branch's lora_A and lora_B "
+                             "mms shift which outputs that is; use --recompute none or full")
     if setup.offload == "params":  # deepspeed 0.19.8 runtime/zero/stage3.py, partition_parameters.py
         raise TrainmathError("--peft with --offload params is not modelled: ZeRO-Infinity's zero.Init partitions "
                              "and offloads the frozen base too, per parameter outside the optimizer's flat fp32 "
@@ -351,42 +355,3 @@ def conventions(spec, setup) -> tuple[str, ...]:
     ) + (("QLoRA: the largest weight dequantised to bf16 is a transient in every forward and backward event",)
          if j.method == "qlora" else ())
 
-
-def host_rank(spec, setup, layout) -> Node:
-    """One rank's host bytes under ``--offload optimizer`` (``memory.host``'s terms) for the adapters alone:
-    DeepSpeed builds its fp32 partitions, their gradients, the bit16 copy and the staging buffer from the
-    optimizer's param groups, whose parameters are the trainable ones (deepspeed 0.19.8
-    ``runtime/zero/stage_1_and_2.py``: ``bit16_groups`` keeps ``is_optimized_parameter``, i.e. requires_grad,
-    ``largest_param_numel`` runs over them; the buffers take their dtype, the adapters' here). Each adapter's flat
-    ZeRO shard as ``adapter_states`` holds it."""
-    run: PeftRun = setup.peft
-    flat = [a * b for v in adapter_shapes(spec, run.job).values() for a, b in v]
-    deg = layout.zero_degree if layout.zero >= 1 else 1
-    held = [ceil_div(n, deg) for n in flat]
-    shard = sum(held)
-    if setup.optimizer in host.CPU_ADAM:  # DeepSpeedCPUAdam: exp_avg, exp_avg_sq of the fp32 partition
-        states, temps = 8 * shard, 0
-    else:  # torch's step over the one flat fp32 partition
-        states = sum(t.nbytes for n in held for t in state_tensors(setup.optimizer, (n,), state_bytes=4,
-                                                                     impl=setup.optimizer_impl))
-        temps = step_temporary_bytes(setup.optimizer, [(shard,)], state_bytes=4, impl=setup.optimizer_impl)
-    terms = host.rank_host_terms(shard_numel=shard, largest_numel=max(flat, default=0),
-                                 model_dtype_bytes=ADAPTER_DTYPES[run.job.dtype], zero=min(layout.zero, 2),
-                                 offload="optimizer", optimizer_states_bytes=states, step_temporaries_bytes=temps,
-                                 micro_batches=setup.micro_batches or 1)
-    return Node.of("host_bytes_per_rank", [Node(name=k, value=v, unit="bytes") for k, v in terms.items()],
-                   "bytes", note="stage 0, adapters only")
-
-
-def job_host_memory(spec, setup, layout, *, gpus_per_node: int | None = None) -> host.HostMemory:
-    """``memory.host.host_memory`` of a fine-tune with ``--offload optimizer``: only the adapters move to the
-    host; the frozen base stays on the GPU in its dtype (or NF4)."""
-    check(spec, setup, layout, setup.peft)
-    run: PeftRun = setup.peft
-    note = (f"peft: only the {run.job.method} adapters (the trainable parameters) are offloaded, their buffers in "
-            f"--lora-dtype {run.job.dtype}; DeepSpeed's estimators (estimate_zero2_model_states_mem_needs_all_live) "
-            f"count every parameter of a model passed whole, frozen or not: give them the trainable count. "
-            f"DeepSpeed's bf16 config casts every parameter, the adapters too, to bf16: --lora-dtype bf16 matches it")
-    return host.node_host_memory([host_rank(spec, setup, layout)], layout,
-                                 setup.optimizer, offload="optimizer", gpus_per_node=gpus_per_node,
-                                 conventions=(note,))
