@@ -12,6 +12,7 @@ not, while the engine offloads only the optimizer's parameters (``stage_1_and_2.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
@@ -218,3 +219,15 @@ def test_selective_recompute_refused_with_its_reason(capsys):
                  "selective"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "every second aten.mm" in err
+
+
+def test_report_page_states_the_adapters_host_ram(llama):
+    """``report``'s gather: the fine-tune with --offload optimizer carries the adapters' host RAM."""
+    from trainmath.report.gather import gather
+
+    setup = TrainingSetup(micro_batch=1, seq=4096, precision="bf16", offload="optimizer")
+    job = PeftJob(method="lora", rank=16, targets="all-linear")
+    data = gather(llama, setup, ParallelLayout(zero=2), peft=job)
+    assert data.host.host_bytes == hm.job_host_memory(llama, _setup(), ParallelLayout(zero=2)).host_bytes
+    assert data.memory.peak_bytes < training_memory(llama, replace(_setup(), offload="none"),
+                                                    ParallelLayout(zero=2)).peak_bytes
