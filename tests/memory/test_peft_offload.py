@@ -214,13 +214,6 @@ def test_plan_with_offload_prices_the_host(capsys, llama):
                                                                 ).host_bytes
 
 
-def test_selective_recompute_refused_with_its_reason(capsys):
-    code = main(["memory", LLAMA, "--micro-batch", "1", "--seq", "512", "--peft", "lora", "--recompute",
-                 "selective"])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "every second aten.mm" in err
-
-
 def test_report_page_states_the_adapters_host_ram(llama):
     """``report``'s gather: the fine-tune with --offload optimizer carries the adapters' host RAM."""
     from trainmath.report.gather import gather

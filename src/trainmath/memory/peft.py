@@ -19,11 +19,12 @@ Modelled: one device and DDP (ZeRO-0), ZeRO-1/2 (DeepSpeed: the adapters' states
 trainable parameters), and FSDP2 (``--zero 3``, or ``--zero 2 --zero-impl fsdp2``: ``memory.peft_fsdp2``, every
 parameter sharded and gathered, the adapters alone reduced; LoRA only, bitsandbytes' 4-bit weights are not
 shardable). ``--offload optimizer`` over ZeRO-0/1/2 is DeepSpeed ZeRO-Offload: the adapters' master weights,
-optimizer states and step leave the GPU, and ``memory.host.peft_host_memory`` sizes the host buffers over the trainable
-parameters alone (``memory.host``'s terms); parameter offload and offload under FSDP2 are refused. Dense and
+optimizer states and step leave the GPU, and ``memory.host.peft_host_memory`` sizes the host buffers over the
+trainable parameters alone; parameter offload and offload under FSDP2 are refused. Dense and
 MoE MLPs (the routed experts and router frozen; targeting them, peft's ``target_parameters``, is refused).
-Tensor parallelism is refused with peft's reason (``check``); pipeline, context and expert parallelism in one
-line.
+``--recompute selective``: torchtitan's op-level policy folded over the peft op list (``ops.selective``, the
+adapters' lora_A and lora_B counted among the layer's mms). Tensor parallelism is refused with peft's reason
+(``check``); pipeline, context and expert parallelism in one line.
 """
 
 from __future__ import annotations
@@ -79,11 +80,7 @@ def check(spec, setup, layout, run: PeftRun) -> None:
         raise TrainmathError("--peft qlora with FSDP2 (--zero 3, or --zero 2 --zero-impl fsdp2) is not modelled: "
                              "bitsandbytes' Params4bit is not a tensor fully_shard can shard; use --zero 0-2")
     if setup.profile != "hf":
-        raise TrainmathError("--peft is modelled with the hf activation profile and --recompute none|full")
-    if setup.recompute == "selective":  # trainmath.runtime.checkpointing.op_sac_policy
-        raise TrainmathError("--peft with --recompute selective is not modelled: torchtitan's op-level policy "
-                             "caches every second aten.mm of a layer, and each LoRA branch's lora_A and lora_B "
-                             "mms shift which outputs that is; use --recompute none or full")
+        raise TrainmathError("--peft is modelled with the hf activation profile (transformers' saved tensors)")
     if setup.offload == "params":  # deepspeed 0.19.8 runtime/zero/stage3.py, partition_parameters.py
         raise TrainmathError("--peft with --offload params is not modelled: ZeRO-Infinity's zero.Init partitions "
                              "and offloads the frozen base too, per parameter outside the optimizer's flat fp32 "
@@ -264,7 +261,16 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
     by_layer = layer_ops(spec, setup, prec, run, layers)
     folded = {i: (_bytes(full), _bytes(mine)) for i, (full, mine, _) in by_layer.items()}
     saved, recomputed = dict(inp.saved), dict(inp.recomputed)
+    if setup.recompute == "selective":  # torchtitan's op-level policy over the peft op list (ops.selective)
+        from trainmath.ops.selective import selective_layer
+
+        sel = {i: selective_layer(spec.layers[i].label, mine, spec.layers[i]) for i, (_, mine, _) in by_layer.items()}
+        saved = {i: kept.value for i, (kept, _) in sel.items()}
+        top = max(fresh.value for _, fresh in sel.values())
+        recomputed = {i: top for i in sel}
     for i, (full, mine) in folded.items():
+        if setup.recompute == "selective":
+            continue
         if setup.recompute == "full":
             recomputed[i] = max(0, recomputed[i] - (full - mine))
         else:
