@@ -63,3 +63,12 @@ def test_layer_backward_peak_within_bound():
     measured, r = _compare("llama", "bf16", 128, 512, "all-linear")
     assert r.stages[0].phase == "backward layer 1"
     assert 0 <= r.peak_bytes / measured - 1 < 0.04
+
+
+def test_fsdp2_refused_in_one_line(capsys):
+    from trainmath.cli import main
+
+    code = main(["memory", "meta-llama/Llama-3.1-8B", "--micro-batch", "1", "--seq", "512", "--peft", "lora",
+                 "--recompute", "selective", "--zero", "3", "--dp", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--recompute selective is modelled on one device" in err

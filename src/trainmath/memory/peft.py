@@ -93,6 +93,9 @@ def check(spec, setup, layout, run: PeftRun) -> None:
     if setup.offload != "none" and run.paged:
         raise TrainmathError("--paged-optimizer with --offload: the optimizer runs on the CPU (DeepSpeed's), "
                              "there are no device states to page")
+    if setup.recompute == "selective" and fsdp_stage(setup, layout):
+        raise TrainmathError("--peft with --recompute selective is modelled on one device, DDP and ZeRO-1/2 (measured "
+                             "against MemTracker on one device); under FSDP2 (--zero 3) use --recompute none or full")
     if setup.zero_impl == "trainmath" or setup.backward_in_autocast:
         raise TrainmathError("--peft with --zero-impl trainmath or --backward-in-autocast is not modelled")
     if spec.family.layer is None:
@@ -360,4 +363,3 @@ def conventions(spec, setup) -> tuple[str, ...]:
         else "optimizer states on the device",
     ) + (("QLoRA: the largest weight dequantised to bf16 is a transient in every forward and backward event",)
          if j.method == "qlora" else ())
-
