@@ -79,7 +79,8 @@ def add_offload_arguments(p: argparse.ArgumentParser, *, auto: bool = False) -> 
     p.add_argument("--offload", choices=choices, default="none",
                    help="DeepSpeed offload, timed (PCIe copies, DeepSpeedCPUAdam on the host) and fitted on the GPU "
                         "and the host: optimizer (ZeRO-Offload, ZeRO 1-3) or params (ZeRO-3, also the parameter "
-                        "shards)" + ("; auto: also search none, optimizer and params" if auto else ""))
+                        "shards); with --peft, optimizer over ZeRO 1-2, the adapters alone"
+                   + ("; auto: also search none, optimizer and params" if auto else ""))
     p.add_argument("--host-memory", type=byte_size, default=None, metavar="BYTES",
                    help="host RAM per node for the host fit with --offload (e.g. 2TiB, 512GB; default 2 TiB, a DGX "
                         "H100's)")

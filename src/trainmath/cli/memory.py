@@ -66,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(the per-expert loop, which saves more)")
     p.add_argument("--offload", choices=OFFLOAD, default="none",
                    help="ZeRO-Offload: optimizer states and step on the CPU; params (with --zero 3): also the "
-                        "parameter shards. Prints the host RAM per node (host_bytes) as DeepSpeed pins it")
+                        "parameter shards. Prints the host RAM per node (host_bytes) as DeepSpeed pins it; with "
+                        "--peft, optimizer only (ZeRO 0-2): the adapters alone go to the host")
     p.add_argument("--host-memory", type=byte_size, default=None, metavar="BYTES",
                    help="host RAM per node for the --gpu verdict with --offload (e.g. 2TiB, 512GB; default 2 TiB, "
                         "a DGX H100's; docs/offload.md)")

@@ -33,7 +33,8 @@ def with_peft(spec, job, args: argparse.Namespace):
     adapter_report(spec, pj, 0)  # unknown targets, a rank too large: one line with the model's module names
     targets_of(spec, pj)
     if getattr(args, "offload", "none") == "auto":
-        raise TrainmathError("--offload auto is not searched with --peft (offloading a fine-tune is not modelled)")
+        raise TrainmathError("--offload auto is not searched with --peft: name --offload optimizer (ZeRO-Offload "
+                             "of the adapters, ZeRO-1/2) or leave it off")
     tuned = replace(job, peft=PeftRun(job=pj), profile=getattr(args, "profile", None) or "hf")
     bad = job_peft_problems(tuned)
     if bad:

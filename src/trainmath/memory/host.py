@@ -30,6 +30,9 @@ runs torch's own step on the CPU over the one flat partition: its temporaries as
 gives them. The node holds ``ranks_per_node`` ranks (the GPU preset's GPUs per node, or fewer when the job has
 fewer), each counted as the busiest rank (pipeline stages and TP shards differ a little).
 
+A LoRA / QLoRA fine-tune (``peft_host_memory``) offloads its adapters alone: the same terms over the trainable
+parameters, the bit16 buffers in the adapters' dtype (DeepSpeed takes the optimizer's parameters only).
+
 Not counted: the model-loading peak before ZeRO partitions the model (every rank materialising the whole model
 on the CPU: DeepSpeed's estimators' ``4 · gpus_per_node · params`` term without ``zero.Init``), the OS, data
 loaders, NCCL's and CUDA's host buffers, and the allocator's slack: the fit rule leaves them to the user.
@@ -134,6 +137,13 @@ def host_memory(placements, layout: ParallelLayout, prec, optimizer: str, *, imp
         raise TrainmathError(f"host memory is modelled for --offload optimizer|params, got {offload!r}")
     ranks = [rank_host_memory(pl, layout, prec, optimizer, impl=impl, offload=offload, micro_batches=micro_batches)
              for pl in placements]
+    return node_host_memory(ranks, layout, optimizer, offload=offload, gpus_per_node=gpus_per_node)
+
+
+def node_host_memory(ranks: list[Node], layout: ParallelLayout, optimizer: str, *, offload: str,
+                     gpus_per_node: int | None = None, conventions: tuple[str, ...] = ()) -> HostMemory:
+    """``HostMemory`` of a node whose ranks hold ``ranks`` (one ``host_bytes_per_rank`` tree per pipeline stage):
+    ``ranks_per_node`` times the busiest."""
     top = max(ranks, key=lambda n: n.value)
     n = ranks_per_node(layout, gpus_per_node)
     how = ("DeepSpeedCPUAdam: updates in place, no temporaries" if optimizer in CPU_ADAM else
@@ -147,7 +157,7 @@ def host_memory(placements, layout: ParallelLayout, prec, optimizer: str, *, imp
         f"CPU optimizer: {how}",
         "host_bytes is the training step's steady state: the model-loading peak before ZeRO partitions the model, "
         "the OS, data loaders and NCCL/CUDA host buffers are not counted",
-    )
+    ) + conventions
     return HostMemory(host_bytes=n * top.value, ranks_per_node=n, per_rank=top, conventions=conventions)
 
 
@@ -160,11 +170,59 @@ def job_host_memory(spec, setup, layout: ParallelLayout, *, gpus_per_node: int |
     from trainmath.placement import place
     from trainmath.vocabulary import get_precision
 
+    if setup.peft is not None:  # the adapters alone
+        return peft_host_memory(spec, setup, layout, gpus_per_node=gpus_per_node)
     vocab = vocab_sharded(setup, layout)
     placements = [place(spec, layout, s, vocab_parallel=vocab) for s in range(layout.pp)]
     return host_memory(placements, layout, get_precision(setup.precision), setup.optimizer,
                        impl=setup.optimizer_impl, offload=setup.offload,
                        micro_batches=max(setup.micro_batches or 1, layout.pp), gpus_per_node=gpus_per_node)
+
+
+def peft_rank_host_memory(spec, setup, layout) -> Node:
+    """One rank's host bytes under ``--offload optimizer`` (``rank_host_terms``) for the adapters alone:
+    DeepSpeed builds its fp32 partitions, their gradients, the bit16 copy and the staging buffer from the
+    optimizer's param groups, whose parameters are the trainable ones (deepspeed 0.19.8
+    ``runtime/zero/stage_1_and_2.py``: ``bit16_groups`` keeps ``is_optimized_parameter``, i.e. requires_grad,
+    ``largest_param_numel`` runs over them; the buffers take their dtype, the adapters' here). Each adapter's flat
+    ZeRO shard as ``memory.peft.adapter_states`` holds it."""
+    from trainmath.adapters import ADAPTER_DTYPES
+    from trainmath.arith import ceil_div
+    from trainmath.memory.optimizers import state_tensors
+    from trainmath.memory.peft import adapter_shapes
+
+    run = setup.peft
+    flat = [a * b for v in adapter_shapes(spec, run.job).values() for a, b in v]
+    deg = layout.zero_degree if layout.zero >= 1 else 1
+    held = [ceil_div(n, deg) for n in flat]
+    shard = sum(held)
+    if setup.optimizer in CPU_ADAM:  # DeepSpeedCPUAdam: exp_avg, exp_avg_sq of the fp32 partition
+        states, temps = 8 * shard, 0
+    else:  # torch's step over the one flat fp32 partition
+        states = sum(t.nbytes for n in held for t in state_tensors(setup.optimizer, (n,), state_bytes=4,
+                                                                     impl=setup.optimizer_impl))
+        temps = step_temporary_bytes(setup.optimizer, [(shard,)], state_bytes=4, impl=setup.optimizer_impl)
+    terms = rank_host_terms(shard_numel=shard, largest_numel=max(flat, default=0),
+                            model_dtype_bytes=ADAPTER_DTYPES[run.job.dtype], zero=min(layout.zero, 2),
+                            offload="optimizer", optimizer_states_bytes=states, step_temporaries_bytes=temps,
+                            micro_batches=setup.micro_batches or 1)
+    return Node.of("host_bytes_per_rank", [Node(name=k, value=v, unit="bytes") for k, v in terms.items()],
+                   "bytes", note="stage 0, adapters only")
+
+
+def peft_host_memory(spec, setup, layout, *, gpus_per_node: int | None = None) -> HostMemory:
+    """``host_memory`` of a fine-tune (``memory.peft``) with ``--offload optimizer``: only the adapters move to the
+    host; the frozen base stays on the GPU in its dtype (or NF4)."""
+    from trainmath.memory.peft import check
+
+    check(spec, setup, layout, setup.peft)
+    run = setup.peft
+    note = (f"peft: only the {run.job.method} adapters (the trainable parameters) are offloaded, their buffers in "
+            f"--lora-dtype {run.job.dtype}; DeepSpeed's estimators (estimate_zero2_model_states_mem_needs_all_live) "
+            f"count every parameter of a model passed whole, frozen or not: give them the trainable count. "
+            f"DeepSpeed's bf16 config casts every parameter, the adapters too, to bf16: --lora-dtype bf16 matches it")
+    return node_host_memory([peft_rank_host_memory(spec, setup, layout)], layout, setup.optimizer,
+                            offload="optimizer", gpus_per_node=gpus_per_node, conventions=(note,))
 
 
 @dataclass(frozen=True, kw_only=True)

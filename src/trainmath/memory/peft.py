@@ -18,9 +18,13 @@
 Modelled: one device and DDP (ZeRO-0), ZeRO-1/2 (DeepSpeed: the adapters' states and the reduce bucket over the
 trainable parameters), and FSDP2 (``--zero 3``, or ``--zero 2 --zero-impl fsdp2``: ``memory.peft_fsdp2``, every
 parameter sharded and gathered, the adapters alone reduced; LoRA only, bitsandbytes' 4-bit weights are not
-shardable). Dense and MoE MLPs (the routed experts and router frozen; targeting them, peft's
-``target_parameters``, is refused). Tensor parallelism is refused with peft's reason (``check``); pipeline,
-context and expert parallelism in one line.
+shardable). ``--offload optimizer`` over ZeRO-0/1/2 is DeepSpeed ZeRO-Offload: the adapters' master weights,
+optimizer states and step leave the GPU, and ``memory.host.peft_host_memory`` sizes the host buffers over the
+trainable parameters alone; parameter offload and offload under FSDP2 are refused. Dense and
+MoE MLPs (the routed experts and router frozen; targeting them, peft's ``target_parameters``, is refused).
+``--recompute selective``: torchtitan's op-level policy folded over the peft op list (``ops.selective``, the
+adapters' lora_A and lora_B counted among the layer's mms). Tensor parallelism is refused with peft's reason
+(``check``); pipeline, context and expert parallelism in one line.
 """
 
 from __future__ import annotations
@@ -75,10 +79,25 @@ def check(spec, setup, layout, run: PeftRun) -> None:
     if fsdp_stage(setup, layout) and run.job.method == "qlora":
         raise TrainmathError("--peft qlora with FSDP2 (--zero 3, or --zero 2 --zero-impl fsdp2) is not modelled: "
                              "bitsandbytes' Params4bit is not a tensor fully_shard can shard; use --zero 0-2")
-    if setup.profile != "hf" or setup.recompute == "selective":
-        raise TrainmathError("--peft is modelled with the hf activation profile and --recompute none|full")
-    if setup.offload != "none" or setup.zero_impl == "trainmath" or setup.backward_in_autocast:
-        raise TrainmathError("--peft with --offload, --zero-impl trainmath or --backward-in-autocast is not modelled")
+    if setup.profile != "hf":
+        raise TrainmathError("--peft is modelled with the hf activation profile (transformers' saved tensors)")
+    if setup.offload == "params":  # deepspeed 0.19.8 runtime/zero/stage3.py, partition_parameters.py
+        raise TrainmathError("--peft with --offload params is not modelled: ZeRO-Infinity's zero.Init partitions "
+                             "and offloads the frozen base too, per parameter outside the optimizer's flat fp32 "
+                             "groups (which hold the adapters alone), and the peft GPU timeline has no DeepSpeed "
+                             "ZeRO-3; use --offload optimizer with --zero 0-2")
+    if setup.offload == "optimizer" and fsdp_stage(setup, layout):
+        raise TrainmathError("--peft with --offload optimizer is modelled with DeepSpeed ZeRO-Offload over --zero "
+                             "0-2: peft's --zero 3 (and --zero-impl fsdp2) is FSDP2, whose CPUOffloadPolicy "
+                             "(parameters, gradients and states together) is not modelled")
+    if setup.offload != "none" and run.paged:
+        raise TrainmathError("--paged-optimizer with --offload: the optimizer runs on the CPU (DeepSpeed's), "
+                             "there are no device states to page")
+    if setup.recompute == "selective" and fsdp_stage(setup, layout):
+        raise TrainmathError("--peft with --recompute selective is modelled on one device, DDP and ZeRO-1/2 (measured "
+                             "against MemTracker on one device); under FSDP2 (--zero 3) use --recompute none or full")
+    if setup.zero_impl == "trainmath" or setup.backward_in_autocast:
+        raise TrainmathError("--peft with --zero-impl trainmath or --backward-in-autocast is not modelled")
     if spec.family.layer is None:
         raise TrainmathError(f"--peft memory needs {spec.model_type}'s op list (families: "
                              f"{', '.join(families.modelled())})")
@@ -265,7 +284,16 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
     by_layer = layer_ops(spec, setup, prec, run, layers)
     folded = {i: (_bytes(full), _bytes(mine)) for i, (full, mine, _) in by_layer.items()}
     saved, recomputed = dict(inp.saved), dict(inp.recomputed)
+    if setup.recompute == "selective":  # torchtitan's op-level policy over the peft op list (ops.selective)
+        from trainmath.ops.selective import selective_layer
+
+        sel = {i: selective_layer(spec.layers[i].label, mine, spec.layers[i]) for i, (_, mine, _) in by_layer.items()}
+        saved = {i: kept.value for i, (kept, _) in sel.items()}
+        top = max(fresh.value for _, fresh in sel.values())
+        recomputed = {i: top for i in sel}
     for i, (full, mine) in folded.items():
+        if setup.recompute == "selective":
+            continue
         if setup.recompute == "full":
             recomputed[i] = max(0, recomputed[i] - (full - mine))
         else:
@@ -289,6 +317,8 @@ def peft_inputs(spec, setup, layout, pl, prec, gran: int, inp, copies: int):
         sh = peft_fsdp2.sharded_states(setup, layout, pl, prec, adapter_shapes(spec, run.job),
                                        ADAPTER_DTYPES[run.job.dtype], granularity=gran)
         weights, ad = sh["weights"], {**ad, "master": 0, "states": sh["states"], "temps": sh["temps"], "overhead": 0}
+    if setup.offload == "optimizer":  # ZeRO-Offload: the adapters' master, states and step on the host
+        ad = {**ad, "master": 0, "states": 0, "temps": 0}
     transient = largest_dequant(spec, pl, prec, gran) if run.job.method == "qlora" else 0
     units = {u: ad["grads"].get(u, 0) for u in inp.unit_grads}
     peaks = {}

@@ -14,7 +14,9 @@ then keeps after forward is
   experts' ``bmm`` likewise; gpt-oss's experts run ``x @ W`` then ``+ b``: the mm's own output is cached), and
   the output and fp32 logsumexp of SDPA's fused kernel (CPU: ``_scaled_dot_product_flash_attention_for_cpu``;
   CUDA flash the same; eager attention and SDPA's math fallback run ``bmm``s, which are not kept). The mm count
-  follows the module's call order (a Qwen2-MoE shared expert runs before the router: ``families.moe``).
+  follows the module's call order (a Qwen2-MoE shared expert runs before the router: ``families.moe``); under
+  peft each adapted Linear's base mm is followed by its lora_A and lora_B mms (``ops.lora``: bias-free
+  ``nn.Linear``s), which count and are cached by the same rule.
 
 Backward recomputes the layer once more, serving the cached ops from the cache: the recomputed forward saves
 what the layer saves without checkpointing, but the storages that are cached outputs or layer inputs are the
@@ -61,6 +63,8 @@ def runs_mm(op: Op, layer: LayerSpec) -> bool:
     second weight of one fused matmul (an op without outputs: gate and up stored apart, run as one gate_up). The
     eager experts' loop runs gate_up and down once per hit expert: an even count, so one op each stands for all
     of them (the parity on entry decides)."""
+    if op.kind == "lora":  # peft's lora_A / lora_B: bias-free nn.Linear (ops.lora)
+        return bool(op.outputs)
     if op.kind != "linear" or op.weight is None or not op.outputs or op.kernel in NOT_MM:
         return False
     stem = op.weight.name[: -len("weight")] if op.weight.name.endswith("weight") else op.weight.name + "."

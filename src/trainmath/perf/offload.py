@@ -142,13 +142,17 @@ def offload_problems(zero: int, offload: str, optimizer: str) -> list[str]:
     return bad
 
 
-def with_offload(est, spec, layout, job, gpu, *, shard_params: int, host: bool = True):
+def with_offload(est, spec, layout, job, gpu, *, shard_params: int, host: bool = True,
+                 weight_bytes: int | None = None):
     """``est`` (``perf.step.estimate``'s, without offload terms) with the offload terms and, with ``host``, its
     host RAM and the host verdict (``fits`` then needs both): the GPU ``optimizer_step`` is 0,
-    ``BREAKDOWN_OFFLOAD`` added, rates and MFU recomputed. ``shard_params``: the busiest stage's S."""
+    ``BREAKDOWN_OFFLOAD`` added, rates and MFU recomputed. ``shard_params``: the busiest stage's S;
+    ``weight_bytes``: the bytes of its weights and gradients (a fine-tune's adapter dtype), else the precision's."""
     from trainmath.memory.host import ranks_per_node
     from trainmath.vocabulary import get_precision
     prec = get_precision(job.precision)
+    if weight_bytes is not None:
+        prec = replace(prec, weight_bytes=weight_bytes, grad_bytes=weight_bytes)
     shard = shard_params
     link, _ = pcie_bytes_per_s(gpu.generation)
     fraction = offload_data()["pcie_fraction"]
@@ -183,7 +187,7 @@ def host_verdict(spec, layout, job, gpu, micro_batches: int) -> dict:
 
     setup = TrainingSetup(micro_batch=job.micro_batch, seq=job.seq, precision=job.precision,
                           optimizer=job.optimizer, recompute=job.recompute, micro_batches=micro_batches,
-                          offload=job.offload)
+                          offload=job.offload, peft=job.peft)
     host = job_host_memory(spec, setup, layout, gpus_per_node=gpu.gpus_per_node)
     limit = check_host_memory(job.host_memory_bytes)
     return {"host_bytes": host.host_bytes, "host_memory_bytes": limit, "host_fits": host.host_bytes <= limit,

@@ -89,8 +89,9 @@ def job_peft_problems(job: Job) -> list[str]:
         bad.append("--peft is timed with --recompute none or full, not selective")
     if job.precision == "fp8" or job.dtype != "bf16":
         bad.append("--peft is timed with bf16 GEMMs: --precision fp8 and --dtype fp8 are not modelled")
-    if job.offload != "none":
-        bad.append("--peft with --offload is not modelled")
+    if job.offload == "params":
+        bad.append("--peft with --offload params is not modelled (ZeRO-Infinity offloads the frozen base too, "
+                   "outside the optimizer's groups): use --offload optimizer with ZeRO-1/2")
     if job.profile != "hf":
         bad.append("--peft is modelled with the hf activation profile (transformers' saved tensors): pass "
                    "--profile hf")
@@ -103,6 +104,9 @@ def job_peft_problems(job: Job) -> list[str]:
 def peft_problems(layout, job: Job) -> list[str]:
     """Every reason the step-time model cannot time this fine-tune; empty when it can."""
     bad = layout_problems(layout) + job_peft_problems(job)
+    if job.offload == "optimizer" and layout.zero >= 3 and layout.zero_degree > 1:
+        bad.append("--peft with --offload optimizer is timed as DeepSpeed ZeRO-Offload over ZeRO-1/2: peft's "
+                   "ZeRO-3 is FSDP2, whose CPUOffloadPolicy is not modelled")
     if layout.zero >= 3 and layout.zero_degree > 1 and job.peft.job.method == "qlora":
         bad.append("--peft qlora with ZeRO-3/FSDP2 is not modelled: bitsandbytes' Params4bit is not a tensor "
                    "fully_shard can shard; use --zero 0-2")
@@ -339,15 +343,23 @@ def peft_estimate(spec, layout, job: Job, gpu: GPU, *, hardware: Hardware | None
          f"{trainable:,} adapter parameters reduce-scattered; one unit of prefetch; fitted FSDP overhead "
          f"{fsdp_text(gpu.generation)}" if zero3 else
          f"gradient sync over the {trainable:,} trainable parameters ({ab} bytes each), overlapped with the last "
-         f"backward except one bucket") + f"; optimizer step over them: {per_param} bytes per parameter",
+         f"backward except one bucket") + (f"; optimizer step over them: {per_param} bytes per parameter"
+                                          if job.offload == "none" else ""),
         f"memory: trainmath memory --peft (hf activation profile, recompute={job.recompute}); "
         + rule_text(gpu.memory_bytes, job.mem_util_percent),
     )
-    return Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
-                    step_time_s=step, breakdown=breakdown, comm=tuple(items), groups=groups,
-                    tokens_per_s=job.global_batch * job.seq / step, model_flops=model_flops,
-                    hardware_flops=hw_flops, tflops_per_gpu=model_flops / step / n / 1e12,
-                    hardware_tflops_per_gpu=hw_flops / step / n / 1e12, mfu=model_flops / (step * n * peak),
-                    hfu=hw_flops / (step * n * peak), peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
-                    fits=fits, conventions=conventions, stage_times_s=(f + b + r + s["qlora_dequant"],),
-                    stage_layers=(spec.num_layers,), peft=detail)
+    est = Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
+                   step_time_s=step, breakdown=breakdown, comm=tuple(items), groups=groups,
+                   tokens_per_s=job.global_batch * job.seq / step, model_flops=model_flops,
+                   hardware_flops=hw_flops, tflops_per_gpu=model_flops / step / n / 1e12,
+                   hardware_tflops_per_gpu=hw_flops / step / n / 1e12, mfu=model_flops / (step * n * peak),
+                   hfu=hw_flops / (step * n * peak), peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
+                   fits=fits, conventions=conventions, stage_times_s=(f + b + r + s["qlora_dequant"],),
+                   stage_layers=(spec.num_layers,), peft=detail)
+    if job.offload == "none":
+        return est
+    from trainmath.perf.offload import with_offload
+
+    # ZeRO-Offload over the adapters alone: their gradients to the host, DeepSpeedCPUAdam over them there
+    return with_offload(est, spec, layout, job, gpu, host=peak_bytes is not None, weight_bytes=ab,
+                        shard_params=-(-trainable // (layout.zero_degree if layout.zero else 1)))

@@ -2,7 +2,7 @@
 
 The full-training planner's bounds (model states, saved GEMM inputs, compute) are full training's, so a fine-tune
 is searched on its own: every layout of the GPUs is enumerated as ``plan.search`` does; one the fine-tune's step
-model refuses (``perf.peft.layout_problems``: tp/pp/cp/ep > 1) or that ``job_problems`` refuses is
+model refuses (``perf.peft.peft_problems``: tp/pp/cp/ep > 1, offload under ZeRO-3) or that ``job_problems`` refuses is
 rejected with its reason in one line; every option of the rest (micro-batch, recompute none or full) is timed
 (``perf.peft``, cheap), and the memory model (``trainmath memory --peft``) is asked in order of step time until
 the top K fit. A layout the memory model refuses is rejected with its message.
@@ -16,7 +16,7 @@ from trainmath.errors import TrainmathError
 from trainmath.hardware import presets
 from trainmath.perf.compute import memo, spec_cache
 from trainmath.perf.job import job_problems
-from trainmath.perf.peft import layout_problems, peft_estimate, peft_peak_bytes
+from trainmath.perf.peft import peft_estimate, peft_peak_bytes, peft_problems
 from trainmath.plan import search as full
 from trainmath.plan.search import MICRO_BATCHES, PlanResult, Rejected, reason_category
 from trainmath.usable import usable_bytes
@@ -46,7 +46,7 @@ def plan_peft(spec, *, gpus: int, gpu, job, gpus_per_node: int | None = None, to
     for lay in full._structures(spec, gpus, gpn, job.seq, job.uneven_stages):
         n += per_structure
         bad = job_problems(spec, lay, replace(job, micro_batch=1, virtual_stages=1, recompute="none"), gpus) \
-            or layout_problems(lay)
+            or peft_problems(lay, job)
         if bad:
             rejected.append(Rejected(layout=lay, micro_batch=0, recompute="*", virtual_stages=0,
                                      reason=reason_category(bad[0]), detail="; ".join(bad), count=per_structure))
@@ -76,7 +76,7 @@ def plan_peft(spec, *, gpus: int, gpu, job, gpus_per_node: int | None = None, to
                                      step_time_s=est.step_time_s))
             continue
         key = ("peft memory", lay, jb.micro_batch, jb.seq, jb.precision, jb.optimizer, jb.recompute, jb.peft,
-               jb.attention)
+               jb.attention, jb.offload)
         if key not in spec_cache(spec):
             checks += 1
         try:
@@ -91,6 +91,18 @@ def plan_peft(spec, *, gpus: int, gpu, job, gpus_per_node: int | None = None, to
                                      reason="does not fit memory", detail=f"peak {peak / 2**30:.1f} GiB > "
                                      f"{limit / 2**30:.1f} GiB usable", peak_bytes=peak, step_time_s=est.step_time_s))
             continue
+        if jb.offload != "none":  # the host must hold the adapters' offloaded states too (plan.search's rule)
+            from trainmath.perf.offload import host_verdict
+
+            host = host_verdict(spec, lay, jb, gpu, est.micro_batches)
+            est = replace(est, offload={**est.offload, **host})
+            if not host["host_fits"]:
+                rejected.append(Rejected(layout=lay, micro_batch=jb.micro_batch, recompute=jb.recompute,
+                                         virtual_stages=1, reason="host RAM exceeded",
+                                         detail=f"host RAM {host['host_bytes'] / 2**30:.1f} GiB per node > "
+                                         f"--host-memory {host['host_memory_bytes'] / 2**30:.1f} GiB",
+                                         step_time_s=est.step_time_s))
+                continue
         found.append(replace(est, peak_bytes=peak, fits=True))
     bounded = len(timed) - i
     counts: dict[str, int] = {}

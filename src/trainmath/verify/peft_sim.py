@@ -3,16 +3,18 @@ of a small config, or fake tensors (``FakeTensorMode``, the model built inside t
 
 The loop: ``loss = model(input_ids=ids, labels=ids).loss`` (the logits die when the forward returns, as the HF
 Trainer's), ``loss.backward()``, ``opt.step()``, ``opt.zero_grad()`` (set_to_none) with torch's AdamW (``foreach``)
-over the trainable parameters; ``amp-bf16`` runs the forward under ``torch.autocast("cpu", bf16)`` and backward after
-it exits; ``bf16`` casts the base to bf16 before peft wraps it (adapters fp32: ``autocast_adapter_dtype=True``).
-Two steps; the second is measured (``reset_mod_stats`` between them). On fake tensors the batch is told
-unpacked (``unpacked``) and fp32 ``grouped_mm`` runs as the CPU kernel does (``fake_experts.grouped_mm_rule``), as
-``verify.simulate`` does. Two facts make fake tensors work: a fake
-parameter cannot be swapped, so peft's ``.to(device)`` of a new adapter is made a no-op while wrapping; and
-MemTracker hooks every parameter's gradient, so the model is registered before peft freezes the base. On fake
-tensors transformers' masking would take its tracing path (an explicit causal mask, K/V repeated for SDPA):
-``unpacked`` keeps it on the path real tensors take. Each step's embedding-output leaf is released after the step
-(``release``): MemTracker's hooks would keep it alive.
+over the trainable parameters; ``amp-bf16`` runs the forward under ``torch.autocast("cpu", bf16)`` and backward
+after it exits; ``bf16`` casts the base to bf16 before peft wraps it (adapters fp32:
+``autocast_adapter_dtype=True``). ``recompute`` full is transformers' ``gradient_checkpointing_enable``
+(non-reentrant), selective ``runtime.checkpointing.apply_selective`` (torchtitan's op-level policy) on the peft
+model; either turns ``enable_input_require_grads`` on unless ``input_grads`` says. Two steps; the second is measured
+(``reset_mod_stats`` between them). On fake tensors the batch is told unpacked (``unpacked``) and fp32
+``grouped_mm`` runs as the CPU kernel does (``fake_experts.grouped_mm_rule``), as ``verify.simulate`` does. Two
+facts make fake tensors work: a fake parameter cannot be swapped, so peft's ``.to(device)`` of a new adapter is made
+a no-op while wrapping; and MemTracker hooks every parameter's gradient, so the model is registered before peft
+freezes the base. On fake tensors transformers' masking would take its tracing path (an explicit causal mask, K/V
+repeated for SDPA): ``unpacked`` keeps it on the path real tensors take. Each step's embedding-output leaf is
+released after the step (``release``): MemTracker's hooks would keep it alive.
 """
 
 from __future__ import annotations
@@ -130,8 +132,12 @@ def peft_step_peak(cfg, *, micro_batch: int, seq: int, precision: str, targets, 
             restore()
             if recompute == "full":
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            elif recompute == "selective":  # torchtitan's op-level policy on every decoder layer
+                from trainmath.runtime.checkpointing import apply_selective
+
+                apply_selective(model)
             leaves: list = []
-            if input_grads if input_grads is not None else recompute == "full":
+            if input_grads if input_grads is not None else recompute != "none":
                 model.enable_input_require_grads()
                 model.get_input_embeddings().register_forward_hook(lambda m, i, out: leaves.append(out))
             trainable = [p for p in model.parameters() if p.requires_grad]
