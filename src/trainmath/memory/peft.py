@@ -127,27 +127,49 @@ def fsdp_stage(setup, layout) -> bool:
     return layout.zero_degree > 1 and (layout.zero >= 3 or (layout.zero == 2 and setup.zero_impl == "fsdp2"))
 
 
-def fsdp_terms(spec, setup, layout, pl, prec, gran: int) -> tuple[dict, dict, dict]:
-    """(FSDP2's units, layer index → ``fsdp2.MixerBackward``, layer index → ``fsdp2.NormBackward``) of the
-    fine-tune (``memory.peft_fsdp2``), read from each layer's peft op list: a math-SDPA attention's backward
-    holds the adapters' gradients of the modules after it (full size under FSDP2; the frozen weights make
-    none); the input norm's backward runs only where the layer's input needs a gradient."""
-    from trainmath.memory.fsdp2 import mixer_backward, norm_backward
+def mixer_terms(spec, setup, layout, prec, gran: int, by_layer: dict) -> dict:
+    """layer index → ``fsdp2.MixerBackward`` of its peft op list (``by_layer``: ``layer_ops``), for the layers whose
+    attention runs the math SDPA kernel (the op list's ``sdpa_math``, full training's rule): its backward holds
+    the adapters' gradients of the modules after it (the frozen weights make none), on this rank as the walk
+    holds them (full size but under DeepSpeed's ZeRO-2, whose shard ``adapter_states`` counts)."""
+    from trainmath.memory.fsdp2 import mixer_backward
 
     run: PeftRun = setup.peft
     ab = ADAPTER_DTYPES[run.job.dtype]
+    deg = layout.zero_degree if layout.zero == 2 and layout.zero_degree > 1 and not fsdp_stage(setup, layout) else 1
     adapters = adapter_modules(spec, run.job)
-    mixers, norms = {}, {}
-    for i, (_, ops, input_grad) in layer_ops(spec, setup, prec, run, pl.layers).items():
+    out = {}
+    for i, (_, ops, _) in by_layer.items():
         mine = adapters.get(f"layer.{i}", {})
-        mix = mixer_backward(ops, [], param_bytes=ab, granularity=gran, grads_after=lambda modules, mine=mine: sum(
-            st.alloc_bytes(a * b * ab, gran) for m, v in mine.items() if m in modules for a, b in v))
+        mix = mixer_backward(ops, [], param_bytes=ab, granularity=gran, grads_after=lambda modules, mine=mine: ceil_div(
+            sum(st.alloc_bytes(a * b * ab, gran) for m, v in mine.items() if m in modules for a, b in v), deg))
         if mix:
-            mixers[i] = mix
+            out[i] = mix
+    return out
+
+
+def buckets_terms(spec, setup, layout, pl, prec, gran: int) -> dict:
+    """``mixer_terms`` of the rank's layers for the one-device, DDP and ZeRO-1/2 walk (``timeline.Buckets``)."""
+    return mixer_terms(spec, setup, layout, prec, gran, layer_ops(spec, setup, prec, setup.peft, pl.layers))
+
+
+def fsdp_terms(spec, setup, layout, pl, prec, gran: int) -> tuple[dict, dict, dict]:
+    """(FSDP2's units, layer index → ``fsdp2.MixerBackward``, layer index → ``fsdp2.NormBackward``) of the
+    fine-tune (``memory.peft_fsdp2``), read from each layer's peft op list: a math-SDPA attention's backward
+    (``mixer_terms``: the adapters' gradients full size under FSDP2); the input norm's backward runs only where the
+    layer's input needs a gradient."""
+    from trainmath.memory.fsdp2 import norm_backward
+
+    run: PeftRun = setup.peft
+    ab = ADAPTER_DTYPES[run.job.dtype]
+    by_layer = layer_ops(spec, setup, prec, run, pl.layers)
+    norms = {}
+    for i, (_, ops, input_grad) in by_layer.items():
         norm = norm_backward(ops) if input_grad else None
         if norm:
             norms[i] = norm
-    return peft_fsdp2.units(layout, pl, prec, adapter_shapes(spec, run.job), ab, granularity=gran), mixers, norms
+    return (peft_fsdp2.units(layout, pl, prec, adapter_shapes(spec, run.job), ab, granularity=gran),
+            mixer_terms(spec, setup, layout, prec, gran, by_layer), norms)
 
 
 def quantised(spec, t) -> bool:

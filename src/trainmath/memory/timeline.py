@@ -54,7 +54,7 @@ parameters (measured equal to the byte on the tiny models of ``benchmarks/train_
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from trainmath.arith import ceil_div, numel
 from trainmath.layout import ParallelLayout
@@ -138,12 +138,17 @@ class ZeroImpl:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
 class Buckets(ZeroImpl):
     """No ZeRO, torch DDP (its buckets in ``framework_overhead_bytes``), or DeepSpeed's ZeRO-1/2 (its reduce
-    bucket likewise) and ZeRO-3 (each layer's parameters gathered with the next prefetched)."""
+    bucket likewise) and ZeRO-3 (each layer's parameters gathered with the next prefetched). ``mixer``: layer
+    index → ``fsdp2.MixerBackward``, the math-SDPA attention's backward moment inside that layer's backward
+    (a fine-tune's, ``memory.peft.mixer_terms``; empty: not an event)."""
+
+    mixer: dict = field(default_factory=dict)
 
     def walk(self, inp: StepInputs) -> Walk:
-        return BucketsWalk(inp)
+        return BucketsWalk(inp, self.mixer)
 
 
 class BucketsWalk(Walk):
@@ -155,8 +160,9 @@ class BucketsWalk(Walk):
     tied_in_root = True
     """A tied embedding's three V·d tensors are counted with the whole embedding unit (``tied_grad`` 0)."""
 
-    def __init__(self, inp: StepInputs):
+    def __init__(self, inp: StepInputs, mixer: dict | None = None):
         super().__init__(inp)
+        self.mixer = mixer or {}
         self.all_grads = sum(inp.unit_grads.values())
         self.root = sum(inp.unit_gathered.get(u, 0) for u in ("embed", "head"))
         self.unit_grads = inp.unit_grads
@@ -204,9 +210,15 @@ class BucketsWalk(Walk):
         return self.ev(m, self.grads, gather=self.first_backward(), reduce=inp.unit_full_grads.get("head", 0))
 
     def backward(self, pos, m):
-        unit = f"layer.{self.inp.layers[pos]}"
-        return self.ev(m, self.grads, gather=self.gathered(pos, -1),
-                       reduce=self.inp.unit_full_grads.get(unit, 0))  # the MLP's backward transient with the grads
+        inp, i = self.inp, self.inp.layers[pos]
+        gather, reduce = self.gathered(pos, -1), inp.unit_full_grads.get(f"layer.{i}", 0)
+        out = self.ev(m, self.grads, gather=gather, reduce=reduce)  # the MLP's backward transient with the grads
+        mix = self.mixer.get(i)
+        if mix:  # the attention's backward: the ops after it done, their gradients made (fsdp2.MixerBackward)
+            acts = acts_at(inp, list(inp.layers[:pos + 1]), live_layer=i, less=mix.saved_after)
+            out += self.ev(replace(m, kind=Kind.BACKWARD_ATTENTION, acts=acts, hidden=inp.hidden_grad + mix.transient),
+                           self.grads + mix.grads_after, gather=gather, reduce=reduce)
+        return out
 
     def backward_done(self, pos, m):
         unit = f"layer.{self.inp.layers[pos]}"

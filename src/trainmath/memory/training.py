@@ -427,8 +427,10 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
         inp = peft.peft_inputs(spec, psetup, layout, pl, prec, gran, inp, copies)
         if fsdp:  # FSDP2 gathers the frozen base and reduces the adapters alone (memory/peft_fsdp2.py)
             fsdp, mixer, norms = peft.fsdp_terms(spec, psetup, layout, pl, prec, gran)
+        elif not flat:  # the math attention's backward moment, as under FSDP2
+            mixer = peft.buckets_terms(spec, psetup, layout, pl, prec, gran)
     zero = fsdp2.FSDP2(fsdp, reshard=layout.zero >= 3, mixer=mixer, norm=norms) if fsdp else \
-        fz.Flat(flat, layout.zero) if flat else tl.Buckets()
+        fz.Flat(flat, layout.zero) if flat else tl.Buckets(mixer=mixer)
     events = tl.step_timeline(inp, zero)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
     return StageMemory(stage=stage, layers=pl.layers, in_flight=in_flight, phase=peak.name, timeline=events,
