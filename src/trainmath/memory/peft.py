@@ -14,6 +14,8 @@
 - QLoRA's dequantised weight: ``bnb.matmul_4bit`` dequantises each 4-bit weight to the compute dtype inside the
   Linear (forward, and again for the input gradient) and frees it after the product: the largest one is a
   transient of every forward and backward event.
+- a math-SDPA attention's backward (``mixer_terms``, on every layout): a moment inside its layer's backward with
+  the adapters' gradients of the modules after it made.
 
 Modelled: one device and DDP (ZeRO-0), ZeRO-1/2 (DeepSpeed: the adapters' states and the reduce bucket over the
 trainable parameters), and FSDP2 (``--zero 3``, or ``--zero 2 --zero-impl fsdp2``: ``memory.peft_fsdp2``, every

@@ -19,6 +19,8 @@ The step is ``out = model(ids, labels=ids); out.loss.backward(); opt.step(); opt
   MLP's backward has made so far (``ffn_backward_transient``; a MoE layer on the eager loop: its routed weights'
   gradient buffers, ``eager_experts_backward_transient``); ``backward layer i done``: its saved tensors are
   freed and all its weight gradients exist, beside the gradient of its input;
+- ``backward layer i attention`` (where ``Buckets.mixer`` has the layer): its math-SDPA attention's backward, the
+  ops after it done (``fsdp2.MixerBackward``);
 - ``optimizer step``: every gradient, plus the implementation's temporaries (``optimizers.step_temporary_bytes``);
 - ``zero_grad``: set_to_none frees the gradients.
 
