@@ -125,8 +125,12 @@ def test_real_torchrun_end_to_end(capfd, tmp_path):
     # TMPDIR: torchrun keeps its torchelastic_* log folder there after the job
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "trainmath", "train", *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "trainmath", "train", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    if proc.returncode != 0 and "Signal 6 (SIGABRT)" in proc.stderr:
+        # Once in a CI run on 2 loaded cores a torchrun rank aborted in C++ (SIGABRT, no Python traceback) and the
+        # job passed alone three times out of three: not yet diagnosed, so one retry for that signature alone.
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     theirs = _json_lines(proc.stdout)
     assert main(["train", *args, "--nproc", "2"]) == 0
