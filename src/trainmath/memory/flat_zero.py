@@ -55,7 +55,7 @@ class FlatWalk(BucketsWalk):
     tied_in_root = False
 
     def __init__(self, inp: StepInputs, zero: Flat):
-        super().__init__(inp)
+        super().__init__(inp, mixer={})  # no attention-backward moment: memory.training gives one to Buckets and FSDP2
         self.flat, self.stage = zero.units, zero.stage
         self.prefetch = zero.stage != 3
         if zero.stage >= 2:

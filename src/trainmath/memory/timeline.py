@@ -162,9 +162,10 @@ class BucketsWalk(Walk):
     tied_in_root = True
     """A tied embedding's three V·d tensors are counted with the whole embedding unit (``tied_grad`` 0)."""
 
-    def __init__(self, inp: StepInputs, mixer: dict | None = None):
+    def __init__(self, inp: StepInputs, mixer: dict):
         super().__init__(inp)
-        self.mixer = mixer or {}
+        self.mixer = mixer
+        """``Buckets.mixer``: layer index → the attention backward's moment inside that layer."""
         self.all_grads = sum(inp.unit_grads.values())
         self.root = sum(inp.unit_gathered.get(u, 0) for u in ("embed", "head"))
         self.unit_grads = inp.unit_grads

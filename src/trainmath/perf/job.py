@@ -139,13 +139,10 @@ class Estimate:
     comm: tuple
     """Every collective of the step (``CommItem``), exposed or not."""
     groups: Groups
-    tokens_per_s: float
     model_flops: int
     hardware_flops: int
-    tflops_per_gpu: float
-    hardware_tflops_per_gpu: float
-    mfu: float
-    hfu: float
+    peak_flops_per_s: float
+    """One GPU's dense peak FLOP/s at the precision MFU and HFU are quoted against."""
     peak_bytes: int | None
     memory_bytes: int
     fits: bool | None
@@ -161,6 +158,31 @@ class Estimate:
     peft: dict | None = None
     """A fine-tune's figures (``perf.peft``: the adapters, the compute by op class with its FLOPs and seconds);
     None for full training."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The whole job's tokens per second: global batch · sequence / step time."""
+        return self.job.global_batch * self.job.seq / self.step_time_s
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """MFU's numerator: model FLOPs per step / step time / GPUs, in TFLOP/s."""
+        return self.model_flops / self.step_time_s / self.gpus / 1e12
+
+    @property
+    def hardware_tflops_per_gpu(self) -> float:
+        """HFU's numerator: hardware FLOPs (recompute included) per step / step time / GPUs, in TFLOP/s."""
+        return self.hardware_flops / self.step_time_s / self.gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: model FLOPs / (step time · GPUs · peak FLOP/s)."""
+        return self.model_flops / (self.step_time_s * self.gpus * self.peak_flops_per_s)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: hardware FLOPs / (step time · GPUs · peak FLOP/s)."""
+        return self.hardware_flops / (self.step_time_s * self.gpus * self.peak_flops_per_s)
 
     def budget(self, tokens: float, price_per_gpu_hour: float | None = None) -> dict:
         """Wall time, GPU-hours and cost of training on ``tokens`` tokens at this step's rate."""

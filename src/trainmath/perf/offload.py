@@ -168,13 +168,9 @@ def with_offload(est, spec, layout, job, gpu, *, shard_params: int, host: bool =
     step = sum(breakdown.values())
     extra = {**t.to_dict(), **(host_verdict(spec, layout, job, gpu, est.micro_batches) if host else {})}
     host_fits = extra.get("host_fits", True)
-    g = est.gpus
     kept = (c for c in est.conventions if not c.startswith("optimizer step memory-bound"))  # the GPU step is 0
     conventions = (*kept, *offload_conventions(job, layout, gpu, fraction, host_rate, prec.weight_bytes))
-    return replace(est, step_time_s=step, breakdown=breakdown, tokens_per_s=job.global_batch * job.seq / step,
-                   tflops_per_gpu=est.model_flops / step / g / 1e12,
-                   hardware_tflops_per_gpu=est.hardware_flops / step / g / 1e12,
-                   mfu=est.mfu * est.step_time_s / step, hfu=est.hfu * est.step_time_s / step,
+    return replace(est, step_time_s=step, breakdown=breakdown,
                    fits=None if est.fits is None else est.fits and host_fits, offload=extra,
                    conventions=conventions)
 

@@ -348,10 +348,8 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     )
     est = Estimate(model=spec.name, gpu=gpu.name, gpus=n, layout=layout, job=job, micro_batches=M,
                    step_time_s=step, breakdown=breakdown, comm=tuple(items), groups=groups,
-                   tokens_per_s=job.global_batch * job.seq / step, model_flops=model_flops,
-                   hardware_flops=hw_flops, tflops_per_gpu=model_flops / step / n / 1e12,
-                   hardware_tflops_per_gpu=hw_flops / step / n / 1e12, mfu=model_flops / (step * n * peak),
-                   hfu=hw_flops / (step * n * peak), peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
+                   model_flops=model_flops, hardware_flops=hw_flops, peak_flops_per_s=peak,
+                   peak_bytes=peak_bytes, memory_bytes=gpu.memory_bytes,
                    fits=fits, conventions=conventions, stage_times_s=tuple(sum(t) for t in times),
                    stage_layers=tuple(len(r) for r in stages))
     if job.offload == "none":
