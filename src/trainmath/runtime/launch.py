@@ -163,7 +163,7 @@ def _worker_main(env: dict[str, str], fn: Callable[..., Any], args: tuple, conn,
                                 timeout=timeout, **kwargs)
         result = fn(ctx, *args)
         conn.send(("ok", result))
-        dist.destroy_process_group()
+        _teardown()
     except BaseException as e:  # noqa: BLE001 - reported to the launcher, which names the rank
         traceback.print_exc()
         user = isinstance(e, TrainmathError)
@@ -410,6 +410,17 @@ def run_under_torchrun(fn: Callable[..., Any], *args: Any, backend: str = "gloo"
     dist.init_process_group(backend, init_method="env://", rank=ctx.rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     try:
-        return ctx, fn(ctx, *args)
-    finally:
-        dist.destroy_process_group()
+        result = fn(ctx, *args)
+    except BaseException:
+        dist.destroy_process_group()  # no barrier: a peer may be gone
+        raise
+    _teardown()
+    return ctx, result
+
+
+def _teardown() -> None:
+    """After a rank's work succeeded: wait for every rank (gloo's barrier also waits for this rank's pending
+    work), then destroy the process group, so that no rank closes its connections while a slower peer still
+    reads from them (a gloo pair that loses its peer mid-read raises in gloo's own thread, which aborts)."""
+    dist.barrier()
+    dist.destroy_process_group()
