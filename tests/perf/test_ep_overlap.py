@@ -1,8 +1,9 @@
 """The EP all-to-all under Megatron-Core's combined 1F1B schedule (``Job.ep_overlap``), against its derivation:
 per layer three phases (combine_bwd beside attn_fwd, dispatch_fwd + dispatch_bwd beside mlp_bwd + mlp_fwd,
-combine_fwd beside attn_bwd), each exposing what its compute cannot cover, one micro-batch unpaired; never more
-hidden than the whole other micro-batch's compute; nothing else moves; and
-DeepEP's dispatch (``Job.ep_dispatcher``): one RDMA copy per token per destination node."""
+combine_fwd beside attn_bwd), each exposing what its compute cannot cover or the compute the communication's SMs
+slow, one micro-batch unpaired; never more hidden than the whole other micro-batch's compute; nothing else moves;
+and DeepEP's dispatch (``Job.ep_dispatcher``): one RDMA copy per token per destination node, at DeepEP's measured
+NIC rate."""
 
 from __future__ import annotations
 
@@ -51,7 +52,12 @@ def test_across_nodes_the_excess_stays_exposed_and_inside_a_node_one_micro_batch
     slow = estimate(SPEC, LAYOUT, replace(JOB, ep_overlap=True), H100, memory=False)
     fast = estimate(SPEC, ParallelLayout(dp=16, ep=8, zero=1), replace(JOB, ep_overlap=True), H100, memory=False)
     assert _ep(slow).link == "both" and _ep(fast).link == "intra"
-    assert _ep(fast).exposed_s == pytest.approx(_ep(fast).time_s / 8)
+    # inside a node every phase is covered: one micro-batch unpaired, the others pay the SMs the
+    # communication holds (moe.overlap_sm_share) on all of their all-to-all time
+    from trainmath.perf.moe import overlap_sm_share
+
+    t = _ep(fast).time_s
+    assert _ep(fast).exposed_s == pytest.approx(t / 8 + 7 / 8 * t * overlap_sm_share('hopper'))
     assert _ep(slow).exposed_s > _ep(slow).time_s / 8
 
 
@@ -115,3 +121,63 @@ def test_deepep_scales_the_cross_node_all_to_all_and_nothing_inside_a_node():
 def test_an_unknown_dispatcher_is_refused():
     with pytest.raises(TrainmathError, match="ep dispatcher must be one of alltoall, deepep"):
         estimate(SPEC, LAYOUT, replace(JOB, ep_dispatcher="nccl"), H100, memory=False)
+
+
+def test_deepep_prices_the_cross_node_part_at_its_measured_nic_rate():
+    """DeepEP's README (EP 32 on H800, CX7 ~50 GB/s: dispatch 58, combine 57 GB/s, its own node's copies counted)
+    gives 3/4 of that on the NIC; the cross-node all-to-all is priced there, not at NCCL's link fraction."""
+    from trainmath.comm.twolevel import Group
+    from trainmath.perf import moe
+
+    readme = [58e9 * 3 / 4 / 50e9, 57e9 * 3 / 4 / 50e9]
+    assert moe.DEEPEP_NIC_FRACTION["hopper"] == pytest.approx(sum(readme) / 2, abs=0.005)
+    deep = estimate(SPEC, LAYOUT, replace(JOB, ep_dispatcher="deepep"), H100, memory=False)
+    it = _ep(deep)
+    group, one = Group(size=16, local=8), it.time_s / it.count
+    beta = 1 / (H100.inter_node_bytes_per_s * moe.DEEPEP_NIC_FRACTION["hopper"])
+    off = (group.size - group.local) * (H100.inter_node_latency_s + it.size_bytes / group.size * beta)
+    assert one == pytest.approx(off)  # the NICs, not NVLink, set the pace at 2 nodes
+    nccl_beta = 1 / (H100.inter_node_bytes_per_s * presets().efficiency(H100).link_fraction)
+    assert one < (group.size - group.local) * (H100.inter_node_latency_s + it.size_bytes / group.size * nccl_beta)
+    plain = estimate(SPEC, LAYOUT, JOB, H100, memory=False)  # the plain all-to-all keeps NCCL's fraction
+    p = _ep(plain)
+    assert p.time_s / p.count == pytest.approx(
+        (group.size - group.local) * (H100.inter_node_latency_s + p.size_bytes / group.size * nccl_beta))
+
+
+def test_overlap_contention_is_the_reserved_sms_over_the_gpus():
+    from trainmath.perf import moe
+
+    assert moe.overlap_sm_share("hopper") == pytest.approx(20 / 132)
+    assert moe.overlap_sm_share("ampere") == 0.0
+
+
+def test_the_three_phases_with_the_communication_holding_sms():
+    """Share s of the SMs held by the communication: a phase of communication c beside compute x exposes
+    max(c − x, s·c). One MoE layer, attn_fwd 1, mlp_fwd 2, attn_bwd 2, mlp_bwd 4, M = 5, s = 1/4."""
+    from trainmath.perf import comm as cm
+    from trainmath.perf.step import _overlapped_ep
+
+    def exposed(a, share):
+        it = cm.CommItem(name="ep_comm", op="all_to_all", group="ep", group_size=8, link="intra", size_bytes=1.0,
+                         count=20, time_s=20 * a, exposed_s=20 * a)
+        return _overlapped_ep(it, 5, [(1.0, 2.0, 2.0, 4.0)], 2, share).exposed_s
+
+    assert exposed(1.0, 0.25) == pytest.approx(4.0 + 4 * (0.25 + 0.5 + 0.25))  # covered, but the compute slows
+    assert exposed(1.0, 0.0) == pytest.approx(4.0)
+    assert exposed(10.0, 0.25) == pytest.approx(exposed(10.0, 0.0))  # communication-bound: the excess as before
+    assert exposed(2.0, 0.25) == pytest.approx(8.0 + 4 * (1.0 + 1.0 + 0.5))  # c − x in the first phase
+
+
+def test_hopper_overlap_pays_the_contention_and_without_overlap_nothing_changes(monkeypatch):
+    from trainmath.perf import moe
+
+    inside = ParallelLayout(dp=16, ep=8, zero=1)  # NVLink: every phase covered, the contention is what remains
+    with_share = estimate(SPEC, inside, replace(JOB, ep_overlap=True), H100, memory=False)
+    off = estimate(SPEC, inside, JOB, H100, memory=False)
+    monkeypatch.setitem(moe.SMS, "hopper", None)
+    without = estimate(SPEC, inside, replace(JOB, ep_overlap=True), H100, memory=False)
+    off_without = estimate(SPEC, inside, JOB, H100, memory=False)
+    assert _ep(without).exposed_s == pytest.approx(_ep(without).time_s / 8)
+    assert _ep(with_share).exposed_s > _ep(without).exposed_s
+    assert off.step_time_s == off_without.step_time_s

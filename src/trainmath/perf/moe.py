@@ -45,7 +45,7 @@ ROUTER_BYTES_PER_LOGIT = 16
 """HBM bytes per router logit (tokens · experts) forward, FP32: write the logits (4), softmax reads them and writes
 the probabilities (4 + 4), top-k reads those (4) — derived; backward twice that."""
 
-OVERHEAD: dict[str, float] = {"hopper": 0.000200, "blackwell": 0.000205}
+OVERHEAD: dict[str, float] = {"hopper": 0.000215, "blackwell": 0.000205}
 """Per GPU generation: seconds per *local expert* per MoE layer per micro-batch per pass (forward, backward,
 recompute) that the expert computation costs besides its FLOPs and bytes. Transformer Engine's ``GroupedLinear``
 (Megatron-Core's ``TEGroupedMLP``) splits its input by a host list of per-expert token counts and runs one GEMM
@@ -149,3 +149,37 @@ def deepep_node_share(experts: int, top_k: int, nodes: int) -> float:
     for i in range(top_k):  # C(E − E/N, k) / C(E, k) as a product
         miss *= max(0.0, (experts - per_node - i) / (experts - i))
     return nodes * (1.0 - miss) / top_k
+
+
+DEEPEP_NIC_FRACTION: dict[str, float] = {"hopper": 0.86}
+"""Per GPU generation: the fraction of the NIC's line rate DeepEP's internode dispatch and combine reach, which
+prices the cross-node part of a ``deepep`` all-to-all instead of the generation's ``link_fraction`` (NCCL's).
+Derived from deepseek-ai/DeepEP ``README.md``@0aaa6744c890c5af051f622252975c4393795000 ("Normal kernels with NVLink
+and RDMA forwarding": H800, one CX7 400 Gb/s NIC per GPU, "~50 GB/s maximum bandwidth"; EP 32, four nodes:
+dispatch 58 GB/s, combine 57 GB/s "Bottleneck bandwidth (RDMA)"). Its test counts a token's copies to every
+node it reaches, its own node's too (``tests/test_internode.py``@058d696b6a96f22826f12c98131944e80585fa82:
+``num_rdma_token_sent = rdma_idx.ne(-1).sum()`` over the token's distinct nodes, ``rdma_send_bytes / t``), and
+at EP 32 the README's top-4 groups leave all four nodes open, so the NIC carries 3/4 of that count: 43.5 and
+42.75 GB/s, 0.87 and 0.855 of 50 GB/s; their mean, 0.86. Only Hopper: no Blackwell figure with its NIC is in the
+README."""
+
+OVERLAP_COMM_SMS = 20
+"""SMs the communication kernels hold while the combined-1F1B overlap (``Job.ep_overlap``) runs them beside the
+other micro-batch's compute: Megatron-MoE-ModelZoo reserves 20 for it (yanring/Megatron-MoE-ModelZoo
+``model_configs/benchmarking/Qwen3-235B-A22B.yaml``@1ed4179f72e4873bc246501a976ed21628e99582: "# !Used for 1F1B
+overlap", ``NVTE_FWD_LAYERNORM_SM_MARGIN: 20``, ``NVTE_BWD_LAYERNORM_SM_MARGIN: 20``); DeepEP's
+normal kernels take a set SM count (``README.md``@0aaa674: "they support SM (Streaming Multiprocessors) number
+control", ``Buffer.set_num_sms(24)`` in its example)."""
+
+SMS: dict[str, int] = {"hopper": 132}
+"""SMs per GPU, per generation: "The H100 SXM5 GPU has 132 SMs" (NVIDIA, "NVIDIA Hopper Architecture In-Depth"
+and the H100 Tensor Core GPU Architecture whitepaper). Generations without an entry pay no overlap contention."""
+
+
+def overlap_sm_share(generation: str) -> float:
+    """The share of the SMs the overlapped all-to-all's kernels take from the compute beside them
+    (``OVERLAP_COMM_SMS`` / ``SMS``); 0 where the generation's SM count is not recorded. While the two run
+    together, compute progresses at 1 − share of its rate (an assumption: the GEMMs scale with the SMs they
+    hold)."""
+    sms = SMS.get(generation)
+    return OVERLAP_COMM_SMS / sms if sms else 0.0

@@ -18,8 +18,10 @@ and the breakdown's entries sum to the step time. Utilisation conventions (state
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import gcd
 
+from trainmath.comm.cost import Link
 from trainmath.comm.twolevel import Topology
 from trainmath.errors import TrainmathError
 from trainmath.flops import count_flops
@@ -90,7 +92,7 @@ def stage_params(spec: ModelSpec, tp: int, pp: int, ep: int, stage: int,
 
 
 def _overlapped_ep(it: cm.CommItem, micro_batches: int, parts: list[tuple[float, float, float, float]],
-                   passes: int) -> cm.CommItem:
+                   passes: int, sm_share: float = 0.0) -> cm.CommItem:
     """The EP all-to-all under Megatron-Core's combined 1F1B (``Job.ep_overlap``). Each MoE layer runs one
     micro-batch's forward beside the previous one's backward in three phases
     (NVIDIA/Megatron-LM ``megatron/core/models/common/model_chunk_schedule_plan.py``@01cf4fb,
@@ -103,10 +105,20 @@ def _overlapped_ep(it: cm.CommItem, micro_batches: int, parts: list[tuple[float,
     + max(0, a − attn_bwd). ``parts`` holds (attn_fwd, mlp_fwd, attn_bwd, mlp_bwd) per MoE layer of the stage
     (the ``mlp`` node: the expert GEMMs and permutations, ``LayerTime.moe_forward_s``; ``attn``: the rest of the
     layer). The M − 1 steady pairs expose that; the first forward and the last backward have no partner, so one
-    micro-batch's all-to-all is exposed whole; a recompute's forward all-to-all (``passes`` 3) is not paired."""
+    micro-batch's all-to-all is exposed whole; a recompute's forward all-to-all (``passes`` 3) is not paired.
+
+    ``sm_share`` (``moe.overlap_sm_share``): the communication kernels hold that share of the SMs, so the compute
+    beside them runs at 1 − share of its rate while they run. A phase of communication c beside compute x then
+    takes x + max(c − x, share · c) (derived: if c ≥ x / (1 − share) the compute finishes inside the
+    communication, c − x exposed; otherwise the compute loses share · c), so each phase exposes
+    max(c − x, share · c); share 0 gives max(0, c − x)."""
     total = it.time_s
     a = total / it.count if it.count else 0.0
-    pair = sum(max(0.0, a - af) + max(0.0, 2 * a - mb - mf) + max(0.0, a - ab) for af, mf, ab, mb in parts)
+
+    def phase(c: float, x: float) -> float:
+        return max(0.0, c - x, sm_share * c)
+
+    pair = sum(phase(a, af) + phase(2 * a, mb + mf) + phase(a, ab) for af, mf, ab, mb in parts)
     pair += (passes - 2) * 2 * a * len(parts)
     exposed = min(total, total / micro_batches + (micro_batches - 1) * pair)
     return cm.CommItem(**{**it.__dict__, "exposed_s": exposed})
@@ -246,14 +258,19 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         # (expert TP 1: each rank dispatches only its sequence-parallel 1/tp of the tokens)
         size = (tokens / (layout.tp // layout.expert_tp) * moe[0].dims.top_k * spec.hidden_size * c
                 * job.moe_imbalance)
+        ep_topo = topo
         if job.ep_dispatcher == "deepep":  # one RDMA copy per destination node (its cross-node share dominates)
             size *= moe_terms.deepep_node_share(moe[0].dims.experts, moe[0].dims.top_k, groups.ep.nodes)
-        items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, topo))
+            nic = moe_terms.DEEPEP_NIC_FRACTION.get(gpu.generation)
+            if nic is not None:  # DeepEP's measured NIC rate, not NCCL's link fraction
+                ep_topo = replace(topo, inter=Link(alpha_s=topo.inter.alpha_s,
+                                                   bandwidth_bytes_per_s=gpu.inter_node_bytes_per_s * nic))
+        items.append(cm.item("ep_comm", "all_to_all", "ep", groups.ep, size, M * len(moe) * 2 * passes, ep_topo))
         if job.ep_overlap and M > 1:
             moe_layers = [per_layer[i] for i in layers if any(blk.kind == "moe" for blk in spec.layers[i].blocks)]
             parts = [(t.forward_s - t.moe_forward_s, t.moe_forward_s,
                       t.backward_s + t.recompute_s - t.moe_backward_s, t.moe_backward_s) for t in moe_layers]
-            items[-1] = _overlapped_ep(items[-1], M, parts, passes)
+            items[-1] = _overlapped_ep(items[-1], M, parts, passes, moe_terms.overlap_sm_share(gpu.generation))
     if layout.pp > 1:
         size = act / layout.tp
         items.append(cm.item("pp_p2p", "send_recv", "pp", groups.pp, size, 2 * M * job.virtual_stages, topo,
@@ -333,12 +350,19 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
                               groups.ep.local),) if moe else ()),
         *((f"EP dispatcher DeepEP: one RDMA copy per token per destination node, the all-to-all's bytes × "
            f"{moe_terms.deepep_node_share(moe[0].dims.experts, moe[0].dims.top_k, groups.ep.nodes):.3f} "
-           f"(experts spread evenly, top-k uniform)",) if moe and job.ep_dispatcher == "deepep" and layout.ep > 1
-          else ()),
+           f"(experts spread evenly, top-k uniform)"
+           + (f"; across nodes at DeepEP's measured {moe_terms.DEEPEP_NIC_FRACTION[gpu.generation]:.0%} of the NIC "
+              f"rate (its README, EP 32 on H800), not the {eff.link_fraction:.0%} link fraction"
+              if gpu.generation in moe_terms.DEEPEP_NIC_FRACTION else ""),)
+           if moe and job.ep_dispatcher == "deepep" and layout.ep > 1 else ()),
         *(("EP all-to-all overlapped with the other micro-batch's forward and backward (Megatron-Core combined "
            "1F1B, --overlap-moe-expert-parallel-comm), per layer in three phases: combine_bwd beside attn_fwd, "
            "dispatch_fwd + dispatch_bwd beside mlp_bwd + mlp_fwd, combine_fwd beside attn_bwd; each phase exposes "
-           "what its compute cannot cover, and one micro-batch's all-to-all has no partner",)
+           "what its compute cannot cover, and one micro-batch's all-to-all has no partner"
+           + (f"; the communication kernels hold {moe_terms.OVERLAP_COMM_SMS} of the "
+              f"{moe_terms.SMS[gpu.generation]} SMs, so a phase exposes at least "
+              f"{moe_terms.overlap_sm_share(gpu.generation):.1%} of its communication time (the compute beside it "
+              f"slowed)" if moe_terms.overlap_sm_share(gpu.generation) else ""),)
           if moe and job.ep_overlap and layout.ep > 1 else ()),
         f"optimizer step memory-bound over the rank's shard: {per_param} bytes per parameter (grad read, master "
         f"read+write, {states} state(s) read+write, weight write) at {eff.hbm_fraction:.0%} of HBM bandwidth",
