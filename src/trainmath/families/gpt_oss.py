@@ -63,7 +63,8 @@ def build(cfg: ConfigView, name: str) -> ModelSpec:
                    shard="replicated", experts=n_exp),
     )
     router = blocks.linear("mlp.router", n_exp, d, "router", "replicated", bias=True, bias_shard="replicated")
-    moe = blocks.moe_block(d=d, dims=MoEDims(experts=n_exp, top_k=k, expert_intermediate=f, shared_intermediate=0),
+    moe = blocks.moe_block(d=d, dims=MoEDims(experts=n_exp, top_k=k, expert_intermediate=f, shared_intermediate=0,
+                                                    activation_clamp=True),
                            expert_tensors=experts, router=router)
     norms = blocks.norm_block(("input_layernorm", d), ("post_attention_layernorm", d))
     window = cfg.window()

@@ -153,6 +153,9 @@ class MoEDims:
     shared_intermediate: int
     """Total width of the always-on shared expert(s); 0 when there is none."""
     gated: bool = True
+    activation_clamp: bool = False
+    """The routed experts clamp the gate and up projections before the activation (gpt-oss's ``swiglu_limit``):
+    memory-bound copies, priced in ``trainmath.perf.moe.CLAMP_HALF_COPIES``."""
 
 
 MixerDims = AttentionDims | MLADims | LinearAttentionDims | MambaDims

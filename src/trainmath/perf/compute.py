@@ -241,10 +241,16 @@ def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, com
                 routed_tokens, block.dims.top_k, spec.hidden_size, experts, compute_bytes, imbalance), gpu, eff)
             routed = _gemm_parts([g for g in lt.gemms if g.component == "experts"], layout, experts, gpu, eff,
                                  dtype, compute_bytes, attention, lin8, imbalance).dense
+            clamp_f, clamp_b = (moe_terms.clamp_bytes(routed_tokens, block.dims.top_k,
+                                                      block.dims.expert_intermediate // layout.expert_tp,
+                                                      compute_bytes, imbalance)
+                                if block.dims.activation_clamp else (0.0, 0.0))
+            elem_f = elem + moe_terms.dispatch_memory_s(clamp_f, gpu, eff)
+            elem_b = elem + moe_terms.dispatch_memory_s(clamp_b, gpu, eff)
         else:
-            elem = routed = 0.0
-        fwd = dense + attn + elem_fwd + elem
-        bwd = 2 * dense + (FLASH_BACKWARD_FACTOR if attention == "flash" else 2) * attn + 2 * elem_fwd + elem
+            elem_f = elem_b = routed = 0.0
+        fwd = dense + attn + elem_fwd + elem_f
+        bwd = 2 * dense + (FLASH_BACKWARD_FACTOR if attention == "flash" else 2) * attn + 2 * elem_fwd + elem_b
         rec = {"none": 0.0, "selective": attn, "full": fwd}[recompute]
         rec_cast = p.cast_forward_bytes if recompute == "full" else 0.0
         if recompute == "selective" and profile == "hf":
@@ -260,7 +266,7 @@ def _layer_times(spec, micro_batch, seq, layout, gpu, eff, recompute, dtype, com
         t = LayerTime(forward_s=fwd, backward_s=bwd, recompute_s=rec, attention_forward_s=attn,
                       fp8_cast_bytes=cast, fp8_cast_s=_cast_s(cast, gpu, eff),
                       fp8_weight_cast_bytes=p.weight_cast_bytes, fp8_gemm_s=p.fp8_s,
-                      moe_forward_s=routed + elem, moe_backward_s=2 * routed + elem)
+                      moe_forward_s=routed + elem_f, moe_backward_s=2 * routed + elem_b)
         for i in lt.layers:
             per_layer[i] = t
     h = _gemm_parts(ledger.head, layout, 0, gpu, eff, dtype, compute_bytes, fp8=fp8 == "linears+head")

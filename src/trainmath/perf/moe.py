@@ -100,6 +100,29 @@ def dispatch_bytes(tokens: float, top_k: int, hidden: int, experts: int, element
     return local + received + ROUTER_BYTES_PER_LOGIT * tokens * experts
 
 
+CLAMP_HALF_COPIES = (8, 10)
+"""(forward, backward) copies of one half of the routed experts' fc1 output (routed rows · f elements) that a
+clamped activation (``MoEDims.activation_clamp``, gpt-oss) moves as Megatron-Core runs it:
+``weighted_bias_quick_geglu_impl`` clamps in eager PyTorch before its fused kernel, ``x_glu, x_linear =
+input.chunk(2, -1)``, ``torch.cat((x_glu.clamp(min=None, max=clamp_value), x_linear.clamp(min=-clamp_value,
+max=clamp_value)), -1)`` (NVIDIA/Megatron-LM ``megatron/core/fusions/fused_bias_geglu.py``
+@1fb2a0cab0f1d042d12dca011b5015d21f7308fd), with ``activation_func_clamp_value`` 7.0 and
+``bias_activation_fusion=True`` in Megatron-Bridge's ``GPTOSSProvider``
+(``src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py``@12bc34a8ee308a638d4bfd29401085944d4a468e). Derived:
+forward, each clamp reads and writes its half (2 + 2), the cat reads both and writes the joined tensor (2 + 2);
+backward, the cat's gradient goes out as views (0), each clamp's backward reads its gradient and its saved input and
+writes the gradient (3 + 3), the chunk's backward joins the two halves' gradients (2 + 2)."""
+
+
+def clamp_bytes(routed_tokens: float, top_k: int, expert_intermediate: int, element_bytes: int,
+                imbalance: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of one MoE layer's activation clamp on the busiest rank
+    (``CLAMP_HALF_COPIES``): ``routed_tokens`` · top-k · ``imbalance`` rows of ``expert_intermediate`` (this rank's
+    share of f) per half."""
+    half = routed_tokens * top_k * imbalance * expert_intermediate * element_bytes
+    return CLAMP_HALF_COPIES[0] * half, CLAMP_HALF_COPIES[1] * half
+
+
 def dispatch_memory_s(nbytes: float, gpu: GPU, eff: Efficiency) -> float:
     """``dispatch_bytes`` at ``hbm_fraction`` of the HBM bandwidth."""
     return nbytes / (gpu.hbm_bytes_per_s * eff.hbm_fraction)

@@ -154,13 +154,18 @@ def micro_batch_compute(spec, job: Job, gpu: GPU, eff, input_grads: bool) -> _Su
         before = dict(out.seconds)
         block = next((b for b in lr.layer.blocks if b.kind == "moe"), None)
         experts = block.dims.experts if block else 0
-        moe_s = 0.0  # permutations and router, forward and again backward (as full training's)
+        moe_f = moe_b = 0.0  # permutations, router and a clamped activation, forward and backward (as full training's)
         if block:
-            moe_s = moe_terms.dispatch_memory_s(moe_terms.dispatch_bytes(
+            moe_f = moe_b = moe_terms.dispatch_memory_s(moe_terms.dispatch_bytes(
                 tokens, block.dims.top_k, spec.hidden_size, experts, 2, job.moe_imbalance), gpu, eff)
-        out.add("elementwise_forward", 0, elem_fwd + moe_s, n)
-        out.add("elementwise_backward", 0, 2 * elem_fwd + moe_s, n)
-        out.add("elementwise_recompute", 0, elem_fwd + moe_s if full else 0.0, n)
+            if block.dims.activation_clamp:
+                cf, cb = moe_terms.clamp_bytes(tokens, block.dims.top_k, block.dims.expert_intermediate, 2,
+                                               job.moe_imbalance)
+                moe_f += moe_terms.dispatch_memory_s(cf, gpu, eff)
+                moe_b += moe_terms.dispatch_memory_s(cb, gpu, eff)
+        out.add("elementwise_forward", 0, elem_fwd + moe_f, n)
+        out.add("elementwise_backward", 0, 2 * elem_fwd + moe_b, n)
+        out.add("elementwise_recompute", 0, elem_fwd + moe_f if full else 0.0, n)
         dq = 0
         for row in lr.rows:
             g = row.gemm

@@ -348,6 +348,10 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         f"reduce-scatter after backward, prefetched one unit ahead; fixed overhead {fsdp_text(gpu.generation)}",
         *((moe_terms.moe_text(gpu.generation, job.moe_imbalance, cm.link_of(groups.ep), layout.ep,
                               groups.ep.local),) if moe else ()),
+        *((f"MoE activation clamp (gpt-oss's swiglu_limit) as Megatron-Core runs it, eager before the fused "
+           f"activation: {moe_terms.CLAMP_HALF_COPIES[0]} forward and {moe_terms.CLAMP_HALF_COPIES[1]} backward "
+           f"copies of half the experts' fc1 output, memory-bound",)
+          if moe and moe[0].dims.activation_clamp else ()),
         *((f"EP dispatcher DeepEP: one RDMA copy per token per destination node, the all-to-all's bytes × "
            f"{moe_terms.deepep_node_share(moe[0].dims.experts, moe[0].dims.top_k, groups.ep.nodes):.3f} "
            f"(experts spread evenly, top-k uniform)"
