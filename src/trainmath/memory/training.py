@@ -429,7 +429,9 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
             fsdp, mixer, norms = peft.fsdp_terms(spec, psetup, layout, pl, prec, gran)
         elif not flat:  # the math attention's backward moment, as under FSDP2
             mixer = peft.buckets_terms(spec, psetup, layout, pl, prec, gran)
-    zero = fsdp2.FSDP2(fsdp, reshard=layout.zero >= 3, mixer=mixer, norm=norms) if fsdp else \
+    # a pipeline stage's FSDP2 units: unsharded all step, gradients accumulated unsharded (memory/fsdp2_pipeline.py)
+    pipelined = layout.pp > 1 and layout.zero >= 3
+    zero = fsdp2.FSDP2(fsdp, reshard=layout.zero >= 3, mixer=mixer, norm=norms, pipelined=pipelined) if fsdp else \
         fz.Flat(flat, layout.zero) if flat else tl.Buckets(mixer=mixer)
     events = tl.step_timeline(inp, zero)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum
