@@ -5,7 +5,9 @@ decoder layer plus the root (the embeddings, the final norm and the LM head). Pe
 parameters are all-gathered before its forward and, being resharded after forward (``reshard_after_forward``,
 FULL_SHARD), again before its backward; its gradients are reduce-scattered after its backward. The root is
 gathered once before the forward, kept through the backward, and reduce-scattered after the whole backward (its
-embedding gradient is the last to complete).
+embedding gradient is the last to complete). On a pipeline stage (ZeRO-3 with pp > 1: torchtitan does not reshard after
+forward under PP, and the stage's backwards run without gradient sync, ``memory.fsdp2_pipeline``) each unit is
+gathered once and reduce-scattered once per step instead (``pipelined_time``).
 
 One communication stream beside the compute stream, prefetching one unit ahead (FSDP's backward prefetch; the
 forward's, ``forward_prefetch``, issues the next unit's gather as the current unit's compute starts):
