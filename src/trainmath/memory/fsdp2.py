@@ -200,21 +200,15 @@ def reduce_scatter_moment(unit: Unit, unsharded: int, kept: int = 0) -> int:
 class FSDP2(ZeroImpl):
     """FSDP2 as the timeline's parameter: ``units`` from ``units``, ``reshard`` its ``reshard_after_forward``
     (True for ZeRO-3, False for its ZeRO-2), ``mixer`` / ``norm``: layer index → ``MixerBackward`` /
-    ``NormBackward``, the moments inside a layer's backward that can be its peak. ``pipelined``: the units of a
-    pipeline stage, unsharded for the whole step, their gradients accumulated unsharded
-    (``memory.fsdp2_pipeline``)."""
+    ``NormBackward``, the moments inside a layer's backward that can be its peak. On a pipeline stage:
+    ``fsdp2_pipeline.PipelinedFSDP2``."""
 
     units: dict
     reshard: bool = True
     mixer: dict = field(default_factory=dict)
     norm: dict = field(default_factory=dict)
-    pipelined: bool = False
 
     def walk(self, inp: StepInputs) -> Walk:
-        if self.pipelined:
-            from trainmath.memory.fsdp2_pipeline import PipelinedFSDP2Walk
-
-            return PipelinedFSDP2Walk(inp, self)
         return FSDP2Walk(inp, self)
 
 

@@ -30,10 +30,19 @@ Read from torch and torchtitan:
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from trainmath.memory.fsdp2 import FSDP2Walk, _with
-from trainmath.memory.step import Event, Kind, Moment
+from trainmath.memory.fsdp2 import FSDP2, FSDP2Walk, _with
+from trainmath.memory.step import Event, Kind, Moment, StepInputs, Walk, acts_at
+
+
+@dataclass(frozen=True)
+class PipelinedFSDP2(FSDP2):
+    """``fsdp2.FSDP2``'s units on a pipeline stage (module docstring): unsharded all step, gradients accumulated
+    unsharded."""
+
+    def walk(self, inp: StepInputs) -> Walk:
+        return PipelinedFSDP2Walk(inp, self)
 
 
 class PipelinedFSDP2Walk(FSDP2Walk):
@@ -72,8 +81,6 @@ class PipelinedFSDP2Walk(FSDP2Walk):
         out = self.ev(m, gather=self.held, reduce=self.root_grads)
         mix = self.z.mixer.get(i)
         if mix:
-            from trainmath.memory.step import acts_at
-
             kept = list(inp.layers[:pos + 1])
             out += self.ev(replace(m, kind=Kind.BACKWARD_ATTENTION, acts=acts_at(inp, kept, live_layer=i,
                                                                                less=mix.saved_after),
