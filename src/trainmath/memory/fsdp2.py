@@ -66,6 +66,9 @@ class Unit:
     """Under a ``reduce_dtype`` other than the all-gather dtype: the flat reduce-scatter output in the reduce dtype,
     alive beside the input once ``foreach_reduce`` has freed the unsharded gradients (``reduce_scatter_moment``);
     0 otherwise (the copy-in moment is the larger)."""
+    accumulated_grad_bytes: int = 0
+    """The unsharded gradients in the reduce dtype (the parameters' own shapes): what ``post_backward`` keeps
+    without gradient sync (``unsharded_accumulated_grad``, ``memory.fsdp2_pipeline``)."""
 
     @property
     def grads(self) -> int:
@@ -167,17 +170,19 @@ def units(placement: Placement, layout: ParallelLayout, prec: Precision, *, gran
         degree = layout.expert_zero_degree if t.expert else layout.zero_degree
         shape = runtime_shape(t)
         padded = numel(st.zero_shard_shape(shape, degree)) * degree  # dim 0 padded to a multiple of W
-        a = acc.setdefault(name, {"ag": 0, "rs": 0, "shard": 0, "unsharded": 0, "grads": {}, "out": 0})
+        a = acc.setdefault(name, {"ag": 0, "rs": 0, "shard": 0, "unsharded": 0, "grads": {}, "out": 0, "acc": 0})
         a["ag"] += padded * pb
         a["rs"] += padded * rb
         a["out"] += padded // degree * rb if rb != pb else 0
         a["shard"] += padded // degree * gb
         a["unsharded"] += st.alloc_bytes(padded * pb, granularity)
         a["grads"][t.unit] = a["grads"].get(t.unit, 0) + st.alloc_bytes(numel(shape) * pb, granularity)
+        a["acc"] += st.alloc_bytes(numel(shape) * rb, granularity)
     return {name: Unit(unsharded_bytes=a["unsharded"], all_gather_bytes=st.alloc_bytes(a["ag"], granularity),
                        grad_bytes=a["grads"], reduce_scatter_bytes=st.alloc_bytes(a["rs"], granularity),
                        sharded_grad_bytes=st.alloc_bytes(a["shard"], granularity),
-                       reduce_output_bytes=st.alloc_bytes(a["out"], granularity)) for name, a in acc.items()}
+                       reduce_output_bytes=st.alloc_bytes(a["out"], granularity),
+                       accumulated_grad_bytes=a["acc"]) for name, a in acc.items()}
 
 
 def reduce_scatter_moment(unit: Unit, unsharded: int, kept: int = 0) -> int:
@@ -195,7 +200,8 @@ def reduce_scatter_moment(unit: Unit, unsharded: int, kept: int = 0) -> int:
 class FSDP2(ZeroImpl):
     """FSDP2 as the timeline's parameter: ``units`` from ``units``, ``reshard`` its ``reshard_after_forward``
     (True for ZeRO-3, False for its ZeRO-2), ``mixer`` / ``norm``: layer index → ``MixerBackward`` /
-    ``NormBackward``, the moments inside a layer's backward that can be its peak."""
+    ``NormBackward``, the moments inside a layer's backward that can be its peak. On a pipeline stage:
+    ``fsdp2_pipeline.PipelinedFSDP2``."""
 
     units: dict
     reshard: bool = True

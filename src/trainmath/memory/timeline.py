@@ -47,7 +47,8 @@ with ``zero_impl="trainmath"``, our runtime's flat buffers (``flat_zero.Flat``: 
 all-gather as events; our ZeRO-3 likewise, without FSDP2's prefetch). ZeRO-3 is FSDP2 (``fsdp2.FSDP2``:
 ``fully_shard`` per decoder layer and at the root, ``reshard_after_forward=True``; all-gather outputs, unsharded
 parameters and gradients, reduce-scatter buffers as torch's ``_fully_shard`` holds them; also FSDP2's ZeRO-2 with
-``zero_impl="fsdp2"``). Checked: DDP (both bucket modes) and FSDP2 against MemTracker / FSDPMemTracker over a fake
+``zero_impl="fsdp2"``; on a pipeline stage, unsharded all step with gradients accumulated unsharded,
+``fsdp2_pipeline``). Checked: DDP (both bucket modes) and FSDP2 against MemTracker / FSDPMemTracker over a fake
 process group (``tests/memory/test_memtracker_oracle.py``); our flat ZeRO-1/2 against MemTracker on gloo ranks
 (``tests/train/test_measure.py``); DeepSpeed's ZeRO-1/2 buffers are not checked. torch's ZeRO-1 (DDP with
 ``ZeroRedundancyOptimizer``) holds DDP's buckets, Ψ gradient elements, which is DeepSpeed's bucket below 5e8

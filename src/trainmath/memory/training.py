@@ -22,7 +22,7 @@ from trainmath.arith import ceil_div
 from trainmath.comm.flat import flat_units
 from trainmath.errors import TrainmathError
 from trainmath.layout import ParallelLayout, validate_layout
-from trainmath.memory import activations, fsdp2
+from trainmath.memory import activations, fsdp2, fsdp2_pipeline
 from trainmath.memory import flat_zero as fz
 from trainmath.memory import recipe_options as ro
 from trainmath.memory import states as st
@@ -429,7 +429,9 @@ def stage_memory(spec: ModelSpec, setup: TrainingSetup, layout: ParallelLayout, 
             fsdp, mixer, norms = peft.fsdp_terms(spec, psetup, layout, pl, prec, gran)
         elif not flat:  # the math attention's backward moment, as under FSDP2
             mixer = peft.buckets_terms(spec, psetup, layout, pl, prec, gran)
-    zero = fsdp2.FSDP2(fsdp, reshard=layout.zero >= 3, mixer=mixer, norm=norms) if fsdp else \
+    # a pipeline stage's FSDP2 units: unsharded all step, gradients accumulated unsharded (memory/fsdp2_pipeline.py)
+    impl = fsdp2_pipeline.PipelinedFSDP2 if layout.pp > 1 and layout.zero >= 3 else fsdp2.FSDP2
+    zero = impl(fsdp, reshard=layout.zero >= 3, mixer=mixer, norm=norms) if fsdp else \
         fz.Flat(flat, layout.zero) if flat else tl.Buckets(mixer=mixer)
     events = tl.step_timeline(inp, zero)
     peak = max(events, key=lambda e: e.bytes)  # the first event at the maximum

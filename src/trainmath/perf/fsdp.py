@@ -5,7 +5,9 @@ decoder layer plus the root (the embeddings, the final norm and the LM head). Pe
 parameters are all-gathered before its forward and, being resharded after forward (``reshard_after_forward``,
 FULL_SHARD), again before its backward; its gradients are reduce-scattered after its backward. The root is
 gathered once before the forward, kept through the backward, and reduce-scattered after the whole backward (its
-embedding gradient is the last to complete).
+embedding gradient is the last to complete). On a pipeline stage (ZeRO-3 with pp > 1: torchtitan does not reshard after
+forward under PP, and the stage's backwards run without gradient sync, ``memory.fsdp2_pipeline``) each unit is
+gathered once and reduce-scattered once per step instead (``pipelined_time``).
 
 One communication stream beside the compute stream, prefetching one unit ahead (FSDP's backward prefetch; the
 forward's, ``forward_prefetch``, issues the next unit's gather as the current unit's compute starts):
@@ -92,9 +94,33 @@ def micro_batch_time(layers: Sequence[Unit], root: Unit, head_forward_s: float, 
     return FsdpTime(total_s=total, exposed_s=exposed, unoverlapped_s=total, gathers=2 * n + 1, scatters=n + 1)
 
 
+def pipelined_fsdp(layout) -> bool:
+    """ZeRO-3 (FSDP2) on a pipeline stage: its units gathered and reduced once per step (``pipelined_time``)."""
+    return layout.pp > 1 and layout.zero >= 3 and layout.zero_degree > 1
+
+
+def pipelined_time(layers: Sequence[Unit], root: Unit, weight_bytes: float, grad_bytes: float,
+                   time: Callable[[str, float], float]) -> FsdpTime:
+    """A pipeline stage's FSDP collectives for the whole step (``memory.fsdp2_pipeline``: torchtitan's
+    ``reshard_after_forward=False`` under PP, the stage's backwards without gradient sync): each unit gathered
+    once, in the first micro-batch's forward (the forward chain's exposure), and reduce-scattered once, after the
+    last micro-batch's backward, when no compute is left to hide it (all exposed)."""
+    ag = [time("all_gather", u.params * weight_bytes) for u in layers]
+    rs = [time("reduce_scatter", u.params * grad_bytes) for u in layers]
+    ag_root = time("all_gather", root.params * weight_bytes)
+    rs_root = time("reduce_scatter", root.params * grad_bytes)
+    fwd = chain_exposed([0.0] + [u.forward_s for u in layers], [ag_root] + ag, [0.0] * (len(layers) + 1))
+    total = ag_root + rs_root + sum(ag) + sum(rs)
+    n = len(layers)
+    return FsdpTime(total_s=total, exposed_s=min(total, fwd + sum(rs) + rs_root), unoverlapped_s=total,
+                    gathers=n + 1, scatters=n + 1)
+
+
 def fsdp_item(gname: str, group: Group, topo: Topology, layers: Sequence[Unit], root: Unit, head_forward_s: float,
-              head_backward_s: float, weight_bytes: float, grad_bytes: float, micro_batches: int) -> cm.CommItem:
-    """The step's ZeRO-3 CommItem (``zero3_comm``) for one data-parallel group: ``micro_batches`` micro-batches."""
+              head_backward_s: float, weight_bytes: float, grad_bytes: float, micro_batches: int,
+              pipelined: bool = False) -> cm.CommItem:
+    """The step's ZeRO-3 CommItem (``zero3_comm``) for one data-parallel group: ``micro_batches`` micro-batches;
+    ``pipelined``: a pipeline stage's units, gathered and reduced once per step (``pipelined_time``)."""
     priced: dict[tuple[str, float], float] = {}  # the layers' units repeat: each collective priced once
 
     def time(op: str, size: float) -> float:
@@ -103,7 +129,10 @@ def fsdp_item(gname: str, group: Group, topo: Topology, layers: Sequence[Unit], 
             t = priced[(op, size)] = cm.time_s(op, size, group, topo) if group.size > 1 and size > 0 else 0.0
         return t
 
-    t = micro_batch_time(layers, root, head_forward_s, head_backward_s, weight_bytes, grad_bytes, time)
+    if pipelined:
+        t, micro_batches = pipelined_time(layers, root, weight_bytes, grad_bytes, time), 1
+    else:
+        t = micro_batch_time(layers, root, head_forward_s, head_backward_s, weight_bytes, grad_bytes, time)
     params = root.params + sum(u.params for u in layers)
     return cm.CommItem(name="zero3_comm", op="all_gather+reduce_scatter", group=gname, group_size=group.size,
                        link=cm.link_of(group), size_bytes=params * weight_bytes,
@@ -125,11 +154,11 @@ def stage_units(share: float, layers: Sequence[int], layer_params: Sequence[int]
 
 def zero3_item(gname: str, group: Group, topo: Topology, share: float, layers: Sequence[int],
                layer_params: Sequence[int], stage_params: int, per_layer: dict, head, weight_bytes: float,
-               grad_bytes: float, micro_batches: int) -> cm.CommItem:
+               grad_bytes: float, micro_batches: int, pipelined: bool = False) -> cm.CommItem:
     """The hook the step assembly calls (``stage_units`` then ``fsdp_item``)."""
     units, root = stage_units(share, layers, layer_params, stage_params, per_layer, head)
     return fsdp_item(gname, group, topo, units, root, root.forward_s, root.backward_s, weight_bytes, grad_bytes,
-                     micro_batches)
+                     micro_batches, pipelined)
 
 
 OVERHEAD: dict[str, tuple[float, float]] = {"hopper": (0.13, 0.0009)}

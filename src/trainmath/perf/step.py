@@ -33,7 +33,7 @@ from trainmath.perf import dpsync
 from trainmath.perf import moe as moe_terms
 from trainmath.perf.attention import kernel_efficiency, kernel_text
 from trainmath.perf.compute import FLASH_BACKWARD_FACTOR, FP8_CAST_TRANSPOSE_BYTES, layer_times, memo
-from trainmath.perf.fsdp import fsdp_text, overhead_s, zero3_item
+from trainmath.perf.fsdp import fsdp_text, overhead_s, pipelined_fsdp, zero3_item
 from trainmath.perf.job import Estimate, Job, job_problems
 from trainmath.perf.placement import place_groups
 from trainmath.placement import place, stage_layers
@@ -292,7 +292,7 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
         else:
             items.append(zero3_item(gname, group, topo, params / max(1, dense_p + expert_p), layers, layer_p,
                                     dense_p + expert_p, per_layer, head if busiest == layout.pp - 1 else None,
-                                    w, g, M))
+                                    w, g, M, pipelined=pipelined_fsdp(layout)))
 
     # ---- optimizer step (memory-bound) ------------------------------------------------------------------
     states = _OPTIMIZER_STATES.get(job.optimizer, 2)
@@ -306,7 +306,9 @@ def estimate(spec: ModelSpec, layout: ParallelLayout, job: Job, gpu: GPU, *, har
     once = {k: 0.0 for k in ("pp_p2p", "dp_grad_sync", "zero_param_gather")}
     for it in items:
         (per_mb_comm if it.name in per_mb_comm else once)[it.name] += it.exposed_s
-    per_mb = f + b + r + cast + sum(per_mb_comm.values()) / M
+    # a pipeline stage's FSDP collectives run once per step (perf/fsdp.py, pipelined_time): not in every micro-batch
+    in_mb = {k: v for k, v in per_mb_comm.items() if not (k == "zero3_comm" and pipelined_fsdp(layout))}
+    per_mb = f + b + r + cast + sum(in_mb.values()) / M
     bubble = (layout.pp - 1) / job.virtual_stages * per_mb
     accumulate_s = dpsync.accumulation_s(job, layout, dense_p + expert_p, g, gpu.hbm_bytes_per_s * eff.hbm_fraction,
                                          M)
